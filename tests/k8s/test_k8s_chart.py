@@ -11,7 +11,6 @@ import copy
 import json
 import re
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +97,9 @@ def test_default_rayjob_contract() -> None:
     assert spec["shutdownAfterJobFinishes"] is True
     assert "activeDeadlineSeconds" not in spec
     rc = spec["rayClusterSpec"]
-    pinned = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    (ray_pin,) = [d for d in pinned if d.startswith("ray[")]
-    assert rc["rayVersion"] == ray_pin.split("==")[1], "chart rayVersion must equal the image's pinned ray"
+    ray_pin = re.search(r'"ray\[default\]==([0-9.]+)"', (REPO_ROOT / "pyproject.toml").read_text())
+    assert ray_pin, "pyproject.toml must pin ray[default]"
+    assert rc["rayVersion"] == ray_pin.group(1), "chart rayVersion must equal the image's pinned ray"
     assert rc["authOptions"]["mode"] == "token"
     secret = _the(objs, "Secret")
     assert rc["authOptions"]["secretName"] == secret["metadata"]["name"]
@@ -217,6 +216,8 @@ _GPU_GROUP = {
     "terminationGracePeriodSeconds": 30,
 }
 
+_ONE_GPU = {"nvidia.com/gpu": 1}
+
 BAD_VALUES = [
     pytest.param({"image": {"tag": ""}}, r"image\.tag is required", id="missing-image-tag"),
     pytest.param(
@@ -243,7 +244,7 @@ BAD_VALUES = [
         id="duplicate-group",
     ),
     pytest.param(
-        {"workerGroups": [{**_GPU_GROUP, "replicas": 5, "maxReplicas": 2, "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+        {"workerGroups": [{**_GPU_GROUP, "replicas": 5, "maxReplicas": 2, "resources": {"limits": _ONE_GPU}}]},
         r"minReplicas <= replicas <= maxReplicas",
         id="replicas-above-max",
     ),
