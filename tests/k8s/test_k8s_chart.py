@@ -107,7 +107,9 @@ def test_default_rayjob_contract() -> None:
 
     head = rc["headGroupSpec"]["template"]["spec"]
     (init,) = head["initContainers"]
-    assert init["command"] == ["sc-app", "preflight", "--checkpoint-dir", "/checkpoints"]
+    assert init["command"] == [
+        "sc-app", "preflight", "--checkpoint-dir", "/checkpoints", "--config", "/etc/sc-app/config.yaml", "--json"
+    ]
     assert init["image"] == head["containers"][0]["image"] == "ghcr.io/sc-app/sc-app:0.1.0"
     claim = _the(objs, "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]

@@ -57,7 +57,15 @@ headGroupSpec:
         - name: preflight
           image: {{ $image }}
           imagePullPolicy: {{ .Values.image.pullPolicy }}
-          command: ["sc-app", "preflight", "--checkpoint-dir", {{ .Values.checkpoint.mountPath | quote }}]
+          # JSON on stdout: `sc-app k8s status` reads the resume decision from this container's log.
+          command:
+            - sc-app
+            - preflight
+            - --checkpoint-dir
+            - {{ .Values.checkpoint.mountPath | quote }}
+            - --config
+            - {{ include "sc-app.configPath" . | quote }}
+            - --json
           env:
             {{- include "sc-app.env" . | nindent 12 }}
           resources:
@@ -67,6 +75,9 @@ headGroupSpec:
           volumeMounts:
             - name: checkpoints
               mountPath: {{ .Values.checkpoint.mountPath }}
+            - name: config
+              mountPath: /etc/sc-app
+              readOnly: true
       containers:
         - name: ray-head
           image: {{ $image }}

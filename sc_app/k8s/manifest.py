@@ -1,0 +1,151 @@
+"""Objects for a release, rendered from the chart with the embedded Helm engine (no helm binary, no cluster).
+
+Invariant: the objects are exactly what ``helm template``/``helm install`` renders for the same values and release
+name, so the CLI and the chart cannot drift apart. The RayJob is always last in ``Release.objects`` so that every
+object it references exists before the operator sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+# Creation order: things referenced by pods first, the RayJob/RayCluster last.
+KIND_ORDER = [
+    "ServiceAccount",
+    "Secret",
+    "ConfigMap",
+    "PersistentVolumeClaim",
+    "NetworkPolicy",
+    "RayCluster",
+    "RayJob",
+]
+
+
+class ManifestError(ValueError):
+    """The chart cannot be found or the values are refused; ``str()`` is one line."""
+
+
+def find_chart(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """``explicit``, else ``$SC_APP_CHART``, else ``helm/sc-app`` next to the source tree or the current directory."""
+    candidates: list[Path] = []
+    if explicit:
+        candidates.append(Path(explicit))
+    elif os.environ.get("SC_APP_CHART"):
+        candidates.append(Path(os.environ["SC_APP_CHART"]))
+    else:
+        candidates += [Path(__file__).resolve().parents[2] / "helm" / "sc-app", Path.cwd() / "helm" / "sc-app"]
+    for c in candidates:
+        if (c / "Chart.yaml").is_file():
+            return c
+    raise ManifestError(
+        f"chart not found (looked in {', '.join(str(c) for c in candidates)}); pass --chart DIR or set SC_APP_CHART"
+    )
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ManifestError(f"--set {dotted}: '{part}' is a value, not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def load_values(files: list[str] | tuple[str, ...] = (), sets: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Values like ``helm -f a.yaml -f b.yaml --set x.y=z``: later files win, ``--set`` wins over files.
+
+    ``--set`` values are YAML-typed (``5`` is an int, ``true`` a bool), as with ``helm --set``'s common cases.
+    """
+    values: dict[str, Any] = {}
+    for f in files:
+        try:
+            loaded = yaml.safe_load(Path(f).read_text()) or {}
+        except OSError as exc:
+            raise ManifestError(f"values file {f}: cannot read ({exc.strerror})") from None
+        except yaml.YAMLError:
+            raise ManifestError(f"values file {f}: not valid YAML") from None
+        if not isinstance(loaded, dict):
+            raise ManifestError(f"values file {f}: top level must be a mapping")
+        _deep_merge(values, loaded)
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ManifestError(f"--set {item!r}: expected key.path=value")
+        _set_path(values, key.strip(), yaml.safe_load(raw) if raw else "")
+    return values
+
+
+@dataclass
+class Release:
+    """Rendered objects of one release, in creation order."""
+
+    name: str
+    namespace: str
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    notes: str = ""
+
+    @property
+    def ray_object(self) -> dict[str, Any]:
+        """The RayJob (or RayCluster in RayCluster mode)."""
+        for obj in self.objects:
+            if obj.get("apiVersion") == "ray.io/v1":
+                return obj
+        raise ManifestError("the rendered release has no RayJob/RayCluster")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump_all(self.objects, sort_keys=False)
+
+
+def render_release(
+    values: dict[str, Any], *, name: str, namespace: str, chart: str | os.PathLike[str] | None = None
+) -> Release:
+    """Render the chart for ``values`` as release ``name`` in ``namespace``; refused values → ``ManifestError``."""
+    try:
+        import helm_python
+    except ImportError:  # pragma: no cover - depends on the install
+        raise ManifestError("helm-python-sdk is not installed: pip install 'sc-app[k8s]'") from None
+    chart_dir = find_chart(chart)
+    try:
+        rendered = helm_python.Chart.load(chart_dir).render(values, name=name, namespace=namespace, is_install=True)
+    except helm_python.HelmError as exc:
+        raise ManifestError(_one_line(str(exc))) from None
+    objs: list[dict[str, Any]] = []
+    notes = ""
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        objs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    for obj in objs:
+        obj.setdefault("metadata", {})["namespace"] = namespace
+    objs.sort(key=lambda o: KIND_ORDER.index(o["kind"]) if o["kind"] in KIND_ORDER else len(KIND_ORDER))
+    log.debug("rendered %d objects from %s", len(objs), chart_dir)
+    return Release(name=name, namespace=namespace, objects=objs, notes=notes)
+
+
+def _one_line(message: str) -> str:
+    """Helm's multi-line schema report → one line; a template ``fail`` keeps only its own message."""
+    if "execution error at" in message:
+        return message.split("): ", 1)[-1].strip()
+    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip()]
+    detail = [ln for ln in lines if ln.startswith("at '")]
+    return ("invalid values: " + "; ".join(detail)) if detail else " ".join(lines)
