@@ -1,0 +1,56 @@
+# sc-app image: driver, SingleControllerActor, TransferQueue actors, trainer/generation workers, preflight.
+#
+#   docker build -t sc-app:0.1.0 .                                  # GPU clusters (default base below)
+#   docker build --build-arg BASE_IMAGE=<debian/ubuntu + python3.11> -t sc-app:cpu .
+#
+# BASE_IMAGE must provide python3.11 with the venv module. The default is Ray's public GPU image (CUDA
+# runtime, Ubuntu); Ray itself is installed again, pinned, into /opt/sc-app so the `ray` on PATH is always
+# the 2.60.0 the chart's rayVersion names, whatever the base ships.
+# torch: torch==2.13.0 comes from the Python package index like every other pin (on x86_64 PyPI serves the
+# CUDA build); ops/image-constraints.txt fixes every transitive version.
+ARG BASE_IMAGE=rayproject/ray:2.60.0-py311-gpu
+
+FROM ${BASE_IMAGE} AS build
+# Root only in this throw-away stage (the venv lives under /opt); the final stage runs as 10001.
+# hadolint ignore=DL3002
+USER 0
+# Index settings for air-gapped builds (e.g. PIP_FIND_LINKS=/wheels with a bind mount); empty = PyPI.
+ARG PYTHON=python3
+ARG PIP_INDEX_URL=""
+ARG PIP_EXTRA_INDEX_URL=""
+ARG PIP_FIND_LINKS=""
+ARG PIP_CERT=""
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY ops/image-constraints.txt ./constraints.txt
+COPY sc_app ./sc_app
+RUN "${PYTHON}" -m venv /opt/sc-app \
+    && /opt/sc-app/bin/python -m pip install --no-cache-dir --constraint constraints.txt . \
+    && /opt/sc-app/bin/python -m pip uninstall --yes pip \
+    && find /opt/sc-app -name '__pycache__' -type d -prune -exec rm -rf {} + \
+    && /opt/sc-app/bin/sc-app --help > /dev/null
+
+FROM ${BASE_IMAGE}
+USER 0
+# Non-root user 10001, the uid/gid the chart's podSecurityContext names (runAsUser/runAsGroup/fsGroup).
+RUN groupadd --gid 10001 scapp \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/scapp --shell /bin/bash scapp \
+    && mkdir -p /checkpoints \
+    && chown 10001:10001 /checkpoints
+COPY --from=build /opt/sc-app /opt/sc-app
+# KubeRay starts Ray through `bash -lc`, and a login shell resets PATH: put the venv first there too.
+RUN echo "export PATH=/opt/sc-app/bin:\$PATH" > /etc/profile.d/sc-app.sh \
+    && ln -s /opt/sc-app/bin/sc-app /usr/local/bin/sc-app
+ENV PATH=/opt/sc-app/bin:$PATH \
+    VIRTUAL_ENV=/opt/sc-app \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/home/scapp
+USER 10001:10001
+WORKDIR /home/scapp
+# Default: the embedded job (local Ray in the container), checkpoints on the /checkpoints volume.
+CMD ["sc-app", "run", "--checkpoint-dir", "/checkpoints"]

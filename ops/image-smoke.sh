@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Image smoke test without a Docker engine (Debian host, as root):
+#   1. make a bookworm minbase rootfs with debootstrap and import it as the BASE_IMAGE (cached);
+#   2. buildah bud the repository's Dockerfile on it (vfs storage, chroot isolation);
+#   3. podman run the image with a host directory as /checkpoints, kill it once a step_N bundle exists;
+#   4. podman run a fresh container on the same directory: it must say "resuming from ... step_N" and finish.
+# Prints build time and image size. Usage: sudo ops/image-smoke.sh   (env knobs below)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WORK="${SC_SMOKE_DIR:-/var/tmp/sc-app-smoke}"          # image storage, rootfs, checkpoints (reused)
+MIRROR="${SC_SMOKE_MIRROR:-http://deb.debian.org/debian}"
+MAX_STEPS="${SC_SMOKE_MAX_STEPS:-8}"
+SAVE_PERIOD="${SC_SMOKE_SAVE_PERIOD:-2}"
+BASE_TAG="localhost/sc-app-base:bookworm"
+IMAGE="localhost/sc-app:smoke"
+STORE=(--root "${WORK}/storage" --runroot "${WORK}/runroot" --storage-driver vfs)
+RUN_FLAGS=(--runtime runc --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 --shm-size 1g)
+
+log() { printf '[image-smoke] %s\n' "$*" >&2; }
+die() { log "FAIL: $*"; exit 1; }
+
+[[ "$(id -u)" == 0 ]] || die "run as root (buildah/podman with vfs storage)"
+for tool in buildah podman debootstrap runc; do
+  command -v "${tool}" > /dev/null || die "${tool} missing: apt-get install -y buildah podman debootstrap runc"
+done
+mkdir -p "${WORK}"
+
+# 1. base image ------------------------------------------------------------------------------------------
+if ! podman "${STORE[@]}" image exists "${BASE_TAG}"; then
+  log "debootstrap bookworm minbase -> ${BASE_TAG}"
+  rm -rf "${WORK}/rootfs"
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "${WORK}/rootfs" "${MIRROR}" \
+    > "${WORK}/debootstrap.log" 2>&1 || die "debootstrap failed, see ${WORK}/debootstrap.log"
+  tar -C "${WORK}/rootfs" -c . | podman "${STORE[@]}" import - "${BASE_TAG}" > /dev/null
+  rm -rf "${WORK}/rootfs"
+fi
+
+# 2. build -------------------------------------------------------------------------------------------------
+# Stage the context from git's view of the tree (tracked + untracked-not-ignored), like a CI checkout.
+CONTEXT="${WORK}/context"
+rm -rf "${CONTEXT}" && mkdir -p "${CONTEXT}"
+(cd "${REPO}" && git ls-files -co --exclude-standard -z | tar --null -T - -c) | tar -C "${CONTEXT}" -x
+if [[ ! -f "${CONTEXT}/README.md" ]]; then
+  log "warning: README.md (pyproject readme) missing in the checkout; using a placeholder in the staged context"
+  echo "# sc-app" > "${CONTEXT}/README.md"
+fi
+BUILD_ARGS=(--build-arg "BASE_IMAGE=${BASE_TAG}" --build-arg PIP_CERT=/run/host-ca.crt)
+MOUNTS=(-v /etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro)
+# This host's local package mirrors (pip config): pass them through when present.
+if [[ -d /opt/wheels ]]; then
+  MOUNTS+=(-v /opt/wheels:/opt/wheels:ro); BUILD_ARGS+=(--build-arg PIP_FIND_LINKS=/opt/wheels)
+fi
+if [[ -d /opt/pypi/simple ]]; then
+  MOUNTS+=(-v /opt/pypi:/opt/pypi:ro); BUILD_ARGS+=(--build-arg PIP_EXTRA_INDEX_URL=file:///opt/pypi/simple)
+fi
+log "buildah bud ${IMAGE}"
+start=$(date +%s)
+buildah "${STORE[@]}" bud --isolation chroot --layers=false "${BUILD_ARGS[@]}" "${MOUNTS[@]}" \
+  -f "${CONTEXT}/Dockerfile" -t "${IMAGE}" "${CONTEXT}" > "${WORK}/build.log" 2>&1 \
+  || { tail -n 30 "${WORK}/build.log" >&2; die "build failed, see ${WORK}/build.log"; }
+build_s=$(( $(date +%s) - start ))
+size=$(podman "${STORE[@]}" image inspect --format '{{.Size}}' "${IMAGE}")
+log "built in ${build_s}s, image size $(( size / 1024 / 1024 )) MiB"
+
+# the image contract: non-root, sc-app on PATH, ray pinned
+user=$(podman "${STORE[@]}" image inspect --format '{{.Config.User}}' "${IMAGE}")
+[[ "${user}" == "10001:10001" ]] || die "image user is '${user}', expected 10001:10001"
+podman "${STORE[@]}" run --rm "${RUN_FLAGS[@]}" "${IMAGE}" \
+  sh -c 'command -v sc-app && python -c "import ray; assert ray.__version__ == \"2.60.0\", ray.__version__"' \
+  > /dev/null || die "sc-app not on PATH or ray != 2.60.0 in the image"
+
+# 3. run, kill after the first bundle ------------------------------------------------------------------------
+CKPT="${WORK}/checkpoints"
+rm -rf "${CKPT}" && mkdir -p "${CKPT}" && chown 10001:10001 "${CKPT}"
+JOB=(sc-app run --checkpoint-dir /checkpoints --max-steps "${MAX_STEPS}" --set "checkpoint.save_period=${SAVE_PERIOD}")
+podman "${STORE[@]}" rm -f sc-app-smoke-1 > /dev/null 2>&1 || true
+podman "${STORE[@]}" run -d --name sc-app-smoke-1 "${RUN_FLAGS[@]}" -v "${CKPT}:/checkpoints" "${IMAGE}" "${JOB[@]}" \
+  > /dev/null
+log "first run started; waiting for a step_N bundle"
+for _ in $(seq 1 300); do
+  if compgen -G "${CKPT}/step_*" > /dev/null; then break; fi
+  if [[ "$(podman "${STORE[@]}" inspect --format '{{.State.Running}}' sc-app-smoke-1)" != "true" ]]; then
+    podman "${STORE[@]}" logs sc-app-smoke-1 >&2 || true
+    die "first run exited before writing a bundle"
+  fi
+  sleep 1
+done
+compgen -G "${CKPT}/step_*" > /dev/null || die "no bundle after 300s"
+podman "${STORE[@]}" kill sc-app-smoke-1 > /dev/null   # SIGKILL: the preemption
+podman "${STORE[@]}" logs sc-app-smoke-1 > "${WORK}/run1.log" 2>&1 || true
+podman "${STORE[@]}" rm -f sc-app-smoke-1 > /dev/null
+newest=$(find "${CKPT}" -maxdepth 1 -name 'step_*' -printf '%f\n' | sort -t_ -k2 -n | tail -n 1)
+log "killed the first container; newest bundle ${newest}"
+
+# 4. fresh container, same directory: must resume and finish ------------------------------------------------
+podman "${STORE[@]}" run --rm --name sc-app-smoke-2 "${RUN_FLAGS[@]}" -v "${CKPT}:/checkpoints" "${IMAGE}" \
+  "${JOB[@]}" > "${WORK}/run2.log" 2>&1 || { tail -n 30 "${WORK}/run2.log" >&2; die "second run failed"; }
+grep -q "resuming from .*step_" "${WORK}/run2.log" || { cat "${WORK}/run2.log" >&2; die "second run did not resume"; }
+grep -q "done: step ${MAX_STEPS}" "${WORK}/run2.log" || die "second run did not reach step ${MAX_STEPS}"
+log "$(grep -m1 'resuming from' "${WORK}/run2.log")"
+log "OK: build ${build_s}s, image $(( size / 1024 / 1024 )) MiB, resumed after kill and finished ${MAX_STEPS} steps"
