@@ -1,0 +1,3 @@
+from sc_app.cli import main
+
+raise SystemExit(main())

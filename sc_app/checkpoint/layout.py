@@ -1,0 +1,63 @@
+"""Names and paths of the bundle layout (DESIGN.md "Contract: the bundle on disk"). Pure.
+
+<root>/step_<N>/           complete and resumable; only ever created by renaming tmp_step_<N>/
+    policy/                trainer weights + optimizer
+    train_dataloader.pt    loader position
+    data_plane/            written by the data plane's own snapshot
+    replay_buffer_metadata.pt   which rows form which group (no tensors)
+    manifest.json          written last: step, digest, sha256 + size of every file
+<root>/tmp_step_<N>/       in progress or abandoned: never resumed
+<root>/quarantine/         bundles and leftovers moved aside, each with a .reason.txt; never deleted by sc-app
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+STEP_PREFIX = "step_"
+TMP_PREFIX = "tmp_step_"
+QUARANTINE_DIR = "quarantine"
+PINS_DIR = "pins"
+POLICY_DIR = "policy"
+LOADER_FILE = "train_dataloader.pt"
+DATA_PLANE_DIR = "data_plane"
+SIDECAR_FILE = "replay_buffer_metadata.pt"
+MANIFEST_FILE = "manifest.json"
+REQUIRED_ENTRIES = (POLICY_DIR, LOADER_FILE, DATA_PLANE_DIR, SIDECAR_FILE)
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_TMP_RE = re.compile(r"^tmp_step_(\d+)$")
+
+
+def step_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step}"
+
+
+def tmp_name(step: int) -> str:
+    return f"{TMP_PREFIX}{step}"
+
+
+def parse_step(name: str) -> int | None:
+    """Step number of a complete bundle's directory name, else None."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_tmp(name: str) -> int | None:
+    m = _TMP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step_N`` directory, newest first."""
+    if not root.is_dir():
+        return []
+    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None]
+    return sorted(found, key=lambda sp: sp[0], reverse=True)
+
+
+def tmp_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and parse_tmp(p.name) is not None)

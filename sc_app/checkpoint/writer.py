@@ -1,0 +1,94 @@
+"""BundleWriter: builds ``tmp_step_N/`` and publishes it as ``step_N/`` by one rename.
+
+Invariants: ``step_N/`` appears only by renaming a ``tmp_step_N/`` whose files are all fsynced and listed
+in its manifest (written last); an existing ``step_N/`` is never overwritten; a leftover ``tmp_step_N/`` from an
+earlier attempt is moved to quarantine, never deleted; ``abort()`` removes only the tmp dir this writer created.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sc_app.checkpoint import layout
+from sc_app.checkpoint.fsio import fsync_dir, fsync_tree_dirs, hash_and_fsync, move_aside, write_durable
+from sc_app.checkpoint.manifest import render
+
+log = logging.getLogger(__name__)
+
+
+class BundleExistsError(FileExistsError):
+    pass
+
+
+class BundleWriter:
+    def __init__(self, root: str | Path, step: int, *, hmac_key: bytes | None = None) -> None:
+        self.root = Path(root)
+        self.step = step
+        self.tmp = self.root / layout.tmp_name(step)
+        self.final = self.root / layout.step_name(step)
+        self._hmac_key = hmac_key
+        self._created = False
+
+    # paths inside the bundle being written
+    @property
+    def policy_dir(self) -> Path:
+        return self.tmp / layout.POLICY_DIR
+
+    @property
+    def loader_path(self) -> Path:
+        return self.tmp / layout.LOADER_FILE
+
+    @property
+    def data_plane_dir(self) -> Path:
+        return self.tmp / layout.DATA_PLANE_DIR
+
+    @property
+    def sidecar_path(self) -> Path:
+        return self.tmp / layout.SIDECAR_FILE
+
+    def begin(self) -> BundleWriter:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.final.exists():
+            raise BundleExistsError(f"{self.final} already exists; refusing to overwrite a bundle")
+        if self.tmp.exists():
+            moved = move_aside(self.tmp, self.root / layout.QUARANTINE_DIR, "abandoned tmp dir found by a new save")
+            log.warning("moved abandoned %s to %s", self.tmp.name, moved)
+        self.tmp.mkdir()
+        self._created = True
+        self.policy_dir.mkdir()
+        fsync_dir(self.root)
+        return self
+
+    def commit(self, fields: dict[str, Any]) -> Path:
+        """Hash + fsync every file, write the manifest last, fsync dirs, rename. Returns ``step_N/``."""
+        files: dict[str, dict[str, Any]] = {}
+        for dirpath, _, names in os.walk(self.tmp):
+            for name in names:
+                p = Path(dirpath) / name
+                rel = p.relative_to(self.tmp).as_posix()
+                if rel == layout.MANIFEST_FILE:
+                    continue
+                digest, size = hash_and_fsync(p)
+                files[rel] = {"sha256": digest, "size": size}
+        missing = [e for e in layout.REQUIRED_ENTRIES if not (self.tmp / e).exists()]
+        if missing:
+            raise FileNotFoundError(f"{self.tmp}: bundle incomplete, missing {', '.join(missing)}")
+        doc = {**fields, "step": self.step, "files": dict(sorted(files.items()))}
+        write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
+        fsync_tree_dirs(self.tmp)
+        if self.final.exists():
+            raise BundleExistsError(f"{self.final} appeared while saving; refusing to overwrite it")
+        os.rename(self.tmp, self.final)
+        fsync_dir(self.root)
+        self._created = False
+        return self.final
+
+    def abort(self) -> None:
+        """Remove the tmp dir this writer created (and nothing else)."""
+        if self._created and self.tmp.exists():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        self._created = False

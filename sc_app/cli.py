@@ -1,0 +1,257 @@
+"""``sc-app``: run the job, check checkpoints before a driver starts, and operate on bundles.
+
+Exit codes: 0 ok; 1 the job failed; 2 bad input (config, flags, bundles that must not be resumed).
+Every error is one line on stderr that names the problem and what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from sc_app import __version__
+from sc_app.config import AppConfig, ConfigError, dump_config, load_config
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+log = logging.getLogger("sc_app")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(EXIT_BAD_INPUT, f"sc-app: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML config; the embedded default when omitted")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one config key, e.g. --set checkpoint.save_period=2 (repeatable)",
+    )
+
+
+def _resolve(args: argparse.Namespace) -> AppConfig:
+    overrides = list(args.overrides)
+    if getattr(args, "checkpoint_dir", None):
+        overrides.append(f"checkpoint.dir={args.checkpoint_dir}")
+    if getattr(args, "max_steps", None) is not None:
+        overrides.append(f"run.max_steps={args.max_steps}")
+    return load_config(args.config, overrides)
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    print(f"sc-app: error: {message}", file=sys.stderr)
+    return code
+
+
+# ---------------------------------------------------------------------------------------------- run
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = _resolve(args)
+    logging.basicConfig(level=cfg.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sc_app.checkpoint import ResumePlan
+    from sc_app.driver import ResumeRefused, run_job
+
+    stop = {"requested": False}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["requested"] = True
+        print(f"received {signal.Signals(signum).name}: stopping after the current step and saving", flush=True)
+
+    signal.signal(signal.SIGTERM, on_signal)
+
+    def on_plan(plan: ResumePlan) -> None:
+        for moved in plan.quarantined:
+            print(f"quarantined {moved}")
+        if plan.decision == "resume":
+            print(f"resuming from {plan.bundle} (step {plan.step}): {plan.reason}", flush=True)
+        elif plan.decision == "fresh":
+            print(f"starting fresh: {plan.reason}", flush=True)
+
+    def on_progress(r: dict[str, Any]) -> None:
+        if "reward" in r:
+            line = (
+                f"step {r['step']:>4}/{cfg.run.max_steps}  reward {r['reward']:.3f}  loss {r['loss']:+.4f}  "
+                f"staleness {r['staleness']:.2f}  rows_in_tq {r['rows_held']:>4}  {r['step_seconds']:.2f}s"
+            )
+        else:
+            line = f"step {r['step']:>4}/{cfg.run.max_steps}  stop requested"
+        if "saved" in r:
+            s = r["saved"]
+            line += f"  saved {s['bundle']} ({s['seconds']:.2f}s, window {s['window_seconds'] * 1000:.0f} ms)"
+        print(line, flush=True)
+
+    print(
+        f"sc-app {__version__}: max_steps={cfg.run.max_steps} checkpoint.dir={cfg.checkpoint.dir} "
+        f"save_period={cfg.checkpoint.save_period} ray={'embedded' if cfg.ray.address is None else cfg.ray.address}",
+        flush=True,
+    )
+    try:
+        result = run_job(cfg, on_plan=on_plan, on_progress=on_progress, stop_requested=lambda: stop["requested"])
+    except ResumeRefused as exc:
+        return _fail(f"{exc}")
+    s = result.summary
+    if s.get("already_done"):
+        print(f"done: step {s['final_step']} already reached run.max_steps={cfg.run.max_steps}; nothing to train")
+        return EXIT_OK
+    first, last = s.get("first_rewards") or [0.0], s.get("last_rewards") or [0.0]
+    print(
+        f"done: step {s['final_step']} in {result.seconds:.1f}s; mean reward {sum(first) / len(first):.3f} "
+        f"(first steps) -> {sum(last) / len(last):.3f} (last steps)"
+        + ("; stopped early on request" if s.get("stopped_early") else ""),
+        flush=True,
+    )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- preflight
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from sc_app.checkpoint import hmac_key_from_env, plan_resume
+    from sc_app.checkpoint.compat import compat_of
+
+    root = Path(args.checkpoint_dir)
+    if root.exists() and not root.is_dir():
+        return _fail(f"--checkpoint-dir {root} is not a directory")
+    cfg = _resolve(args) if (args.config or args.overrides) else None
+    policy = args.on_corrupt or (cfg.checkpoint.on_corrupt if cfg else "fallback")
+    plan = plan_resume(
+        root,
+        policy=policy,
+        hmac_key=hmac_key_from_env(),
+        expected_compat=compat_of(cfg) if cfg else None,
+        tidy=not args.dry_run,
+    )
+    if args.json:
+        print(json.dumps(plan.as_dict(), indent=2))
+    else:
+        for r in plan.reports:
+            state = "ok" if r.ok else "BAD: " + "; ".join(r.problems)
+            print(f"checked {r.name}: {state}")
+        for moved in plan.quarantined:
+            print(f"quarantined {moved}")
+        where = f" {plan.bundle.name} (step {plan.step})" if plan.bundle else ""
+        print(f"decision: {plan.decision}{where}: {plan.reason}")
+    return EXIT_OK if plan.ok else EXIT_BAD_INPUT
+
+
+# ---------------------------------------------------------------------------------------------- ckpt
+def cmd_ckpt_list(args: argparse.Namespace) -> int:
+    from sc_app.checkpoint import hmac_key_from_env, layout, verify_bundle
+
+    root = Path(args.checkpoint_dir)
+    rows = [verify_bundle(p, deep=False, hmac_key=hmac_key_from_env()).as_dict() for _, p in layout.step_dirs(root)]
+    leftovers = [p.name for p in layout.tmp_dirs(root)]
+    if args.json:
+        print(json.dumps({"bundles": rows, "incomplete": leftovers}, indent=2))
+        return EXIT_OK
+    if not rows and not leftovers:
+        print(f"no bundles in {root}")
+    for r in rows:
+        print(
+            f"{r['name']:<14} step {r['step']:>6}  {'ok ' if r['ok'] else 'BAD'}  "
+            f"{(r['bytes'] or 0) / 2**20:8.2f} MiB  groups {r['groups']}  {r['created_at'] or ''}"
+        )
+    for name in leftovers:
+        print(f"{name:<14} incomplete (never resumed; preflight moves it to quarantine/)")
+    return EXIT_OK
+
+
+def cmd_ckpt_verify(args: argparse.Namespace) -> int:
+    from sc_app.checkpoint import hmac_key_from_env, layout, verify_bundle
+
+    root = Path(args.checkpoint_dir)
+    targets = [root / b for b in args.bundle] if args.bundle else [p for _, p in layout.step_dirs(root)]
+    if not targets:
+        return _fail(f"no step_N bundle in {root}")
+    reports = [verify_bundle(p, hmac_key=hmac_key_from_env()) for p in targets]
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        for r in reports:
+            print(f"{r.name}: " + ("verified" if r.ok else "BAD: " + "; ".join(r.problems)))
+    return EXIT_OK if all(r.ok for r in reports) else EXIT_BAD_INPUT
+
+
+def cmd_ckpt_prune(args: argparse.Namespace) -> int:
+    from sc_app.checkpoint import hmac_key_from_env, prune
+
+    if args.keep < 1:
+        return _fail("--keep must be >= 1: the newest verified bundle is always kept")
+    removed = prune(args.checkpoint_dir, args.keep, hmac_key=hmac_key_from_env())
+    if args.json:
+        print(json.dumps({"removed": removed}))
+    else:
+        print("removed " + (", ".join(removed) if removed else "nothing"))
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    print(dump_config(_resolve(args)), end="")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="sc-app", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"sc-app {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the training job (embedded default when no config is given)")
+    _config_args(run)
+    run.add_argument("--checkpoint-dir", metavar="DIR", help="same as --set checkpoint.dir=DIR")
+    run.add_argument("--max-steps", metavar="N", type=int, help="same as --set run.max_steps=N")
+    run.set_defaults(func=cmd_run)
+
+    pre = sub.add_parser("preflight", help="verify bundles and decide what the driver will resume (init container)")
+    pre.add_argument("--checkpoint-dir", metavar="DIR", required=True)
+    _config_args(pre)
+    pre.add_argument("--on-corrupt", choices=["fallback", "strict"], help="default: the config's checkpoint.on_corrupt")
+    pre.add_argument("--dry-run", action="store_true", help="decide and explain, move nothing")
+    pre.add_argument("--json", action="store_true", help="machine-readable output")
+    pre.set_defaults(func=cmd_preflight)
+
+    ck = sub.add_parser("ckpt", help="operator tools for checkpoint bundles")
+    cks = ck.add_subparsers(dest="ckpt_command", required=True, parser_class=_Parser)
+    ls = cks.add_parser("list", help="list bundles (sizes and structure, no hashing)")
+    ls.add_argument("--checkpoint-dir", metavar="DIR", required=True)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_ckpt_list)
+    ver = cks.add_parser("verify", help="verify every file's sha256 and the replay digests")
+    ver.add_argument("--checkpoint-dir", metavar="DIR", required=True)
+    ver.add_argument("bundle", nargs="*", help="bundle names (default: all)")
+    ver.add_argument("--json", action="store_true")
+    ver.set_defaults(func=cmd_ckpt_verify)
+    pr = cks.add_parser("prune", help="keep the newest N bundles (the newest verified one always stays)")
+    pr.add_argument("--checkpoint-dir", metavar="DIR", required=True)
+    pr.add_argument("--keep", type=int, required=True)
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_ckpt_prune)
+
+    cf = sub.add_parser("config", help="print the resolved config as YAML")
+    _config_args(cf)
+    cf.set_defaults(func=cmd_config)
+
+    try:
+        from sc_app.k8s.cli import register
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_FAILED)

@@ -1,0 +1,212 @@
+"""Typed configuration: an embedded default, a YAML file, then ``--set a.b=c`` overrides, validated at the edge.
+
+Pure: imports neither Ray nor torch. Every error names the key it is about (``ConfigError``), and a config that
+cannot run — a storage-unit count that cannot be scheduled on the cluster's CPUs, a sequence longer than the
+model's context — is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONTROLLER_ACTOR_CPUS = 1.0
+TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
+TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (see DESIGN.md: oversubscription hangs tq.init silently)
+
+
+class ConfigError(ValueError):
+    """A configuration problem; ``str()`` is one line naming the key and what to do."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    max_steps: int = Field(150, ge=1, description="Train steps to reach; the job exits 0 there.")
+    seed: int = Field(0, description="Seeds the prompt stream, model init and sampling.")
+    trace_file: str | None = Field(None, description="Optional JSONL trace of issued prompts and trained steps.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class RayConfig(_Section):
+    address: str | None = Field(
+        None, description="None: start a local Ray in-process (embedded). 'auto' or host:port: join a cluster."
+    )
+    num_cpus: int = Field(8, ge=1, description="Logical CPUs of the embedded local Ray (not physical cores).")
+    namespace: str = "sc_app"
+
+
+class DataPlaneConfig(_Section):
+    storage_units: int = Field(1, ge=1, description="TransferQueue SimpleStorage units (1 CPU each).")
+    partition: str = Field("train", min_length=1)
+    storage_node_resource: str | None = Field(
+        None, description="Custom Ray resource a node must have to host a storage unit."
+    )
+
+
+class ModelConfig(_Section):
+    vocab_size: int = Field(10, ge=4)
+    d_model: int = Field(64, ge=8)
+    n_layers: int = Field(2, ge=1)
+    n_heads: int = Field(4, ge=1)
+    max_seq_len: int = Field(16, ge=2)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        return self
+
+
+class TaskConfig(_Section):
+    name: Literal["repeat_first"] = Field(
+        "repeat_first", description="repeat_first: answer with the prompt's first token, reward = fraction right."
+    )
+    prompt_len: int = Field(4, ge=1)
+    response_len: int = Field(4, ge=1)
+    dataset_size: int = Field(1_000_000, ge=1, description="Prompts per epoch; the loader wraps to a new epoch.")
+
+
+class GRPOConfig(_Section):
+    prompts_per_step: int = Field(8, ge=1, description="Groups consumed by one train step.")
+    num_generations_per_prompt: int = Field(8, ge=2, description="Rows per group (GRPO needs >= 2).")
+    learning_rate: float = Field(3e-3, gt=0)
+    max_staleness: int = Field(1, ge=0, description="Train on groups generated at most this many versions ago.")
+    max_groups_buffered: int = Field(16, ge=1, description="Backpressure: committed + in-flight groups held at most.")
+    temperature: float = Field(1.0, gt=0)
+
+
+class WorkerGroupConfig(_Section):
+    num_workers: int = Field(1, ge=1)
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per worker.")
+
+
+class CheckpointConfig(_Section):
+    dir: str = Field("checkpoints", min_length=1, description="Where step_N/ bundles live (the PVC on Kubernetes).")
+    save_period: int = Field(10, ge=1, description="Save a bundle every this many train steps.")
+    keep: int = Field(3, ge=1, description="Complete bundles kept; older ones are pruned after a verified save.")
+    enabled: bool = True
+    on_corrupt: Literal["fallback", "strict"] = Field(
+        "fallback", description="fallback: resume from the newest verified bundle; strict: stop."
+    )
+
+
+class AppConfig(_Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    data_plane: DataPlaneConfig = Field(default_factory=DataPlaneConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    trainer: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
+    generation: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _fits(self) -> AppConfig:
+        seq = self.task.prompt_len + self.task.response_len
+        if seq > self.model.max_seq_len:
+            raise ValueError(
+                f"task.prompt_len + task.response_len = {seq} exceeds model.max_seq_len = {self.model.max_seq_len}"
+            )
+        if self.ray.address is None:
+            need = self.cpus_required()
+            if need > self.ray.num_cpus:
+                raise ValueError(
+                    f"data_plane.storage_units={self.data_plane.storage_units} cannot be scheduled: the job needs "
+                    f"{need:g} logical CPUs (TransferQueue controller {TQ_CONTROLLER_CPUS:g} + storage units "
+                    f"{self.data_plane.storage_units * TQ_STORAGE_UNIT_CPUS:g} + controller actor "
+                    f"{CONTROLLER_ACTOR_CPUS:g} + trainer {self.trainer.num_workers * self.trainer.num_cpus:g} + "
+                    f"generation {self.generation.num_workers * self.generation.num_cpus:g}) but ray.num_cpus="
+                    f"{self.ray.num_cpus}; lower the units/workers or raise ray.num_cpus"
+                )
+        return self
+
+    def cpus_required(self) -> float:
+        """Logical CPUs every actor of the job asks for together."""
+        return (
+            TQ_CONTROLLER_CPUS
+            + self.data_plane.storage_units * TQ_STORAGE_UNIT_CPUS
+            + CONTROLLER_ACTOR_CPUS
+            + self.trainer.num_workers * self.trainer.num_cpus
+            + self.generation.num_workers * self.generation.num_cpus
+        )
+
+
+def _error_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{loc}': check its spelling against `sc-app config` output"
+    if first["type"] == "value_error":
+        return msg.removeprefix("Value error, ")
+    got = first.get("input")
+    where = f"'{loc}'" if loc else "config"
+    return f"{where}: {msg} (got {got!r})" if loc else f"{msg}"
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    if not all(parts):
+        raise ConfigError(f"--set '{dotted}': empty key segment; use --set section.key=value")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set '{dotted}': '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=c`` → ``("a.b", yaml-typed c)``."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set '{text}': expected key.path=value, e.g. --set checkpoint.save_period=2")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set '{text}': value is not valid YAML ({exc.__class__.__name__})") from None
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> AppConfig:
+    """Embedded default ← YAML file ← overrides, validated once at the end."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ConfigError(f"config file {p}: cannot read ({exc.strerror}); pass an existing YAML file") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {p}: malformed YAML{where}; fix the syntax") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: top level must be a mapping of sections, got {type(loaded).__name__}")
+        tree = loaded
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_path(tree, key, value)
+    try:
+        return AppConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_error_line(err)) from None
+
+
+def dump_config(cfg: AppConfig) -> str:
+    """YAML of the full resolved config (what the run actually uses)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

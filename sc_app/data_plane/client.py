@@ -1,0 +1,74 @@
+"""The abstract data-plane client: every adapter implements all of it (seed flow 5).
+
+Invariants every adapter keeps:
+* ``load_checkpoint`` is allowed only on a *bootstrap* client, and only while the data plane is untouched —
+  no read or write through this client **or any other client in any process** (``RestoreRefused``).
+* A connect-only client may not be built before the restore decision is sealed (``RestoreOrderError``):
+  this is the seed's "restore happens before the connect-only client exists", asserted rather than assumed.
+* ``put_samples`` on existing ids overwrites the given fields only; it never changes which rows exist.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+
+class RestoreRefused(RuntimeError):
+    """A restore was asked for on a data plane that something has already read or written."""
+
+
+class RestoreOrderError(RuntimeError):
+    """A connect-only client was built before the restore decision was sealed."""
+
+
+class DataPlaneSnapshot(ABC):
+    """A captured data-plane checkpoint; ``write()`` puts its bytes under the directory it was captured for."""
+
+    @abstractmethod
+    async def write(self) -> dict[str, Any]:
+        """Finish writing; returns stats (``bytes``, ``rows``, ``seconds``)."""
+
+
+class DataPlaneClient(ABC):
+    bootstrap: bool
+
+    @abstractmethod
+    async def put_samples(
+        self, partition: str, sample_ids: list[str], fields: TensorDict, tags: list[dict[str, Any]] | None = None
+    ) -> None: ...
+
+    @abstractmethod
+    async def get_samples(self, partition: str, sample_ids: list[str], fields: list[str] | None = None) -> TensorDict:
+        """Rows in the order asked, as dense tensors (one per field)."""
+
+    @abstractmethod
+    async def clear_samples(self, partition: str, sample_ids: list[str]) -> None: ...
+
+    @abstractmethod
+    async def list_sample_ids(self, partition: str) -> set[str]: ...
+
+    @abstractmethod
+    async def save_checkpoint(
+        self, directory: Path, metadata: dict[str, Any], sample_ids: list[str]
+    ) -> DataPlaneSnapshot:
+        """Capture the rows ``sample_ids`` (exactly what the replay index lists) for ``directory``.
+
+        Called inside the barrier's exclusive window. Returns a snapshot whose ``write()`` the caller awaits
+        *after* the window closes; an adapter may do all the I/O here (then ``write()`` is a no-op) or only
+        record what to copy. Pre for the deferred case: until ``write()`` returns, nothing clears or overwrites
+        the captured rows (the controller guarantees it: only the train pump clears, and it is the one saving).
+        ``metadata`` (incl. ``digest``) ends up in ``directory/metadata.json`` under ``user_metadata``.
+        """
+
+    @abstractmethod
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Restore rows from ``directory`` onto an untouched data plane; returns the stored metadata."""
+
+    @abstractmethod
+    def seal(self, info: dict[str, Any]) -> None:
+        """Record that the restore decision is made; connect-only clients may be built from now on."""

@@ -1,0 +1,59 @@
+"""DataPlaneGuard: one tiny named Ray actor that every data-plane client reports to.
+
+It closes the seed's admitted gap ("the guard inside the adapter could not see it — it only knows about its own
+client"): touches and the restore decision are recorded in one place all processes share. A Ray actor runs its
+methods one at a time, so check-and-set here is atomic across processes.
+
+State machine: OPEN (untouched) -> RESTORING -> SEALED, or OPEN -> touched -> SEALED.
+* ``begin_restore`` succeeds only when nothing has touched the data plane and it is not sealed.
+* ``require_sealed`` succeeds only after ``seal``; connect-only clients call it before their first use.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+GUARD_NAME = "sc_app_data_plane_guard"
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class DataPlaneGuard:
+    def __init__(self) -> None:
+        self._touches: list[dict[str, Any]] = []
+        self._restoring: str | None = None
+        self._sealed: dict[str, Any] | None = None
+
+    def touch(self, client_id: str, op: str) -> None:
+        if len(self._touches) < 64:
+            self._touches.append({"client": client_id, "op": op, "at": time.time()})
+
+    def begin_restore(self, client_id: str) -> tuple[bool, str]:
+        if self._sealed is not None:
+            return False, f"the restore decision was already sealed by {self._sealed.get('by')}"
+        if self._touches:
+            t = self._touches[0]
+            return False, f"client {t['client']} already did '{t['op']}' on the data plane"
+        if self._restoring is not None and self._restoring != client_id:
+            return False, f"client {self._restoring} is already restoring"
+        self._restoring = client_id
+        return True, ""
+
+    def seal(self, info: dict[str, Any]) -> None:
+        self._sealed = dict(info)
+        self._restoring = None
+
+    def sealed(self) -> dict[str, Any] | None:
+        return self._sealed
+
+    def touches(self) -> list[dict[str, Any]]:
+        return list(self._touches)
+
+
+def get_guard(namespace: str, *, create: bool) -> Any:
+    """The guard actor handle; ``create=True`` creates it when absent (bootstrap side only)."""
+    if create:
+        return DataPlaneGuard.options(name=GUARD_NAME, namespace=namespace, get_if_exists=True).remote()
+    return ray.get_actor(GUARD_NAME, namespace=namespace)

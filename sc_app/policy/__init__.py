@@ -1,0 +1,1 @@
+"""The policy: tiny causal LM, the default task and its reward, the prompt loader, trainer and generation workers."""

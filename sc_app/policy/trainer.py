@@ -1,0 +1,119 @@
+"""Trainer workers: Ray actors holding the model and optimizer; several of them train data-parallel.
+
+With more than one worker they form a ``torch.distributed`` group (gloo on CPU, NCCL when every worker has a
+GPU) and average gradients, so all ranks hold identical weights; rank 0 saves and serves weights.
+Each worker reads its shard of the step's rows straight from TransferQueue (connect-only client).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from sc_app.config import AppConfig
+from sc_app.policy.grpo import clipped_pg_loss
+from sc_app.policy.model import TinyCausalLM, response_logprobs
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+@ray.remote
+class TrainerWorker:
+    def __init__(self, cfg_json: str, rank: int, world_size: int) -> None:
+        torch.set_num_threads(1)
+        self.cfg = AppConfig.model_validate_json(cfg_json)
+        self.rank = rank
+        self.world_size = world_size
+        torch.manual_seed(self.cfg.run.seed)
+        self.model = TinyCausalLM(self.cfg.model)
+        self.device = torch.device("cuda" if torch.cuda.is_available() and self.cfg.trainer.num_gpus > 0 else "cpu")
+        self.model.to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.cfg.grpo.learning_rate)
+        self.version = 0
+        self._dp: Any = None
+
+    def address(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def init_process_group(self, master_addr: str, master_port: int) -> str:
+        """Join the data-parallel group; returns the backend used."""
+        if self.world_size == 1:
+            return "none"
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        for p in self.model.parameters():  # identical start on every rank
+            dist.broadcast(p.data, src=0)
+        return backend
+
+    def _client(self) -> Any:
+        if self._dp is None:
+            from sc_app.data_plane.transferqueue import TransferQueueDataPlane
+
+            self._dp = TransferQueueDataPlane(bootstrap=False, namespace=self.cfg.ray.namespace)
+        return self._dp
+
+    def train_step(self, sample_ids: list[str], version: int) -> dict[str, float]:
+        """One optimizer step on this rank's shard of ``sample_ids`` (rows carry advantages already)."""
+        shard = sample_ids[self.rank :: self.world_size]
+        td = self._client().get_samples_sync(self.cfg.data_plane.partition, shard, ["tokens", "logprobs", "advantage"])
+        tokens = td["tokens"].to(self.device)
+        old_logp = td["logprobs"].to(self.device)
+        adv = td["advantage"].to(self.device)
+        self.model.train()
+        new_logp = response_logprobs(self.model, tokens, self.cfg.task.prompt_len)
+        loss = clipped_pg_loss(new_logp, old_logp, adv)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                    p.grad /= self.world_size
+        self.optimizer.step()
+        self.version = version
+        return {"loss": float(loss.detach()), "rows": float(len(shard))}
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def save(self, policy_dir: str) -> list[str]:
+        """Write weights + optimizer (rank 0 only) into ``policy_dir``; returns the files written."""
+        if self.rank != 0:
+            return []
+        out = Path(policy_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.get_weights(), "version": self.version}, out / MODEL_FILE)
+        torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
+        return [MODEL_FILE, OPTIMIZER_FILE]
+
+    def load(self, policy_dir: str) -> int:
+        """Restore weights + optimizer from a *verified* bundle (``weights_only=True``); returns the version."""
+        d = Path(policy_dir)
+        state = torch.load(d / MODEL_FILE, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
+        self.version = int(state["version"])
+        return self.version
+
+    def model_shape(self) -> dict[str, int]:
+        return self.cfg.model.model_dump()
