@@ -292,6 +292,7 @@ class SingleControllerActor:
                 snapshot = await self.client.save_checkpoint(
                     writer.data_plane_dir,
                     {**captured, "mode": "authoritative", "run_id": self.args.run_id},
+                    cfg.data_plane.partition,
                     sorted(stored),
                 )
                 window = time.perf_counter() - w0

@@ -54,9 +54,9 @@ class DataPlaneClient(ABC):
 
     @abstractmethod
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], sample_ids: list[str]
+        self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str]
     ) -> DataPlaneSnapshot:
-        """Capture the rows ``sample_ids`` (exactly what the replay index lists) for ``directory``.
+        """Capture the rows ``sample_ids`` of ``partition`` (exactly what the replay index lists) for ``directory``.
 
         Called inside the barrier's exclusive window. Returns a snapshot whose ``write()`` the caller awaits
         *after* the window closes; an adapter may do all the I/O here (then ``write()`` is a no-op) or only

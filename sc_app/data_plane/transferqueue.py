@@ -131,7 +131,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         return set(listing.get(partition, {}))
 
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], sample_ids: list[str]
+        self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str]
     ) -> DataPlaneSnapshot:
         """TransferQueue's native snapshot: all bytes are written here, inside the caller's window."""
         await self._amark("save_checkpoint")

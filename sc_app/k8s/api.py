@@ -114,8 +114,10 @@ class JobStatus:
         }
 
     def lines(self) -> list[str]:
-        step = "unknown (no preflight log yet)" if self.resume_decision is None else (
-            f"step {self.resume_step}" if self.resume_step is not None else "none (fresh start)"
+        step = (
+            "unknown (no preflight log yet)"
+            if self.resume_decision is None
+            else (f"step {self.resume_step}" if self.resume_step is not None else "none (fresh start)")
         )
         return [
             f"rayjob/{self.name}: {self.deployment_status or 'New'}"
@@ -180,8 +182,9 @@ class RayJobs:
         # Fail early and clearly when the CRD is missing or the job exists, before creating anything else.
         try:
             self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-            raise K8sError(f"rayjob/{name} already exists in namespace {self.namespace}; delete it first or choose "
-                           "another --name")
+            raise K8sError(
+                f"rayjob/{name} already exists in namespace {self.namespace}; delete it first or choose another --name"
+            )
         except K8sError:
             raise
         except Exception as exc:
@@ -191,8 +194,9 @@ class RayJobs:
         for obj in objects:
             if obj is not job:
                 done.append(self._create_core(obj))
-        self._call(f"rayjob/{name}", self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace,
-                   PLURAL, job)
+        self._call(
+            f"rayjob/{name}", self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, job
+        )
         done.append(f"created rayjob/{name}")
         return done
 
@@ -247,8 +251,9 @@ class RayJobs:
             doc = None
         if not isinstance(doc, dict):
             return None, None
-        step = doc.get("step")
-        return (int(step) if step is not None else None), str(doc.get("decision"))
+        decision = str(doc.get("decision"))
+        step = doc.get("step") if decision == "resume" else None  # a fresh start reports step 0: no bundle
+        return (int(step) if step is not None else None), decision
 
     def status(self, name: str) -> JobStatus:
         obj = self.get(name)
@@ -277,8 +282,14 @@ class RayJobs:
             st = self.status(name)
             now = f"{st.deployment_status}/{st.job_status}/{st.failed}"
             if now != last:
-                log.info("rayjob/%s: %s, job %s, retries %d/%d", name, st.deployment_status or "New",
-                         st.job_status or "-", st.failed, st.backoff_limit)
+                log.info(
+                    "rayjob/%s: %s, job %s, retries %d/%d",
+                    name,
+                    st.deployment_status or "New",
+                    st.job_status or "-",
+                    st.failed,
+                    st.backoff_limit,
+                )
                 last = now
             if st.finished:
                 return st

@@ -35,8 +35,9 @@ def _name(args: argparse.Namespace) -> str:
     if args.raw_name:
         return args.release
     # Render once with throwaway values to learn the object name rule instead of re-implementing it.
-    rel = render_release({"image": {"tag": "name-probe"}}, name=args.release, namespace=args.namespace,
-                         chart=args.chart)
+    rel = render_release(
+        {"image": {"tag": "name-probe"}}, name=args.release, namespace=args.namespace, chart=args.chart
+    )
     return rel.ray_object["metadata"]["name"]
 
 
@@ -99,8 +100,14 @@ def _suspend(args: argparse.Namespace, value: bool) -> int:
         _jobs(args).set_suspend(name, value)
     except (K8sError, ManifestError) as exc:
         return _err(str(exc))
-    print(f"rayjob/{name}: " + ("suspended (cluster deleted, PVC kept)" if value else "resumed (new cluster, resumes "
-                                "from the newest bundle)"))
+    print(
+        f"rayjob/{name}: "
+        + (
+            "suspended (cluster deleted, PVC kept)"
+            if value
+            else "resumed (new cluster, resumes from the newest bundle)"
+        )
+    )
     return EXIT_OK
 
 

@@ -139,6 +139,14 @@ def test_status_shows_deployment_retries_and_resume_step(api, capsys) -> None:
     assert (doc["retriesUsed"], doc["backoffLimit"], doc["resumeStep"]) == (2, 5, 40)
 
 
+def test_status_after_a_fresh_start(api, capsys) -> None:
+    server, kc = api
+    _seed_running_job(server, json.dumps({"decision": "fresh", "reason": "no step_N bundle", "bundle": None,
+                                          "step": 0, "checked": [], "quarantined": []}))
+    assert run(kc, "status") == 0
+    assert "none (fresh start) [fresh]" in capsys.readouterr().out
+
+
 def test_status_without_preflight_log_says_unknown(api, capsys) -> None:
     server, kc = api
     _seed_running_job(server, None)
