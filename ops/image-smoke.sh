@@ -12,6 +12,8 @@ WORK="${SC_SMOKE_DIR:-/var/tmp/sc-app-smoke}"          # image storage, rootfs, 
 MIRROR="${SC_SMOKE_MIRROR:-http://deb.debian.org/debian}"
 MAX_STEPS="${SC_SMOKE_MAX_STEPS:-8}"
 SAVE_PERIOD="${SC_SMOKE_SAVE_PERIOD:-2}"
+RUN_TIMEOUT="${SC_SMOKE_RUN_TIMEOUT:-600}"            # seconds for the resumed run to finish
+REUSE_IMAGE="${SC_SMOKE_REUSE_IMAGE:-0}"              # 1 = skip the build when the image already exists
 BASE_TAG="localhost/sc-app-base:bookworm"
 IMAGE="localhost/sc-app:smoke"
 STORE=(--root "${WORK}/storage" --runroot "${WORK}/runroot" --storage-driver vfs)
@@ -54,11 +56,15 @@ fi
 if [[ -d /opt/pypi/simple ]]; then
   MOUNTS+=(-v /opt/pypi:/opt/pypi:ro); BUILD_ARGS+=(--build-arg PIP_EXTRA_INDEX_URL=file:///opt/pypi/simple)
 fi
-log "buildah bud ${IMAGE}"
 start=$(date +%s)
-buildah "${STORE[@]}" bud --isolation chroot --layers=false "${BUILD_ARGS[@]}" "${MOUNTS[@]}" \
-  -f "${CONTEXT}/Dockerfile" -t "${IMAGE}" "${CONTEXT}" > "${WORK}/build.log" 2>&1 \
-  || { tail -n 30 "${WORK}/build.log" >&2; die "build failed, see ${WORK}/build.log"; }
+if [[ "${REUSE_IMAGE}" == 1 ]] && podman "${STORE[@]}" image exists "${IMAGE}"; then
+  log "reusing ${IMAGE} (SC_SMOKE_REUSE_IMAGE=1)"
+else
+  log "buildah bud ${IMAGE}"
+  buildah "${STORE[@]}" bud --isolation chroot --layers=false "${BUILD_ARGS[@]}" "${MOUNTS[@]}" \
+    -f "${CONTEXT}/Dockerfile" -t "${IMAGE}" "${CONTEXT}" > "${WORK}/build.log" 2>&1 \
+    || { tail -n 30 "${WORK}/build.log" >&2; die "build failed, see ${WORK}/build.log"; }
+fi
 build_s=$(( $(date +%s) - start ))
 size=$(podman "${STORE[@]}" image inspect --format '{{.Size}}' "${IMAGE}")
 log "built in ${build_s}s, image size $(( size / 1024 / 1024 )) MiB"
@@ -94,8 +100,14 @@ newest=$(find "${CKPT}" -maxdepth 1 -name 'step_*' -printf '%f\n' | sort -t_ -k2
 log "killed the first container; newest bundle ${newest}"
 
 # 4. fresh container, same directory: must resume and finish ------------------------------------------------
-podman "${STORE[@]}" run --rm --name sc-app-smoke-2 "${RUN_FLAGS[@]}" -v "${CKPT}:/checkpoints" "${IMAGE}" \
-  "${JOB[@]}" > "${WORK}/run2.log" 2>&1 || { tail -n 30 "${WORK}/run2.log" >&2; die "second run failed"; }
+podman "${STORE[@]}" rm -f sc-app-smoke-2 > /dev/null 2>&1 || true
+if ! timeout "${RUN_TIMEOUT}" podman "${STORE[@]}" run --name sc-app-smoke-2 "${RUN_FLAGS[@]}" \
+  -v "${CKPT}:/checkpoints" "${IMAGE}" "${JOB[@]}" > "${WORK}/run2.log" 2>&1; then
+  podman "${STORE[@]}" rm -f sc-app-smoke-2 > /dev/null 2>&1 || true
+  tail -n 30 "${WORK}/run2.log" >&2
+  die "second run failed or did not finish within ${RUN_TIMEOUT}s (see ${WORK}/run2.log)"
+fi
+podman "${STORE[@]}" rm -f sc-app-smoke-2 > /dev/null 2>&1 || true
 grep -q "resuming from .*step_" "${WORK}/run2.log" || { cat "${WORK}/run2.log" >&2; die "second run did not resume"; }
 grep -q "done: step ${MAX_STEPS}" "${WORK}/run2.log" || die "second run did not reach step ${MAX_STEPS}"
 log "$(grep -m1 'resuming from' "${WORK}/run2.log")"

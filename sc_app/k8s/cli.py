@@ -81,6 +81,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
     from sc_app.k8s.api import K8sError
     from sc_app.k8s.manifest import ManifestError
 
+    if not logging.getLogger().handlers:  # progress lines from RayJobs.wait when run from `sc-app`
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         st = _jobs(args).wait(_name(args), timeout=args.timeout, poll=args.poll)
     except (K8sError, ManifestError) as exc:

@@ -1,0 +1,206 @@
+"""Manifest-driven local end to end: the *rendered* RayJob, run the way KubeRay would run it, on this machine.
+
+One scenario. Render the chart (ci/cpu-values.yaml + small overrides) → run the head initContainer's command as
+rendered → ``ray start --head`` with the rendered ``rayStartParams`` (+ the auth env KubeRay injects from the
+rendered Secret) → ``ray job submit`` the rendered entrypoint (what the K8sJobMode submitter does) → once a bundle
+exists, SIGKILL every process of that head (the preemption) → a fresh head, preflight again, submit again (the
+``backoffLimit`` retry) → it resumes from the newest complete bundle and finishes. The only translation is the
+volume: the mount path and the ConfigMap's file are mapped to temp dirs.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
+from test_k8s_runbooks import run_local_commands
+
+pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
+
+BIN = Path(sys.executable).parent
+MAX_STEPS = 150
+SAVE_PERIOD = 10
+PREEMPT_AT_STEP = 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _values() -> dict[str, Any]:
+    """ci/cpu-values.yaml with free local ports (so a concurrent Ray on this machine cannot collide)."""
+    values = load_values(CHART_DIR / "ci" / "cpu-values.yaml")
+    base = random.randrange(30000, 60000, 200)
+    ports = {k: _free_port() for k in ("gcs", "dashboard", "client", "metrics", "nodeManager", "objectManager",
+                                        "runtimeEnvAgent", "dashboardAgentGrpc", "dashboardAgentHttp")}
+    ports |= {"minWorkerPort": base, "maxWorkerPort": base + 150}
+    values["rayPorts"] = ports
+    values["config"]["run"]["max_steps"] = MAX_STEPS
+    values["config"]["checkpoint"]["save_period"] = SAVE_PERIOD
+    return values
+
+
+def _steps(ckpt: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in ckpt.glob("step_*") if p.name.split("_")[1].isdigit())
+
+
+def _pids_with(marker: str) -> list[int]:
+    """PIDs whose command line mentions ``marker`` (our unique temp dir): only processes this test started."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "cmdline").read_bytes():
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
+
+
+class Head:
+    """One Ray head started from the rendered headGroupSpec; ``kill()`` is the node loss."""
+
+    def __init__(self, rayjob: dict[str, Any], env: dict[str, str], root: Path) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="scr", dir="/tmp"))  # short: Ray's socket paths have a limit
+        self.params = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
+        argv = [str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats", f"--temp-dir={self.root}"]
+        argv += [f"--{k}={v}" for k, v in self.params.items()]
+        self.log = (root / f"head-{self.root.name}.log").open("w")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.address = f"http://127.0.0.1:{self.params['dashboard-port']}"
+
+    def wait_ready(self, env: dict[str, str], timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"ray start exited: {Path(self.log.name).read_text()[-2000:]}"
+            probe = subprocess.run([str(BIN / "ray"), "job", "list", "--address", self.address], env=env,
+                                   capture_output=True, text=True, timeout=60)
+            if probe.returncode == 0:
+                return
+            time.sleep(2)
+        raise AssertionError(f"head not ready after {timeout}s: {Path(self.log.name).read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole head: its process group and every process under its session dir (driver included)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in _pids_with(str(self.root)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None or _pids_with(str(self.root)):
+            self.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def heads() -> Iterator[list[Head]]:
+    started: list[Head] = []
+    yield started
+    for head in started:
+        head.cleanup()
+
+
+def test_rendered_rayjob_resumes_after_head_loss(tmp_path: Path, heads: list[Head]) -> None:
+    values = _values()
+    objs = objects(render(values, name="e2e", namespace="ml"))
+    (rayjob,) = by_kind(objs, "RayJob")
+    (configmap,) = by_kind(objs, "ConfigMap")
+    (secret,) = by_kind(objs, "Secret")
+    assert rayjob["spec"]["backoffLimit"] >= 1, "the retry below is what backoffLimit buys"
+    head_spec = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    mount = values.get("checkpoint", {}).get("mountPath", "/checkpoints")
+
+    # The volumes: PVC → tmp dir, ConfigMap → its file with checkpoint.dir pointing at the mapped mount.
+    ckpt = tmp_path / "pvc"
+    ckpt.mkdir()
+    config_file = tmp_path / "etc-sc-app" / "config.yaml"
+    config_file.parent.mkdir()
+    cfg = yaml.safe_load(configmap["data"]["config.yaml"])
+    assert cfg["checkpoint"]["dir"] == mount and cfg["ray"]["address"] == "auto"
+    cfg["checkpoint"]["dir"] = str(ckpt)
+    config_file.write_text(yaml.safe_dump(cfg))
+
+    def mapped(text: str) -> str:
+        return text.replace("/etc/sc-app/config.yaml", str(config_file)).replace(mount, str(ckpt))
+
+    # What KubeRay injects from authOptions + the rendered Secret, on every Ray container and the submitter.
+    token = base64.b64decode(secret["data"]["auth_token"]).decode()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": str(tmp_path / "home"),
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    for e in head_spec["containers"][0].get("env", []):
+        if "value" in e:
+            env[e["name"]] = mapped(e["value"])
+    (tmp_path / "home").mkdir()
+    init_cmd = [mapped(a) for a in head_spec["initContainers"][0]["command"]]
+    # KubeRay's submitter puts the entrypoint string into a shell command line after `ray job submit ... --`.
+    entrypoint = shlex.split(mapped(rayjob["spec"]["entrypoint"]))
+
+    def preflight() -> dict[str, Any]:
+        proc = subprocess.run(init_cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"initContainer failed: {proc.stdout}\n{proc.stderr}"
+        return json.loads(proc.stdout)
+
+    def start_head() -> Head:
+        head = Head(rayjob, env, tmp_path)
+        heads.append(head)
+        head.wait_ready(env)
+        return head
+
+    # Attempt 1: fresh start, preempted once a bundle past PREEMPT_AT_STEP exists.
+    plan = preflight()
+    assert plan["decision"] == "fresh", plan
+    head = start_head()
+    submit = [str(BIN / "ray"), "job", "submit", "--address", head.address]
+    subprocess.run([*submit, "--submission-id", "attempt-1", "--no-wait", "--", *entrypoint], env=env, check=True,
+                   capture_output=True, text=True, timeout=120)
+    deadline = time.monotonic() + 240
+    while not (_steps(ckpt) and _steps(ckpt)[-1] >= PREEMPT_AT_STEP):
+        assert time.monotonic() < deadline, f"no bundle >= step {PREEMPT_AT_STEP} in 240s: {list(ckpt.iterdir())}"
+        time.sleep(0.2)
+    head.kill()
+    before = _steps(ckpt)
+    assert before and before[-1] < MAX_STEPS, f"training finished before the preemption: {before}"
+    (ckpt / f"tmp_step_{before[-1] + SAVE_PERIOD}").mkdir(exist_ok=True)  # a save the kill may have cut short
+
+    # Attempt 2 (the backoffLimit retry): new head, same volume.
+    plan = preflight()
+    assert plan["decision"] == "resume" and plan["step"] == before[-1], plan
+    assert not (ckpt / f"tmp_step_{before[-1] + SAVE_PERIOD}").exists(), "preflight must move leftovers aside"
+    head = start_head()
+    submit = [str(BIN / "ray"), "job", "submit", "--address", head.address]
+    done = subprocess.run([*submit, "--submission-id", "attempt-2", "--", *entrypoint], env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert f"resuming from {ckpt / f'step_{before[-1]}'}" in out, out[-3000:]
+    assert f"done: step {MAX_STEPS}" in out, out[-3000:]
+    assert _steps(ckpt)[-1] == MAX_STEPS
+    head.kill()
+
+    # The runbook's local commands against these real bundles (verify, list, preflight --dry-run, submit --dry-run).
+    run_local_commands(ckpt)
