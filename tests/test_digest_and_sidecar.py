@@ -1,0 +1,367 @@
+"""The replay-index digest and ``TQReplayBuffer`` (pure logic, against an in-memory fake data-plane client)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from sc_app.barrier import DataPlaneCheckpointBarrier
+from sc_app.data_plane.client import DataPlaneClient, DataPlaneSnapshot
+from sc_app.digest import canonical_bytes, index_digest
+from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION, SidecarError, TQReplayBuffer, sidecar_digest
+
+G = 4
+PARTITION = "train"
+
+
+# ------------------------------------------------------------------------------------------------ digest
+def groups_fixture() -> dict[str, dict[str, Any]]:
+    return {
+        "p0": {"sample_ids": ["p0:0", "p0:1"], "prompt_index": 0, "version": 1},
+        "p1": {"sample_ids": ["p1:0", "p1:1"], "prompt_index": 1, "version": 1},
+        "p7": {"sample_ids": ["p7:0", "p7:1"], "prompt_index": 7, "version": 2},
+    }
+
+
+def test_canonical_bytes_is_sorted_compact_utf8() -> None:
+    assert canonical_bytes({"b": 1, "a": [2, "é"]}) == '{"a":[2,"é"],"b":1}'.encode()
+    assert canonical_bytes({"a": {"y": 1, "x": 2}}) == canonical_bytes({"a": {"x": 2, "y": 1}})
+
+
+@pytest.mark.parametrize("bad", [{"a": 1.5}, {"a": [1, {"b": 0.0}]}, {1: "int key"}, {"a": {2: "x"}}])
+def test_canonical_bytes_refuses_inexact_values(bad: Any) -> None:
+    with pytest.raises(TypeError):
+        canonical_bytes(bad)
+
+
+def test_index_digest_pins_the_encoding() -> None:
+    """Bundles written by earlier versions must keep verifying: the encoding is part of the on-disk format."""
+    groups = groups_fixture()
+    payload = {
+        "partition": PARTITION,
+        "group_size": 2,
+        "groups": [[gid, groups[gid]] for gid in sorted(groups)],
+    }
+    want = hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert index_digest(groups, partition=PARTITION, group_size=2) == want
+    assert len(want) == 64
+
+
+def test_index_digest_ignores_insertion_order() -> None:
+    groups = groups_fixture()
+    reordered = {gid: dict(reversed(list(groups[gid].items()))) for gid in reversed(list(groups))}
+    assert list(reordered) != list(groups)
+    d = index_digest(groups, partition=PARTITION, group_size=2)
+    assert index_digest(reordered, partition=PARTITION, group_size=2) == d
+
+
+Mutation = Callable[[dict[str, dict[str, Any]]], None]
+
+
+def _rename_group(g: dict[str, dict[str, Any]]) -> None:
+    g["p8"] = g.pop("p7")
+
+
+MUTATIONS: dict[str, Mutation] = {
+    "group id": _rename_group,
+    "sample id": lambda g: g["p1"]["sample_ids"].__setitem__(1, "p1:9"),
+    "sample id order": lambda g: g["p1"]["sample_ids"].reverse(),
+    "prompt index": lambda g: g["p1"].__setitem__("prompt_index", 2),
+    "version": lambda g: g["p0"].__setitem__("version", 2),
+    "group removed": lambda g: g.pop("p0"),
+    "group added": lambda g: g.__setitem__("p9", {"sample_ids": ["p9:0", "p9:1"], "prompt_index": 9, "version": 1}),
+}
+
+
+@pytest.mark.parametrize("what", sorted(MUTATIONS))
+def test_index_digest_changes_with_any_field(what: str) -> None:
+    groups = groups_fixture()
+    base = index_digest(groups, partition=PARTITION, group_size=2)
+    changed = copy.deepcopy(groups)
+    MUTATIONS[what](changed)
+    assert index_digest(changed, partition=PARTITION, group_size=2) != base
+
+
+def test_index_digest_covers_partition_and_group_size() -> None:
+    groups = groups_fixture()
+    base = index_digest(groups, partition=PARTITION, group_size=2)
+    assert index_digest(groups, partition="eval", group_size=2) != base
+    assert index_digest(groups, partition=PARTITION, group_size=3) != base
+    assert index_digest({}, partition=PARTITION, group_size=2) != base
+
+
+# ------------------------------------------------------------------------------------------------ fake data plane
+class FakeDataPlane(DataPlaneClient):
+    """In-memory client; records every call and whether a barrier slot was held during each write."""
+
+    def __init__(self, barrier: DataPlaneCheckpointBarrier | None = None) -> None:
+        self.bootstrap = False
+        self.rows: dict[str, dict[str, torch.Tensor]] = {}
+        self.calls: list[str] = []
+        self.slots_during_writes: list[int] = []
+        self.barrier = barrier
+
+    def _write(self, op: str) -> None:
+        self.calls.append(op)
+        if self.barrier is not None:
+            self.slots_during_writes.append(self.barrier.active_mutations)
+
+    async def put_samples(
+        self, partition: str, sample_ids: list[str], fields: TensorDict, tags: list[dict[str, Any]] | None = None
+    ) -> None:
+        self._write("put_samples")
+        await asyncio.sleep(0)
+        for i, sid in enumerate(sample_ids):
+            self.rows.setdefault(sid, {}).update({k: fields.get(k)[i] for k in fields.keys()})  # noqa: SIM118
+
+    async def get_samples(self, partition: str, sample_ids: list[str], fields: list[str] | None = None) -> TensorDict:
+        self.calls.append("get_samples")
+        keys = fields or list(self.rows[sample_ids[0]])
+        return TensorDict({k: torch.stack([self.rows[s][k] for s in sample_ids]) for k in keys}, [len(sample_ids)])
+
+    async def clear_samples(self, partition: str, sample_ids: list[str]) -> None:
+        self._write("clear_samples")
+        await asyncio.sleep(0)
+        for sid in sample_ids:
+            del self.rows[sid]
+
+    async def list_sample_ids(self, partition: str) -> set[str]:
+        self.calls.append("list_sample_ids")
+        return set(self.rows)
+
+    async def save_checkpoint(
+        self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str]
+    ) -> DataPlaneSnapshot:
+        raise NotImplementedError
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def seal(self, info: dict[str, Any]) -> None:
+        self.calls.append("seal")
+
+
+def rows(n: int = G, value: float = 0.0) -> TensorDict:
+    return TensorDict({"reward": torch.full((n,), value), "tokens": torch.zeros(n, 3, dtype=torch.long)}, [n])
+
+
+def make_buffer(
+    client: FakeDataPlane | None = None, *, partition: str = PARTITION, group_size: int = G
+) -> tuple[TQReplayBuffer, FakeDataPlane, DataPlaneCheckpointBarrier]:
+    barrier = DataPlaneCheckpointBarrier()
+    client = client or FakeDataPlane(barrier)
+    client.barrier = barrier
+    return TQReplayBuffer(client, barrier, partition=partition, group_size=group_size), client, barrier
+
+
+def filled_sidecar(n_groups: int = 3) -> dict[str, Any]:
+    buf, _, _ = make_buffer()
+
+    async def fill() -> None:
+        for i in range(n_groups):
+            await buf.commit(f"p{i}", i, version=i // 2, fields=rows())
+
+    asyncio.run(fill())
+    return buf.metadata_state_dict()
+
+
+# ------------------------------------------------------------------------------------------------ buffer behaviour
+def test_commit_and_drop_write_inside_a_barrier_slot() -> None:
+    buf, client, barrier = make_buffer()
+
+    async def body() -> None:
+        await buf.commit("p0", 0, 0, rows())
+        await buf.commit("p1", 1, 0, rows())
+        await buf.drop(["p0"])
+
+    asyncio.run(body())
+    assert client.calls == ["put_samples", "put_samples", "clear_samples"]
+    assert client.slots_during_writes == [1, 1, 1], "a data-plane write ran outside barrier.mutation()"
+    assert barrier.active_mutations == 0
+    assert buf.sample_ids() == set(client.rows) == {f"p1:{i}" for i in range(G)}
+    assert len(buf) == 1 and buf.rows == G and buf.prompt_indices() == {1}
+
+
+def test_commit_waits_while_a_checkpoint_window_is_held() -> None:
+    buf, client, barrier = make_buffer()
+
+    async def body() -> None:
+        async with barrier.checkpoint():
+            task = asyncio.create_task(buf.commit("p0", 0, 0, rows()))
+            for _ in range(10):
+                await asyncio.sleep(0)
+            assert client.calls == [] and len(buf) == 0, "commit wrote during the checkpoint window"
+            snapshot = buf.metadata_state_dict()
+        await task
+        assert snapshot["groups"] == {} and len(buf) == 1
+
+    asyncio.run(body())
+
+
+def test_commit_refuses_wrong_row_count_and_duplicates() -> None:
+    buf, client, _ = make_buffer()
+
+    async def body() -> None:
+        with pytest.raises(ValueError, match="rows"):
+            await buf.commit("p0", 0, 0, rows(G - 1))
+        await buf.commit("p0", 0, 0, rows())
+        with pytest.raises(ValueError, match="already committed"):
+            await buf.commit("p0", 0, 0, rows())
+
+    asyncio.run(body())
+    assert client.calls == ["put_samples"]
+
+
+def test_frozen_rows_cannot_be_dropped() -> None:
+    buf, client, _ = make_buffer()
+
+    async def body() -> None:
+        await buf.commit("p0", 0, 0, rows())
+        buf.freeze(buf.sample_ids())
+        with pytest.raises(RuntimeError, match="snapshot"):
+            await buf.drop(["p0"])
+        assert "clear_samples" not in client.calls and len(buf) == 1
+        buf.thaw()
+        await buf.drop(["p0"])
+
+    asyncio.run(body())
+    assert len(buf) == 0 and client.rows == {}
+
+
+def test_metadata_state_dict_holds_no_tensors_and_its_own_digest() -> None:
+    sd = filled_sidecar(3)
+    assert sd["schema_version"] == SIDECAR_SCHEMA_VERSION
+    assert sd["partition"] == PARTITION and sd["group_size"] == G
+    assert sd["digest"] == sidecar_digest(sd)
+    assert sorted(sd["groups"]) == ["p0", "p1", "p2"]
+
+    def walk(x: Any) -> None:
+        assert not isinstance(x, torch.Tensor)
+        if isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+
+    walk(sd)
+    canonical_bytes({k: v for k, v in sd.items()})  # plain JSON-able data only
+
+
+def test_sidecar_survives_torch_save_weights_only(tmp_path: Path) -> None:
+    sd = filled_sidecar(2)
+    torch.save(sd, tmp_path / "replay_buffer_metadata.pt")
+    back = torch.load(tmp_path / "replay_buffer_metadata.pt", weights_only=True)
+    assert back == sd
+
+
+def test_load_state_dict_rebuilds_index_without_touching_the_data_plane() -> None:
+    sd = filled_sidecar(3)
+    buf, client, _ = make_buffer()
+    buf.load_state_dict(copy.deepcopy(sd), expected_digest=sd["digest"])
+    assert client.calls == [], "load_state_dict must not call the data plane"
+    assert len(buf) == 3 and buf.rows == 3 * G
+    assert buf.prompt_indices() == {0, 1, 2}
+    assert buf.metadata_state_dict() == sd
+    assert [g.group_id for g in buf.groups()] == ["p0", "p1", "p2"]
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(sd: dict[str, Any]) -> None:
+        node = sd
+        for p in path[:-1]:
+            node = node[p]
+        node[path[-1]] = value
+
+    return edit
+
+
+def _reseal(edit: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """Apply ``edit`` and recompute the stored digest, so only the targeted check can refuse it."""
+
+    def both(sd: dict[str, Any]) -> None:
+        edit(sd)
+        sd["digest"] = sidecar_digest(sd)
+
+    return both
+
+
+REFUSALS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "schema version": (_set(("schema_version",), 99), "schema_version"),
+    "schema version missing": (lambda sd: sd.pop("schema_version"), "schema_version"),
+    "partition": (_reseal(_set(("partition",), "eval")), "partition"),
+    "group size": (_reseal(_set(("group_size",), G + 1)), "group size"),
+    "no groups mapping": (_set(("groups",), [1, 2]), "groups"),
+    "duplicate id across groups": (
+        _reseal(_set(("groups", "p1", "sample_ids"), ["p0:0", "p1:1", "p1:2", "p1:3"])),
+        "more than one group",
+    ),
+    "duplicate id inside a group": (
+        _reseal(_set(("groups", "p1", "sample_ids"), ["p1:0", "p1:0", "p1:2", "p1:3"])),
+        "distinct",
+    ),
+    "group too small": (_reseal(_set(("groups", "p1", "sample_ids"), ["p1:0", "p1:1"])), "p1"),
+    "group too large": (
+        _reseal(_set(("groups", "p2", "sample_ids"), [f"p2:{i}" for i in range(G + 1)])),
+        "p2",
+    ),
+    "tampered index": (_set(("groups", "p1", "prompt_index"), 42), "does not match its own index"),
+    "tampered digest": (_set(("digest",), "0" * 64), "does not match its own index"),
+    "consistent but not what the data plane holds": (
+        _reseal(lambda sd: sd["groups"].pop("p2")),
+        "data-plane digest",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(REFUSALS))
+def test_load_state_dict_refuses(what: str) -> None:
+    sd = filled_sidecar(3)
+    expected = sd["digest"]  # what the data-plane snapshot recorded for the real index
+    edit, needle = REFUSALS[what]
+    bad = copy.deepcopy(sd)
+    edit(bad)
+    buf, client, _ = make_buffer()
+    with pytest.raises(SidecarError, match=needle):
+        buf.load_state_dict(bad, expected_digest=expected)
+    assert len(buf) == 0, "a refused sidecar left part of its index behind"
+    assert client.calls == []
+    buf.load_state_dict(copy.deepcopy(sd), expected_digest=expected)  # the untouched sidecar still loads
+    assert len(buf) == 3
+
+
+def test_load_state_dict_refuses_a_digest_from_another_snapshot() -> None:
+    sd = filled_sidecar(3)
+    other = filled_sidecar(2)
+    buf, _, _ = make_buffer()
+    with pytest.raises(SidecarError, match="data-plane digest"):
+        buf.load_state_dict(sd, expected_digest=other["digest"])
+    with pytest.raises(SidecarError, match="data-plane digest"):
+        buf.load_state_dict(sd, expected_digest="")
+
+
+def test_load_state_dict_refuses_a_mismatched_buffer_config() -> None:
+    sd = filled_sidecar(1)
+    for kwargs, needle in (({"partition": "eval"}, "partition"), ({"group_size": G * 2}, "group size")):
+        buf, _, _ = make_buffer(**kwargs)  # type: ignore[arg-type]
+        with pytest.raises(SidecarError, match=needle):
+            buf.load_state_dict(copy.deepcopy(sd), expected_digest=sd["digest"])
+
+
+def test_load_state_dict_needs_an_empty_index() -> None:
+    sd = filled_sidecar(1)
+    buf, _, _ = make_buffer()
+    asyncio.run(buf.commit("p5", 5, 0, rows()))
+    with pytest.raises(SidecarError, match="empty index"):
+        buf.load_state_dict(sd, expected_digest=sd["digest"])
+    assert buf.prompt_indices() == {5}
