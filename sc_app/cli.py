@@ -17,7 +17,8 @@ from typing import Any
 from sc_app import __version__
 from sc_app.config import AppConfig, ConfigError, dump_config, load_config
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SUPERSEDED = 0, 1, 2, 3
+EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request after the emergency checkpoint; a retry resumes
 log = logging.getLogger("sc_app")
 
 
@@ -57,7 +58,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _resolve(args)
     logging.basicConfig(level=cfg.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from sc_app.checkpoint import ResumePlan
-    from sc_app.driver import ResumeRefused, run_job
+    from sc_app.checkpoint.lease import LeaseLost
+    from sc_app.controller import InventoryMismatch, SaveFailed
+    from sc_app.driver import EmergencyTimeout, JobFailed, ResumeRefused, run_job
 
     stop = {"requested": False}
 
@@ -65,7 +68,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop["requested"] = True
         print(f"received {signal.Signals(signum).name}: stopping after the current step and saving", flush=True)
 
-    signal.signal(signal.SIGTERM, on_signal)
+    def install_handlers() -> None:
+        signal.signal(signal.SIGTERM, on_signal)
+
+    install_handlers()
 
     def on_plan(plan: ResumePlan) -> None:
         for moved in plan.quarantined:
@@ -86,6 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if "saved" in r:
             s = r["saved"]
             line += f"  saved {s['bundle']} ({s['seconds']:.2f}s, window {s['window_seconds'] * 1000:.0f} ms)"
+        if "save_error" in r:
+            line += f"  SAVE FAILED: {r['save_error']['error']}"
         print(line, flush=True)
 
     print(
@@ -94,18 +102,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        result = run_job(cfg, on_plan=on_plan, on_progress=on_progress, stop_requested=lambda: stop["requested"])
+        result = run_job(
+            cfg,
+            on_plan=on_plan,
+            on_progress=on_progress,
+            stop_requested=lambda: stop["requested"],
+            on_ray_ready=install_handlers,
+        )
     except ResumeRefused as exc:
         return _fail(f"{exc}")
+    except LeaseLost as exc:
+        return _fail(f"superseded: {exc}", EXIT_SUPERSEDED)
+    except (SaveFailed, InventoryMismatch, EmergencyTimeout, JobFailed) as exc:
+        return _fail(str(exc), EXIT_FAILED)
     s = result.summary
     if s.get("already_done"):
         print(f"done: step {s['final_step']} already reached run.max_steps={cfg.run.max_steps}; nothing to train")
         return EXIT_OK
+    if s.get("stopped_early"):
+        print(
+            f"stopped: step {s['final_step']} saved on request after {result.seconds:.1f}s; a rerun resumes from it",
+            flush=True,
+        )
+        return EXIT_STOPPED
     first, last = s.get("first_rewards") or [0.0], s.get("last_rewards") or [0.0]
     print(
         f"done: step {s['final_step']} in {result.seconds:.1f}s; mean reward {sum(first) / len(first):.3f} "
-        f"(first steps) -> {sum(last) / len(last):.3f} (last steps)"
-        + ("; stopped early on request" if s.get("stopped_early") else ""),
+        f"(first steps) -> {sum(last) / len(last):.3f} (last steps)",
         flush=True,
     )
     return EXIT_OK

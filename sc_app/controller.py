@@ -31,8 +31,10 @@ from sc_app import __version__
 from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.checkpoint import BundleWriter, hmac_key_from_env, prune
 from sc_app.checkpoint.compat import compat_of
+from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
+from sc_app.faults import fault_point
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
 from sc_app.replay_buffer import Group, TQReplayBuffer
@@ -42,6 +44,14 @@ log = logging.getLogger(__name__)
 
 class InventoryMismatch(RuntimeError):
     """Rows stored in the data plane differ from the replay index; no bundle is cut from such a state."""
+
+
+class SaveFailed(RuntimeError):
+    """A save failed and ``checkpoint.on_save_error=stop``; older bundles are intact."""
+
+
+class _StopNow(Exception):
+    """The driver asked to stop while the train pump was waiting for rollouts."""
 
 
 @dataclass
@@ -58,6 +68,7 @@ class SingleControllerActorArgs:
     sidecar_path: str | None = None
     data_plane_checkpoint_metadata: dict[str, Any] | None = None  # what the driver restored (flow 1 → 2)
     resumed_from: str | None = None
+    lease: Lease | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,15 +99,21 @@ class SingleControllerActor:
     def progress(self, since: int) -> list[dict[str, Any]]:
         return self._progress[since:]
 
-    def request_stop(self) -> None:
+    async def request_stop(self) -> None:
         self._stop_requested = True
+        cond = getattr(self, "_cond", None)
+        if cond is not None:
+            async with cond:
+                cond.notify_all()
 
     # ------------------------------------------------------------------ run
     async def run(self) -> dict[str, Any]:
         from sc_app.data_plane.transferqueue import TransferQueueDataPlane
 
         cfg = self.cfg
-        self.client = TransferQueueDataPlane(bootstrap=False, namespace=cfg.ray.namespace)
+        self.client = TransferQueueDataPlane(
+            bootstrap=False, namespace=cfg.ray.namespace, snapshot=cfg.data_plane.snapshot
+        )
         self.barrier = DataPlaneCheckpointBarrier()
         self.buffer = TQReplayBuffer(
             self.client,
@@ -209,9 +226,16 @@ class SingleControllerActor:
                 return fresh[:n]
             if self._rollout_error is not None:
                 raise RuntimeError("rollout pump failed") from self._rollout_error
+            if self._stop_requested:
+                raise _StopNow
             async with self._cond:
                 await self._cond.wait_for(
-                    lambda: len(self.buffer) >= n or self._rollout_error is not None or self._stopping
+                    lambda: (
+                        len(self.buffer) >= n
+                        or self._rollout_error is not None
+                        or self._stopping
+                        or self._stop_requested
+                    )
                 )
 
     # ------------------------------------------------------------------ train pump
@@ -222,7 +246,10 @@ class SingleControllerActor:
         last_saved = self.step
         while self.step < cfg.run.max_steps and not self._stop_requested:
             started = time.perf_counter()
-            groups = await self._sample(cfg.grpo.prompts_per_step)
+            try:
+                groups = await self._sample(cfg.grpo.prompts_per_step)
+            except _StopNow:
+                break
             ids = [sid for grp in groups for sid in grp.sample_ids]
             staleness = sum(self.version - grp.version for grp in groups) / len(groups)
             # advantage stage (flow 4): read rows back, overwrite one field on the same rows; no barrier slot
@@ -250,11 +277,14 @@ class SingleControllerActor:
             if cfg.checkpoint.enabled and (
                 self.step % cfg.checkpoint.save_period == 0 or self.step == cfg.run.max_steps
             ):
-                record["saved"] = await self._save()
-                last_saved = self.step
+                outcome = await self._save_or_report()
+                record["saved" if "bundle" in outcome else "save_error"] = outcome
+                last_saved = self.step if "bundle" in outcome else last_saved
             self._progress.append(record)
         if self._stop_requested and cfg.checkpoint.enabled and last_saved != self.step:
-            self._progress.append({"step": self.step, "saved": await self._save(), "stop": True})
+            outcome = await self._save_or_report()
+            key = "saved" if "bundle" in outcome else "save_error"
+            self._progress.append({"step": self.step, "stop": True, key: outcome})
         return {
             "final_step": self.step,
             "version": self.version,
@@ -264,26 +294,54 @@ class SingleControllerActor:
         }
 
     # ------------------------------------------------------------------ save (flows 5 and 6)
+    async def _save_or_report(self) -> dict[str, Any]:
+        """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
+
+        ``LeaseLost`` always propagates: a superseded run must stop, not keep training.
+        """
+        try:
+            return await self._save()
+        except LeaseLost:
+            raise
+        except OSError as exc:
+            msg = (
+                f"save of step {self.step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
+                "its tmp dir was removed and every older bundle is intact"
+            )
+            log.error(msg)
+            self._trace(ev="save_failed", step=self.step, error=str(exc))
+            if self.cfg.checkpoint.on_save_error == "stop":
+                raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
+            return {"error": msg}
+
     async def _save(self) -> dict[str, Any]:
         cfg = self.cfg
         root = Path(cfg.checkpoint.dir)
         t0 = time.perf_counter()
-        writer = BundleWriter(root, self.step, hmac_key=hmac_key_from_env())
+        lease = self.args.lease
+        if lease is not None:
+            await asyncio.to_thread(lease.check)
+        fault_point("save.begin")
+        writer = BundleWriter(root, self.step, hmac_key=hmac_key_from_env(), lease=lease)
         await asyncio.to_thread(writer.begin)
         try:
             loader_state = self.loader.state_dict()  # note the loader place
             await self.args.trainers[0].save.remote(str(writer.policy_dir))
+            fault_point("save.policy")
             await asyncio.to_thread(torch.save, loader_state, writer.loader_path)
+            fault_point("save.loader")
             async with self.barrier.checkpoint():
                 w0 = time.perf_counter()
+                fault_point("save.window")
                 meta = self.buffer.metadata_state_dict()
                 stored = await self.client.list_sample_ids(cfg.data_plane.partition)
                 if stored != self.buffer.sample_ids():
                     raise InventoryMismatch(
                         f"step {self.step}: data plane holds {len(stored)} rows, index lists {self.buffer.rows}"
                     )
-                captured = {
+                captured = {  # everything the bundle records about itself, captured once, in the window
                     "step": self.step,
+                    "epoch": lease.epoch if lease is not None else 0,
                     "trainer_version": self.version,
                     "loader": {"next_index": loader_state["next_index"], "reissue": len(loader_state["reissue"])},
                     "digest": meta["digest"],
@@ -301,9 +359,12 @@ class SingleControllerActor:
                 data_plane = await snapshot.write()
             finally:
                 self.buffer.thaw()
+            fault_point("save.snapshot")
             await asyncio.to_thread(torch.save, meta, writer.sidecar_path)
+            fault_point("save.sidecar")
             fields = {
                 "run_id": self.args.run_id,
+                "epoch": captured["epoch"],
                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "trainer_version": captured["trainer_version"],
                 "loader": captured["loader"],
@@ -321,6 +382,7 @@ class SingleControllerActor:
         except BaseException:
             await asyncio.to_thread(writer.abort)
             raise
+        fault_point("save.done")
         removed = await asyncio.to_thread(prune, root, cfg.checkpoint.keep, newest_verified=final)
         self._trace(ev="save", step=self.step, digest=captured["digest"], groups=captured["groups"])
         return {

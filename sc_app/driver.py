@@ -22,6 +22,7 @@ import torch
 
 from sc_app.checkpoint import ResumePlan, hmac_key_from_env, layout, plan_resume
 from sc_app.checkpoint.compat import compat_of
+from sc_app.checkpoint.lease import Lease
 from sc_app.config import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller import SingleControllerActor, SingleControllerActorArgs
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, shutdown_transferqueue
@@ -33,6 +34,20 @@ log = logging.getLogger(__name__)
 
 class ResumeRefused(RuntimeError):
     """The checkpoint directory holds bundles that must not be resumed (or skipped) silently."""
+
+
+class JobFailed(RuntimeError):
+    """A process of the job died (controller actor, worker); a rerun resumes from the newest complete bundle."""
+
+
+class EmergencyTimeout(RuntimeError):
+    """SIGTERM's emergency checkpoint did not finish inside ``checkpoint.emergency_budget_s``."""
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The original exception behind a Ray task error (``LeaseLost``, ``SaveFailed``, ...)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
 
 
 class SetupOrder:
@@ -99,13 +114,14 @@ class Setup:
     order: SetupOrder
 
 
-def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str) -> Setup:
+def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str, lease: Lease | None = None) -> Setup:
     order = SetupOrder()
     dp_client = TransferQueueDataPlane(
         bootstrap=True,
         namespace=cfg.ray.namespace,
         storage_units=cfg.data_plane.storage_units,
         storage_node_resource=cfg.data_plane.storage_node_resource,
+        snapshot=cfg.data_plane.snapshot,
     )
     order.enter("bootstrap_client")
     policy = TQPolicy(cfg, dp_client)
@@ -147,6 +163,7 @@ def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str) ->
         sidecar_path=sidecar,
         data_plane_checkpoint_metadata=restored,
         resumed_from=plan.bundle.name if plan.bundle else None,
+        lease=lease,
     )
     actor = SingleControllerActor.options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     order.enter("actor")
@@ -184,9 +201,15 @@ def run_job(
     on_plan: Callable[[ResumePlan], None] = lambda p: None,
     on_progress: Callable[[dict[str, Any]], None] = lambda r: None,
     stop_requested: Callable[[], bool] = lambda: False,
+    on_ray_ready: Callable[[], None] = lambda: None,
 ) -> RunResult:
-    """Plan the resume, start Ray + TransferQueue, run the controller to ``run.max_steps``, shut down."""
+    """Take the writer lease, plan the resume, start Ray + TransferQueue, run to ``run.max_steps``, shut down.
+
+    The lease comes first: from then on an older attempt still writing this directory can no longer publish.
+    """
     started = time.perf_counter()
+    run_id = uuid.uuid4().hex[:12]
+    lease = Lease.acquire(cfg.checkpoint.dir, run_id) if cfg.checkpoint.enabled else None
     plan = plan_resume(
         cfg.checkpoint.dir,
         policy=cfg.checkpoint.on_corrupt,
@@ -199,26 +222,42 @@ def run_job(
         raise ResumeRefused(plan.reason)
     if plan.decision == "resume" and plan.step >= cfg.run.max_steps:
         return RunResult(plan, {"final_step": plan.step, "already_done": True}, time.perf_counter() - started)
-    run_id = uuid.uuid4().hex[:12]
     owns_ray = init_ray(cfg)
+    on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
     try:
-        setup = setup_single_controller(cfg, plan, run_id=run_id)
+        setup = setup_single_controller(cfg, plan, run_id=run_id, lease=lease)
         ref = setup.actor.run.remote()
         seen = 0
-        stop_sent = False
-        while True:
-            ready, _ = ray.wait([ref], timeout=0.5)
-            for record in ray.get(setup.actor.progress.remote(seen)):
-                seen += 1
-                on_progress(record)
-            if ready:
-                break
-            if not stop_sent and stop_requested():
-                setup.actor.request_stop.remote()
-                stop_sent = True
-        summary = ray.get(ref)
-        for record in ray.get(setup.actor.progress.remote(seen)):
-            on_progress(record)
+        deadline: float | None = None
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=0.5)
+                for record in ray.get(setup.actor.progress.remote(seen)):
+                    seen += 1
+                    on_progress(record)
+                if ready:
+                    break
+                if deadline is None and stop_requested():
+                    setup.actor.request_stop.remote()
+                    deadline = time.monotonic() + cfg.checkpoint.emergency_budget_s
+                if deadline is not None and time.monotonic() > deadline:
+                    ray.kill(setup.actor)  # nothing half-written is renamed: the rename is the last, atomic step
+                    raise EmergencyTimeout(
+                        f"emergency checkpoint did not finish within checkpoint.emergency_budget_s="
+                        f"{cfg.checkpoint.emergency_budget_s:g}s; the newest older bundle stays the resume point"
+                    )
+            summary = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise JobFailed(
+                f"the controller actor died ({type(exc).__name__}); rerun to resume from the newest complete bundle"
+            ) from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = _unwrap(exc)
+            if isinstance(cause, ray.exceptions.RayActorError):
+                raise JobFailed(
+                    f"a worker died ({type(cause).__name__}); rerun to resume from the newest complete bundle"
+                ) from None
+            raise cause from None
         return RunResult(plan, summary, time.perf_counter() - started)
     finally:
         shutdown_transferqueue()

@@ -3,6 +3,7 @@
 Invariants: ``step_N/`` appears only by renaming a ``tmp_step_N/`` whose files are all fsynced and listed
 in its manifest (written last); an existing ``step_N/`` is never overwritten; a leftover ``tmp_step_N/`` from an
 earlier attempt is moved to quarantine, never deleted; ``abort()`` removes only the tmp dir this writer created.
+With a ``Lease``, creating the tmp dir and the publishing rename happen only while this run holds it (fencing).
 """
 
 from __future__ import annotations
@@ -10,12 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.fsio import fsync_dir, fsync_tree_dirs, hash_and_fsync, move_aside, write_durable
 from sc_app.checkpoint.manifest import render
+from sc_app.faults import fault_point
+
+if TYPE_CHECKING:
+    from sc_app.checkpoint.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +31,12 @@ class BundleExistsError(FileExistsError):
 
 
 class BundleWriter:
-    def __init__(self, root: str | Path, step: int, *, hmac_key: bytes | None = None) -> None:
+    def __init__(
+        self, root: str | Path, step: int, *, hmac_key: bytes | None = None, lease: Lease | None = None
+    ) -> None:
         self.root = Path(root)
         self.step = step
+        self.lease = lease
         self.tmp = self.root / layout.tmp_name(step)
         self.final = self.root / layout.step_name(step)
         self._hmac_key = hmac_key
@@ -50,8 +59,16 @@ class BundleWriter:
     def sidecar_path(self) -> Path:
         return self.tmp / layout.SIDECAR_FILE
 
+    def _held(self) -> Any:
+        return self.lease.held() if self.lease is not None else nullcontext()
+
     def begin(self) -> BundleWriter:
         self.root.mkdir(parents=True, exist_ok=True)
+        with self._held():
+            self._begin_locked()
+        return self
+
+    def _begin_locked(self) -> None:
         if self.final.exists():
             raise BundleExistsError(f"{self.final} already exists; refusing to overwrite a bundle")
         if self.tmp.exists():
@@ -61,7 +78,6 @@ class BundleWriter:
         self._created = True
         self.policy_dir.mkdir()
         fsync_dir(self.root)
-        return self
 
     def commit(self, fields: dict[str, Any]) -> Path:
         """Hash + fsync every file, write the manifest last, fsync dirs, rename. Returns ``step_N/``."""
@@ -78,12 +94,16 @@ class BundleWriter:
         if missing:
             raise FileNotFoundError(f"{self.tmp}: bundle incomplete, missing {', '.join(missing)}")
         doc = {**fields, "step": self.step, "files": dict(sorted(files.items()))}
+        fault_point("save.manifest")
         write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
+        fault_point("save.fsync")
         fsync_tree_dirs(self.tmp)
-        if self.final.exists():
-            raise BundleExistsError(f"{self.final} appeared while saving; refusing to overwrite it")
-        os.rename(self.tmp, self.final)
-        fsync_dir(self.root)
+        with self._held():
+            if self.final.exists():
+                raise BundleExistsError(f"{self.final} appeared while saving; refusing to overwrite it")
+            fault_point("save.rename")
+            os.rename(self.tmp, self.final)
+            fsync_dir(self.root)
         self._created = False
         return self.final
 
