@@ -47,6 +47,11 @@ class DataPlaneConfig(_Section):
     storage_node_resource: str | None = Field(
         None, description="Custom Ray resource a node must have to host a storage unit."
     )
+    snapshot: Literal["streamed", "native"] = Field(
+        "streamed",
+        description="streamed: capture rows in the barrier window, write them after it (no pickle); "
+        "native: TransferQueue's own save, all bytes inside the window. Restore reads both.",
+    )
 
 
 class ModelConfig(_Section):
@@ -95,6 +100,12 @@ class CheckpointConfig(_Section):
     enabled: bool = True
     on_corrupt: Literal["fallback", "strict"] = Field(
         "fallback", description="fallback: resume from the newest verified bundle; strict: stop."
+    )
+    on_save_error: Literal["continue", "stop"] = Field(
+        "continue", description="A failed save (e.g. full disk): keep training and retry next period, or stop."
+    )
+    emergency_budget_s: float = Field(
+        60.0, gt=0, description="On SIGTERM: seconds to finish the step and cut a bundle; keep below the grace period."
     )
 
 
