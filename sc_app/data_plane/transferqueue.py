@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import ray
 import torch
@@ -24,6 +24,7 @@ from tensordict import TensorDict
 
 from sc_app.data_plane.client import DataPlaneClient, DataPlaneSnapshot, RestoreOrderError, RestoreRefused
 from sc_app.data_plane.guard import get_guard
+from sc_app.data_plane.streamed import StreamedSnapshot, is_streamed, load_streamed
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,14 @@ class WrittenSnapshot(DataPlaneSnapshot):
         return {"bytes": size, "rows": self.rows, "seconds": self.seconds}
 
 
+SnapshotKind = Literal["streamed", "native"]
+
+
 class TransferQueueDataPlane(DataPlaneClient):
+    """``snapshot`` picks how ``save_checkpoint`` writes: ``"streamed"`` (capture in the window, write after it,
+    no pickle; see ``streamed.py``) or ``"native"`` (TransferQueue's own save, all bytes inside the window).
+    ``load_checkpoint`` reads either, whatever ``snapshot`` says: it dispatches on ``metadata.json``'s format."""
+
     def __init__(
         self,
         *,
@@ -75,10 +83,14 @@ class TransferQueueDataPlane(DataPlaneClient):
         storage_units: int = 1,
         storage_node_resource: str | None = None,
         client_id: str | None = None,
+        snapshot: SnapshotKind = "streamed",
     ) -> None:
         import transfer_queue as tq
 
+        if snapshot not in ("streamed", "native"):
+            raise ValueError(f"data_plane.snapshot must be 'streamed' or 'native', got {snapshot!r}")
         self._tq = tq
+        self.snapshot: SnapshotKind = snapshot
         self.bootstrap = bootstrap
         self.client_id = client_id or f"{'bootstrap' if bootstrap else 'connect'}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._touched = False
@@ -133,8 +145,11 @@ class TransferQueueDataPlane(DataPlaneClient):
     async def save_checkpoint(
         self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str]
     ) -> DataPlaneSnapshot:
-        """TransferQueue's native snapshot: all bytes are written here, inside the caller's window."""
+        """``streamed``: record the rows only (bytes are copied by ``write()``, after the window).
+        ``native``: TransferQueue's own snapshot, all bytes written here, inside the caller's window."""
         await self._amark("save_checkpoint")
+        if self.snapshot == "streamed":
+            return StreamedSnapshot.capture(self._tq, Path(directory), metadata, partition, sample_ids)
         started = time.perf_counter()
         # TransferQueue's save is synchronous (its client runs its own loop); keep our loop responsive.
         await asyncio.to_thread(self._tq.save_checkpoint, str(directory), metadata=metadata)
@@ -156,9 +171,13 @@ class TransferQueueDataPlane(DataPlaneClient):
             raise RestoreRefused(f"restore refused: TransferQueue already holds {rows} rows written by someone else")
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Dispatches on ``directory/metadata.json``: ``sc-app/streamed-v1`` is put back one group per put;
+        anything else is TransferQueue's native format (``tq.load_checkpoint``). Refused unless untouched."""
         self._require_clean_for_load()
-        self._tq.load_checkpoint(str(directory))
         self._touched = True
+        if is_streamed(Path(directory)):
+            return dict(load_streamed(self._tq, Path(directory)).get("user_metadata", {}))
+        self._tq.load_checkpoint(str(directory))
         with open(Path(directory) / "metadata.json") as f:
             return dict(json.load(f).get("user_metadata", {}))
 
