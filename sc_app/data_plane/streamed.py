@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 FORMAT = "sc-app/streamed-v1"
 METADATA_FILE = "metadata.json"
 PART_BYTES = 64 * 1024 * 1024  # a part file is closed (and fsynced) once it holds this much
-GETS_IN_FLIGHT = 3  # group reads overlapping the file writes
+GETS_IN_FLIGHT = 2  # group reads overlapping the file writes
 PUTS_IN_FLIGHT = 2  # group puts overlapping the file reads on restore
 _ALIGN = 64
 
