@@ -29,7 +29,7 @@ from tensordict import TensorDict
 
 from sc_app import __version__
 from sc_app.barrier import DataPlaneCheckpointBarrier
-from sc_app.checkpoint import BundleWriter, hmac_key_from_env, prune
+from sc_app.checkpoint import BundleWriter, hmac_key_from_env, prune, torch_io
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.verify import read_sidecar
@@ -326,9 +326,14 @@ class SingleControllerActor:
         await asyncio.to_thread(writer.begin)
         try:
             loader_state = self.loader.state_dict()  # note the loader place
-            await self.args.trainers[0].save.remote(str(writer.policy_dir))
+            try:
+                await self.args.trainers[0].save.remote(str(writer.policy_dir))
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
+                    raise exc.cause from None
+                raise
             fault_point("save.policy")
-            await asyncio.to_thread(torch.save, loader_state, writer.loader_path)
+            await asyncio.to_thread(torch_io.save, loader_state, writer.loader_path)
             fault_point("save.loader")
             async with self.barrier.checkpoint():
                 w0 = time.perf_counter()
@@ -360,7 +365,7 @@ class SingleControllerActor:
             finally:
                 self.buffer.thaw()
             fault_point("save.snapshot")
-            await asyncio.to_thread(torch.save, meta, writer.sidecar_path)
+            await asyncio.to_thread(torch_io.save, meta, writer.sidecar_path)
             fault_point("save.sidecar")
             fields = {
                 "run_id": self.args.run_id,

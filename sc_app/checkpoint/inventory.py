@@ -5,7 +5,8 @@
 * with policy ``fallback`` a bundle that fails verification is quarantined only when an older bundle *does*
   verify, so a retry can never silently start fresh over bundles it could not read;
 * ``strict`` stops at the first bad newest bundle and moves nothing;
-* ``prune`` removes only complete bundles older than the newest verified one, never a pinned one.
+* ``prune`` removes only complete bundles older than the newest verified one, never a pinned one, and never one
+  it could not verify (manifest + sizes): an unreadable old bundle is left for an operator to inspect.
 """
 
 from __future__ import annotations
@@ -133,6 +134,10 @@ def prune(
             continue
         kept += 1
         if kept <= keep or step == anchor:
+            continue
+        problems = verify_bundle(path, deep=False, hmac_key=hmac_key).problems
+        if problems:
+            log.warning("prune: leaving %s, it does not verify (%s)", path.name, problems[0])
             continue
         shutil.rmtree(path)
         removed.append(path.name)

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 import torch
 
+from sc_app.checkpoint import torch_io
 from sc_app.config import AppConfig
 from sc_app.policy.grpo import clipped_pg_loss
 from sc_app.policy.model import TinyCausalLM, response_logprobs
@@ -102,8 +103,8 @@ class TrainerWorker:
             return []
         out = Path(policy_dir)
         out.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.get_weights(), "version": self.version}, out / MODEL_FILE)
-        torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
+        torch_io.save({"model": self.get_weights(), "version": self.version}, out / MODEL_FILE)
+        torch_io.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
         return [MODEL_FILE, OPTIMIZER_FILE]
 
     def load(self, policy_dir: str) -> int:
