@@ -59,11 +59,12 @@ class SetupOrder:
         self.done: list[str] = []
 
     def enter(self, phase: str) -> None:
-        want = [p for p in self.PHASES if p not in self.done]
-        optional = {"trainer_state", "data_plane_restore"}
-        while want and want[0] != phase and want[0] in optional:
-            want.pop(0)
-        if not want or want[0] != phase:
+        """Pre: ``phase`` comes after the last one entered, skipping only the optional restore phases."""
+        at = len(self.done) and self.PHASES.index(self.done[-1]) + 1
+        skippable = {"trainer_state", "data_plane_restore"}
+        while at < len(self.PHASES) and self.PHASES[at] != phase and self.PHASES[at] in skippable:
+            at += 1
+        if at >= len(self.PHASES) or self.PHASES[at] != phase:
             raise AssertionError(f"setup phase '{phase}' out of order after {self.done}")
         self.done.append(phase)
 

@@ -227,3 +227,21 @@ def test_prune_keeps_newest_verified_pinned_and_unverifiable(ckpt: Path) -> None
     assert prune(ckpt, keep=1) == [], "pinned"
     res = sc_app("ckpt", "prune", "--checkpoint-dir", str(ckpt), "--keep", "0")
     assert res.rc == 2 and "--keep must be >= 1" in res.out
+
+
+def test_manifest_records_agree_with_the_files(pristine: Path) -> None:
+    """Step, epoch, trainer version, loader place, index and digest were captured once and agree everywhere."""
+    lease = json.loads((pristine / "LEASE").read_text())
+    for bundle in sorted(pristine.glob("step_*")):
+        doc = json.loads((bundle / "manifest.json").read_text())
+        step = int(bundle.name[5:])
+        model = torch.load(bundle / "policy" / "model.pt", weights_only=True)
+        loader = torch.load(bundle / "train_dataloader.pt", weights_only=True)
+        sidecar = torch.load(bundle / "replay_buffer_metadata.pt", weights_only=True)
+        data_plane = json.loads((bundle / "data_plane" / "metadata.json").read_text())["user_metadata"]
+        assert doc["step"] == step == data_plane["step"]
+        assert doc["epoch"] == lease["epoch"] == data_plane["epoch"]
+        assert doc["trainer_version"] == model["version"] == data_plane["trainer_version"] == step
+        assert doc["loader"]["next_index"] == loader["next_index"] == data_plane["loader"]["next_index"]
+        assert doc["replay"]["digest"] == sidecar["digest"] == data_plane["digest"]
+        assert doc["replay"]["groups"] == len(sidecar["groups"]) == data_plane["groups"]
