@@ -72,6 +72,14 @@ def crd_schema(kind: str) -> dict[str, Any]:
     return _strictify(version["schema"]["openAPIV3Schema"])
 
 
+@functools.cache
+def _validator(kind: str) -> jsonschema.Draft7Validator:
+    """One compiled validator per kind (the CRD schemas are large; checking the schema itself once is enough)."""
+    schema = crd_schema(kind)
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
 def apply_defaults(instance: Any, schema: dict[str, Any]) -> Any:
     """Fill schema ``default``s into ``instance`` the way the API server does before validation."""
     if isinstance(instance, dict) and schema.get("type") == "object":
@@ -96,7 +104,9 @@ def validate_crd_object(obj: dict[str, Any]) -> None:
     schema = crd_schema(obj["kind"])
     # metadata is validated by the API server's ObjectMeta, not the CRD schema: check it as core metadata.
     body = apply_defaults(copy.deepcopy(obj), schema)
-    jsonschema.validate(body, schema, cls=jsonschema.Draft7Validator)
+    error = jsonschema.exceptions.best_match(_validator(obj["kind"]).iter_errors(body))
+    if error is not None:
+        raise error
     if obj["kind"] == "RayJob":
         mode = obj["spec"].get("submissionMode", "K8sJobMode")
         if mode not in SUBMISSION_MODES:

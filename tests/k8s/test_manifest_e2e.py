@@ -36,9 +36,9 @@ pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not in
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 BIN = Path(sys.executable).parent
-MAX_STEPS = 150
-SAVE_PERIOD = 10
-PREEMPT_AT_STEP = 20
+MAX_STEPS = 60
+SAVE_PERIOD = 5
+PREEMPT_AT_STEP = 10
 
 
 def _free_port() -> int:
