@@ -11,15 +11,12 @@ Corruption tests (truncated / missing file) run on copies of A's bundles and sto
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -28,78 +25,15 @@ from typing import Any
 
 import pytest
 
+try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
+    from tests.proc_utils import REPO, SC_APP, Finished, kill_session, sc_app
+except ImportError:
+    from proc_utils import REPO, SC_APP, Finished, kill_session, sc_app  # type: ignore[no-redef]
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-SC_APP = [sys.executable, "-m", "sc_app"]
 GROUP_SIZE = 8  # grpo.num_generations_per_prompt of the embedded default
 RUN_TIMEOUT = 300
-
-
-# ------------------------------------------------------------------------------------------------ process helpers
-def _session_members(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``: everything a run started, Ray workers included."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            if os.getsid(pid) != sid:
-                continue
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (ProcessLookupError, FileNotFoundError, PermissionError, IndexError):
-            continue
-        if state != "Z":
-            found.append(pid)
-    return found
-
-
-def kill_session(sid: int, timeout: float = 30.0) -> None:
-    """SIGKILL the process group, then any straggler of the same session (Ray workers get their own groups).
-
-    Only processes this test started are in that session: the run was started with ``start_new_session=True``.
-    """
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(sid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        members = _session_members(sid)
-        if not members:
-            return
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
-    raise AssertionError(f"processes of session {sid} survived SIGKILL: {_session_members(sid)}")
-
-
-@dataclass
-class Finished:
-    rc: int
-    out: str
-
-
-def sc_app(*args: str, timeout: float = RUN_TIMEOUT) -> Finished:
-    """Run the CLI to completion in its own session; whatever it leaves behind is killed afterwards."""
-    proc = subprocess.Popen(
-        [*SC_APP, *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_session(proc.pid)
-        out, _ = proc.communicate()
-        raise AssertionError(f"sc-app {' '.join(args)} timed out after {timeout}s:\n{out[-4000:]}") from None
-    finally:
-        kill_session(proc.pid)
-    return Finished(proc.returncode, out)
 
 
 def run_args(ckpt: Path, trace: Path, max_steps: int, *extra: str) -> list[str]:

@@ -4,9 +4,10 @@ A restore is allowed only onto a TransferQueue that nothing has read or written 
 another client in another process, or by a raw ``transfer_queue`` call that bypasses the adapter — and a
 connect-only client may not exist before the restore decision is sealed.
 
-One Ray cluster for the module. Every scenario gets its own *fresh* data plane: the previous TransferQueue is closed
-(``tq.close()`` from this process, which initialised it) and the scenario uses its own guard namespace, so each
-refusal below can only come from the touch that scenario made.
+One Ray cluster for the module. Every scenario gets its own untouched guard (a new namespace), and the scenarios
+whose outcome depends on the stored rows (the raw bypass, the successful restore) also get a *fresh* TransferQueue
+(the previous one is closed with ``tq.close()`` from this process, which initialised it). Each refusal is matched
+on its message, so it can only have come from the touch that scenario made.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def arun(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def rows(n_groups: int = 2, group_size: int = 4) -> tuple[list[str], TensorDict]:
-    ids = [f"g{g}:{i}" for g in range(n_groups) for i in range(group_size)]
+def rows(n_groups: int = 2, group_size: int = 4, prefix: str = "g") -> tuple[list[str], TensorDict]:
+    ids = [f"{prefix}{g}:{i}" for g in range(n_groups) for i in range(group_size)]
     n = len(ids)
     fields = TensorDict(
         {
@@ -64,11 +65,22 @@ def fresh_data_plane(tag: str) -> tuple[TransferQueueDataPlane, str]:
         except ValueError:
             break
         time.sleep(0.1)
-    ns = f"sc_app_test_{tag}_{uuid.uuid4().hex[:6]}"
-    client = TransferQueueDataPlane(bootstrap=True, namespace=ns, storage_units=1)
+    client, ns = fresh_guard(tag)
     listing = tq.kv_list()
     assert sum(len(v) for v in listing.values()) == 0, "the fresh TransferQueue is not empty"
+    return client, ns
+
+
+def fresh_guard(tag: str) -> tuple[TransferQueueDataPlane, str]:
+    """A bootstrap client on the *running* TransferQueue behind a new, untouched guard namespace.
+
+    Cheaper than a fresh TransferQueue, and enough wherever the refusal asserted is the guard's: the adapter checks
+    its own flag, then the guard, then the stored rows, and each says a different thing.
+    """
+    ns = f"sc_app_test_{tag}_{uuid.uuid4().hex[:6]}"
+    client = TransferQueueDataPlane(bootstrap=True, namespace=ns, storage_units=1)
     assert ray.get(client._guard.touches.remote()) == []
+    assert ray.get(client._guard.sealed.remote()) is None
     return client, ns
 
 
@@ -185,24 +197,25 @@ def test_restore_after_write_through_same_client_is_refused(written: Written) ->
 
 
 def test_restore_after_read_only_through_same_client_is_refused(written: Written) -> None:
-    client, ns = fresh_data_plane("read")
-    assert arun(client.list_sample_ids(PARTITION)) == set()  # a read, nothing written
+    client, ns = fresh_guard("read")
+    assert arun(client.list_sample_ids(PARTITION)) == set(written.ids)  # a read, nothing written
     with pytest.raises(RestoreRefused, match="already read or written"):
         client.load_checkpoint(written.directory)
     other = TransferQueueDataPlane(bootstrap=True, namespace=ns, storage_units=1)
-    with pytest.raises(RestoreRefused, match="list_sample_ids"):
+    with pytest.raises(RestoreRefused, match=f"{client.client_id} already did 'list_sample_ids'"):
         other.load_checkpoint(written.directory)
-    assert sum(len(v) for v in tq.kv_list().values()) == 0, "a refused restore still wrote rows"
+    assert {k for v in tq.kv_list().values() for k in v} == set(written.ids), "a refused restore changed rows"
 
 
 # ------------------------------------------------------------------------------------------------ other processes
 def test_restore_after_put_get_by_a_client_in_another_process_is_refused(written: Written, other: Any) -> None:
-    driver, ns = fresh_data_plane("remote")
-    ids, fields = rows(1)
+    driver, ns = fresh_guard("remote")
+    ids, fields = rows(1, prefix="remote")
     remote_id, rewards = ray.get(other.adapter_put_get.remote(ns, ids, fields))
+    assert str(ray.get(other.pid.remote())) in remote_id and remote_id != driver.client_id
     assert rewards == pytest.approx(fields["reward"].tolist())
     assert not driver._touched, "the driver's client itself never touched the data plane"
-    with pytest.raises(RestoreRefused, match=remote_id):
+    with pytest.raises(RestoreRefused, match=f"{remote_id} already did 'put_samples'"):
         driver.load_checkpoint(written.directory)
 
 

@@ -1,0 +1,90 @@
+"""Subprocess helpers for the end-to-end tests: run the real CLI in its own session and leave nothing behind.
+
+A run is started with ``start_new_session=True``, so every process it starts (Ray's GCS, raylet and workers —
+which get process groups of their own) shares its session id. Cleanup kills exactly that session, never by
+name and never with ``ray stop``: other engineers run Ray on the same machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SC_APP = [sys.executable, "-m", "sc_app"]
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if os.getsid(pid) != sid:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (ProcessLookupError, FileNotFoundError, PermissionError, IndexError):
+            continue
+        if state != "Z":
+            found.append(pid)
+    return found
+
+
+def kill_session(sid: int, timeout: float = 30.0) -> None:
+    """SIGKILL the process group ``sid``, then any straggler of the same session."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        members = session_members(sid)
+        if not members:
+            return
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    raise AssertionError(f"processes of session {sid} survived SIGKILL: {session_members(sid)}")
+
+
+@dataclass
+class Finished:
+    rc: int
+    out: str
+
+
+def start_sc_app(*args: str, stdout: int | object = subprocess.PIPE) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*SC_APP, *args],
+        cwd=REPO,
+        stdout=stdout,  # type: ignore[arg-type]
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float, what: str) -> Finished:
+    """Wait for ``proc``; whatever its session left behind is killed afterwards."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{what} timed out after {timeout}s:\n{(out or '')[-4000:]}") from None
+    finally:
+        kill_session(proc.pid)
+    return Finished(proc.returncode, out or "")
+
+
+def sc_app(*args: str, timeout: float = 300) -> Finished:
+    """Run the CLI to completion in its own session."""
+    return finish(start_sc_app(*args), timeout, f"sc-app {' '.join(args)}")
