@@ -50,6 +50,20 @@ def sidecar_digest(sidecar: dict[str, Any]) -> str:
     return index_digest(sidecar["groups"], partition=sidecar["partition"], group_size=sidecar["group_size"])
 
 
+def _check_record(gid: Any, rec: Any) -> None:
+    """One sidecar group record has the shape ``Group.as_record()`` writes, or the sidecar is refused."""
+    if not isinstance(gid, str):
+        raise SidecarError(f"sidecar group id {gid!r} is not a string")
+    if not isinstance(rec, dict) or not {"sample_ids", "prompt_index", "version"} <= set(rec):
+        raise SidecarError(f"sidecar group {gid} is not a {{sample_ids, prompt_index, version}} record")
+    ids = rec["sample_ids"]
+    if not isinstance(ids, list | tuple) or not all(isinstance(s, str) for s in ids):
+        raise SidecarError(f"sidecar group {gid}: sample_ids must be a list of strings")
+    for key in ("prompt_index", "version"):
+        if not isinstance(rec[key], int) or isinstance(rec[key], bool):
+            raise SidecarError(f"sidecar group {gid}: {key} must be an integer, got {rec[key]!r}")
+
+
 class TQReplayBuffer:
     def __init__(
         self, client: DataPlaneClient, barrier: DataPlaneCheckpointBarrier, *, partition: str, group_size: int
@@ -142,6 +156,7 @@ class TQReplayBuffer:
         seen: set[str] = set()
         rebuilt: dict[str, Group] = {}
         for gid, rec in groups.items():
+            _check_record(gid, rec)
             ids = tuple(rec["sample_ids"])
             if len(ids) != self.group_size or len(set(ids)) != len(ids):
                 raise SidecarError(f"sidecar group {gid} has {len(ids)} ids (need {self.group_size} distinct)")

@@ -321,6 +321,14 @@ REFUSALS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         _reseal(lambda sd: sd["groups"].pop("p2")),
         "data-plane digest",
     ),
+    # malformed records: still a SidecarError naming the group, never a KeyError/TypeError from deep inside
+    "record missing version": (_reseal(lambda sd: sd["groups"]["p1"].pop("version")), "p1"),
+    "record missing sample ids": (_reseal(lambda sd: sd["groups"]["p1"].pop("sample_ids")), "p1"),
+    "record not a mapping": (_set(("groups", "p1"), ["p1:0", "p1:1", "p1:2", "p1:3"]), "p1"),
+    "sample ids as one string": (_reseal(_set(("groups", "p1", "sample_ids"), "wxyz")), "p1"),
+    "non-string sample id": (_reseal(_set(("groups", "p1", "sample_ids"), [1, 2, 3, 4])), "p1"),
+    "float prompt index": (_set(("groups", "p1", "prompt_index"), 1.0), "p1"),
+    "string version": (_reseal(_set(("groups", "p1", "version"), "0")), "p1"),
 }
 
 
