@@ -371,3 +371,44 @@ def test_prune_keeps_newest_and_never_the_newest_verified(tmp_path: Path) -> Non
     assert (tmp_path / "step_6").exists() and (tmp_path / "step_8").exists()
     with pytest.raises(ValueError):
         prune(tmp_path, keep=0)
+
+
+# ------------------------------------------------------------------------------------------------ hostile manifests
+def _edit_manifest(bundle: Path, edit: Any) -> None:
+    doc = json.loads((bundle / "manifest.json").read_text())
+    edit(doc)
+    (bundle / "manifest.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda d: d.__setitem__("step", "two"), id="step-not-int"),
+        pytest.param(lambda d: d.__setitem__("files", []), id="files-not-mapping"),
+        pytest.param(lambda d: d["files"].__setitem__("policy/model.pt", "abc"), id="file-entry-not-mapping"),
+        pytest.param(lambda d: d.__setitem__("replay", ["x"]), id="replay-not-mapping"),
+        pytest.param(lambda d: d["replay"].pop("digest"), id="replay-without-digest"),
+        pytest.param(lambda d: d.__setitem__("compat", "x"), id="compat-not-mapping"),
+    ],
+)
+def test_malformed_manifest_is_a_problem_not_a_crash(tmp_path: Path, edit: Any) -> None:
+    """Valid JSON with the wrong shapes (hand-edited, or a bit flip that kept it parseable) is reported, naming
+    manifest.json — never a traceback out of ``ckpt verify`` or ``plan_resume``."""
+    make_bundle(tmp_path, 2)
+    bundle = make_bundle(tmp_path, 4)
+    _edit_manifest(bundle, edit)
+    report = verify_bundle(bundle, expected_compat=COMPAT)
+    assert not report.ok
+    assert any(str(bundle / "manifest.json") in p for p in report.problems), report.problems
+    report.as_dict()  # what `ckpt list/verify --json` print must not crash either
+    plan = plan_resume(tmp_path, policy="fallback", expected_compat=COMPAT)
+    assert plan.decision == "resume" and plan.step == 2
+
+
+@pytest.mark.parametrize("rel", ["../step_2/policy/model.pt", "/etc/hostname", "policy/../../step_2/manifest.json"])
+def test_manifest_paths_outside_the_bundle_are_refused(tmp_path: Path, rel: str) -> None:
+    make_bundle(tmp_path, 2)
+    bundle = make_bundle(tmp_path, 4)
+    _edit_manifest(bundle, lambda d: d["files"].__setitem__(rel, {"sha256": "0" * 64, "size": 1}))
+    report = verify_bundle(bundle)
+    assert any(rel in p and "outside the bundle" in p for p in report.problems), report.problems

@@ -100,6 +100,7 @@ def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
     for key in ("step", "files", "replay"):
         if key not in doc:
             raise ManifestError(f"{path}: manifest lacks '{key}'")
+    _check_shapes(path, doc)
     if hmac_key is not None:
         sig = doc.get("signature")
         if not isinstance(sig, dict) or sig.get("alg") != "hmac-sha256":
@@ -108,6 +109,29 @@ def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
         if not hmac.compare_digest(want, str(sig.get("value", ""))):
             raise ManifestError(f"{path}: manifest signature does not match the configured key; refusing")
     return Manifest(doc)
+
+
+def _check_shapes(path: Path, doc: dict[str, Any]) -> None:
+    """Valid JSON of the wrong shape (hand-edited, or a flip that kept it parseable) is a ManifestError too."""
+    step = doc["step"]
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ManifestError(f"{path}: 'step' is {step!r}, not an integer")
+    files = doc["files"]
+    if not isinstance(files, dict):
+        raise ManifestError(f"{path}: 'files' is not a mapping of path -> {{sha256, size}}")
+    for rel, info in files.items():
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("sha256"), str)
+            or not isinstance(info.get("size"), int)
+            or isinstance(info.get("size"), bool)
+        ):
+            raise ManifestError(f"{path}: entry for '{rel}' is not a {{sha256, size}} record")
+    replay = doc["replay"]
+    if not isinstance(replay, dict) or not isinstance(replay.get("digest"), str):
+        raise ManifestError(f"{path}: 'replay' lacks a digest string")
+    if not isinstance(doc.get("compat", {}), dict):
+        raise ManifestError(f"{path}: 'compat' is not a mapping")
 
 
 def render(doc: dict[str, Any], hmac_key: bytes | None) -> bytes:

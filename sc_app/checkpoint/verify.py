@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sc_app.checkpoint import layout
@@ -110,6 +110,10 @@ def verify_bundle(
         report.problems.append(f"{path / rel}: not listed in the manifest (added after the bundle was sealed)")
     hashed_ok: set[str] = set()
     for rel, info in listed.items():
+        parts = PurePosixPath(rel).parts
+        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
+            report.problems.append(f"{path / layout.MANIFEST_FILE}: lists '{rel}', a path outside the bundle")
+            continue
         p = path / rel
         if rel not in present:
             if not any(p.is_relative_to(path / e) for e in layout.REQUIRED_ENTRIES if not (path / e).exists()):
