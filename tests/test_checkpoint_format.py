@@ -412,3 +412,13 @@ def test_manifest_paths_outside_the_bundle_are_refused(tmp_path: Path, rel: str)
     _edit_manifest(bundle, lambda d: d["files"].__setitem__(rel, {"sha256": "0" * 64, "size": 1}))
     report = verify_bundle(bundle)
     assert any(rel in p and "outside the bundle" in p for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"user_metadata": ["x"]}', '"just a string"'])
+def test_data_plane_metadata_of_the_wrong_shape_is_a_problem(tmp_path: Path, content: str) -> None:
+    w = BundleWriter(tmp_path, 2).begin()
+    fields = write_contents(w, 2)
+    (w.data_plane_dir / "metadata.json").write_text(content)  # hashes will match: only the parse can object
+    bundle = w.commit(fields)
+    report = verify_bundle(bundle)
+    assert any("data_plane/metadata.json" in p for p in report.problems), report.problems

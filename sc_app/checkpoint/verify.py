@@ -65,7 +65,10 @@ def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any]) -> 
 def data_plane_digest(bundle: Path) -> str | None:
     meta = bundle / layout.DATA_PLANE_DIR / DATA_PLANE_METADATA
     doc = json.loads(meta.read_text())
-    return doc.get("user_metadata", {}).get("digest")
+    user = doc.get("user_metadata") if isinstance(doc, dict) else None
+    if not isinstance(user, dict):
+        raise ValueError("not a JSON object with a 'user_metadata' mapping")
+    return user.get("digest")
 
 
 def read_sidecar(path: Path) -> dict[str, Any]:
