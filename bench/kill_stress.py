@@ -11,6 +11,11 @@ random time (the whole process session SIGKILLed). After each kill it checks:
   * no ``tmp_step_*`` survives preflight (moved to quarantine/, not deleted);
 and the next run's trace shows it resumed from that bundle with exactly the rows its sidecar index lists.
 Prints one line per iteration and a final ``N passed, M failed`` line; exits 1 if any check failed.
+
+By default the runs join one local Ray head started here (``ray start --head --block`` in its own session, killed
+at the end — never ``ray stop``), which saves Ray's start-up per iteration; between iterations the harness waits
+until the killed run's named actors (TransferQueue controller, restore guard) are gone, so every run starts on an
+untouched TransferQueue. ``--embedded`` starts a fresh local Ray per run instead.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from sc_app.checkpoint import plan_resume, verify_bundle  # noqa: E402
 from sc_app.faults import SAVE_POINTS  # noqa: E402
-from tests.procs import kill_session, load_sidecar, read_trace, start_sc_app  # noqa: E402
+from tests.procs import kill_session, load_sidecar, read_trace, start_sc_app, wait_for  # noqa: E402
 
 GROUP_SIZE = 8
 
@@ -41,7 +46,55 @@ def steps(root: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name))
 
 
-def one_iteration(i: int, rng: random.Random, root: Path, trace: Path, work: Path) -> tuple[str, list[str]]:
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_head(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    import ray
+
+    port = free_port()
+    ray_bin = Path(sys.executable).with_name("ray")
+    with open(work / "ray-head.log", "wb") as log:
+        head = subprocess.Popen(
+            [
+                str(ray_bin),
+                "start",
+                "--head",
+                "--block",
+                f"--port={port}",
+                "--num-cpus=8",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    address = f"127.0.0.1:{port}"
+    wait_for(lambda: "Ray runtime started" in (work / "ray-head.log").read_text(), 180, "the Ray head", head)
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    return head, address
+
+
+def wait_until_run_is_gone() -> None:
+    """The killed run's named actors (TQ controller, guard) must be gone before the next run starts."""
+    import ray
+
+    def gone() -> bool:
+        names = ray.util.list_named_actors(all_namespaces=True)
+        return not any(a["namespace"] in ("transfer_queue", "sc_app") for a in names)
+
+    wait_for(gone, 120, "the previous run's actors to exit")
+
+
+def one_iteration(
+    i: int, rng: random.Random, root: Path, trace: Path, work: Path, address: str | None
+) -> tuple[str, list[str]]:
     """Run, kill, check. Returns (what was done, problems found)."""
     problems: list[str] = []
     before = steps(root)
@@ -66,6 +119,8 @@ def one_iteration(i: int, rng: random.Random, root: Path, trace: Path, work: Pat
         "--set",
         f"run.trace_file={trace}",
     ]
+    if address:
+        args += ["--set", f"ray.address={address}"]
     log = work / f"run{i}.log"
     proc = start_sc_app(*args, log=log, env=env)
     try:
@@ -78,6 +133,8 @@ def one_iteration(i: int, rng: random.Random, root: Path, trace: Path, work: Pat
                 proc.wait(timeout=delay)
     finally:
         kill_session(proc.pid)
+        if address:
+            wait_until_run_is_gone()
     # the run that was just killed resumed from the bundle preflight chose last time: check its start
     new_starts = [e for e in read_trace(trace) if e["ev"] == "start"][n_starts:]
     if new_starts:
@@ -110,19 +167,24 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=None, help="work dir (default: a new temp dir)")
+    ap.add_argument("--embedded", action="store_true", help="a fresh local Ray per run instead of one shared head")
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="sc-app-kill-stress-"))
+    work.mkdir(parents=True, exist_ok=True)
     root, trace = work / "ckpt", work / "trace.jsonl"
     rng = random.Random(args.seed)
     failures = 0
     started = time.monotonic()
-    for i in range(args.iterations):
-        what, problems = one_iteration(i, rng, root, trace, work)
-        failures += bool(problems)
-        print(
-            f"[{i + 1:>3}/{args.iterations}] {what}: {'ok' if not problems else 'FAIL ' + '; '.join(problems)}",
-            flush=True,
-        )
+    head, address = (None, None) if args.embedded else start_head(work)
+    try:
+        for i in range(args.iterations):
+            what, problems = one_iteration(i, rng, root, trace, work, address)
+            failures += bool(problems)
+            verdict = "ok" if not problems else "FAIL " + "; ".join(problems)
+            print(f"[{i + 1:>3}/{args.iterations}] {what}: {verdict}", flush=True)
+    finally:
+        if head is not None:
+            kill_session(head.pid)
     summary = {"iterations": args.iterations, "failures": failures, "seconds": round(time.monotonic() - started)}
     print(json.dumps(summary))
     print(f"{args.iterations - failures} passed, {failures} failed")
@@ -131,4 +193,5 @@ def main() -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    os.environ.setdefault("RAY_AUTH_MODE", "token")  # the shared head uses ~/.ray/auth_token
     raise SystemExit(main())
