@@ -21,6 +21,8 @@ RUN_FLAGS=(--runtime runc --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 -
 
 log() { printf '[image-smoke] %s\n' "$*" >&2; }
 die() { log "FAIL: $*"; exit 1; }
+cleanup() { podman "${STORE[@]}" rm -f sc-app-smoke-1 sc-app-smoke-2 > /dev/null 2>&1 || true; }
+trap cleanup EXIT
 
 [[ "$(id -u)" == 0 ]] || die "run as root (buildah/podman with vfs storage)"
 for tool in buildah podman debootstrap runc; do
