@@ -144,12 +144,14 @@ def killed_and_resumed(run_a: RunA) -> KilledAndResumed:
         while time.monotonic() < deadline:
             runs = split_runs(read_trace(trace))
             if len(runs) >= 2:
-                saves = [e["step"] for e in runs[1] if e["ev"] == "save"]
+                saves = [e for e in runs[1] if e["ev"] == "save"]
                 trains = [e["step"] for e in runs[1] if e["ev"] == "train"]
-                saved_after_resume = max(saves, default=0)
+                saved_after_resume = saves[-1]["step"] if saves else 0
                 trained_after_save = max(trains, default=0)
-                # mid-training: a newer bundle than A's exists and training went on past it
-                if saved_after_resume >= 8 and trained_after_save > saved_after_resume:
+                # mid-training: a newer bundle than A's exists, it holds rows (so the restore check below is not
+                # vacuous: a slow generator can leave the index empty right after a train step), and training
+                # went on past it
+                if saved_after_resume >= 8 and saves[-1]["groups"] > 0 and trained_after_save > saved_after_resume:
                     break
             if proc.poll() is not None:
                 raise AssertionError(f"run B exited ({proc.returncode}) before it could be killed:\n{log.read_text()}")
