@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from sc_app.checkpoint import plan_resume, verify_bundle  # noqa: E402
 from sc_app.faults import SAVE_POINTS  # noqa: E402
-from tests.procs import kill_session, load_sidecar, read_trace, start_sc_app, wait_for  # noqa: E402
+from tests.proc_utils import kill_session, load_sidecar, read_trace, start_logged, wait_for  # noqa: E402
 
 GROUP_SIZE = 8
 
@@ -122,7 +122,7 @@ def one_iteration(
     if address:
         args += ["--set", f"ray.address={address}"]
     log = work / f"run{i}.log"
-    proc = start_sc_app(*args, log=log, env=env)
+    proc = start_logged(*args, log=log, env=env)
     try:
         if use_fault:
             proc.wait(timeout=300)

@@ -41,7 +41,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 def _resolve(args: argparse.Namespace) -> AppConfig:
     overrides = list(args.overrides)
-    if getattr(args, "checkpoint_dir", None):
+    if getattr(args, "checkpoint_dir", None) is not None:
         overrides.append(f"checkpoint.dir={args.checkpoint_dir}")
     if getattr(args, "max_steps", None) is not None:
         overrides.append(f"run.max_steps={args.max_steps}")

@@ -8,6 +8,7 @@ name and never with ``ray stop``: other engineers run Ray on the same machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SC_APP = [sys.executable, "-m", "sc_app"]
@@ -61,7 +63,9 @@ class Finished:
     out: str
 
 
-def start_sc_app(*args: str, stdout: int | object = subprocess.PIPE) -> subprocess.Popen[str]:
+def start_sc_app(
+    *args: str, stdout: int | object = subprocess.PIPE, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*SC_APP, *args],
         cwd=REPO,
@@ -69,7 +73,14 @@ def start_sc_app(*args: str, stdout: int | object = subprocess.PIPE) -> subproce
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
+
+
+def start_logged(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start the CLI with its output in ``log``; the caller must ``kill_session(proc.pid)`` when done."""
+    with open(log, "w") as out:
+        return start_sc_app(*args, stdout=out, env=env)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float, what: str) -> Finished:
@@ -85,6 +96,39 @@ def finish(proc: subprocess.Popen[str], timeout: float, what: str) -> Finished:
     return Finished(proc.returncode, out or "")
 
 
-def sc_app(*args: str, timeout: float = 300) -> Finished:
+def sc_app(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> Finished:
     """Run the CLI to completion in its own session."""
-    return finish(start_sc_app(*args), timeout, f"sc-app {' '.join(args)}")
+    return finish(start_sc_app(*args, env=env), timeout, f"sc-app {' '.join(args)}")
+
+
+def wait_for(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[str] | None = None) -> None:
+    """Poll ``predicate`` until true; fails early if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    """Events of a ``run.trace_file``; a last line cut by SIGKILL is skipped."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def load_sidecar(path: Path) -> dict[str, Any]:
+    import torch
+
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    assert isinstance(sd, dict)
+    return sd

@@ -19,7 +19,7 @@ from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.fsio import sha256_file
 from sc_app.checkpoint.manifest import HMAC_ENV, render
 from sc_app.config import load_config
-from tests.procs import sc_app
+from tests.proc_utils import sc_app
 
 pytestmark = pytest.mark.slow
 

@@ -26,9 +26,17 @@ from typing import Any
 import pytest
 
 try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
-    from tests.proc_utils import REPO, SC_APP, Finished, kill_session, sc_app
+    from tests.proc_utils import REPO, SC_APP, Finished, kill_session, load_sidecar, read_trace, sc_app
 except ImportError:
-    from proc_utils import REPO, SC_APP, Finished, kill_session, sc_app  # type: ignore[no-redef]
+    from proc_utils import (  # type: ignore[no-redef]
+        REPO,
+        SC_APP,
+        Finished,
+        kill_session,
+        load_sidecar,
+        read_trace,
+        sc_app,
+    )
 
 pytestmark = pytest.mark.slow
 
@@ -49,18 +57,6 @@ def run_args(ckpt: Path, trace: Path, max_steps: int, *extra: str) -> list[str]:
         f"run.trace_file={trace}",
         *extra,
     ]
-
-
-def read_trace(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    events = []
-    for line in path.read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by SIGKILL
-            continue
-    return events
 
 
 def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -85,14 +81,6 @@ def tree_state(root: Path) -> dict[str, tuple[int, str]]:
         if p.is_file() and re.match(r"(step_|tmp_step_|quarantine/)", rel):
             state[rel] = (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
     return state
-
-
-def load_sidecar(path: Path) -> dict[str, Any]:
-    import torch
-
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    assert isinstance(sd, dict)
-    return sd
 
 
 # ------------------------------------------------------------------------------------------------ the runs

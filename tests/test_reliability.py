@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sc_app.checkpoint import plan_resume, verify_bundle
-from tests.procs import kill_session, load_sidecar, read_trace, sc_app, start_sc_app, wait_for
+from tests.proc_utils import kill_session, load_sidecar, read_trace, sc_app, start_logged, wait_for
 
 pytestmark = pytest.mark.slow
 GROUP_SIZE = 8
@@ -44,7 +44,7 @@ def assert_restored_rows_match(root: Path, step: int, start_event: dict) -> None
 def test_sigterm_cuts_an_emergency_bundle_and_resume_continues(tmp_path: Path) -> None:
     ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
     args = ["run", "--checkpoint-dir", str(ckpt), "--max-steps", "500", "--set", "checkpoint.save_period=100"]
-    proc = start_sc_app(*args, "--set", f"run.trace_file={trace}", log=log)
+    proc = start_logged(*args, "--set", f"run.trace_file={trace}", log=log)
     try:
         wait_for(lambda: any(e["ev"] == "train" and e["step"] >= 3 for e in read_trace(trace)), 180, "step 3", proc)
         os.kill(proc.pid, signal.SIGTERM)  # the pod's PID 1 gets SIGTERM; the driver alone, like Kubernetes
@@ -130,12 +130,12 @@ def test_an_older_writer_is_fenced_off_by_its_retry(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     common = ["run", "--checkpoint-dir", str(ckpt), "--set", "checkpoint.save_period=1", "--set", "checkpoint.keep=50"]
     a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
-    a = start_sc_app(*common, "--max-steps", "400", log=a_log)
+    a = start_logged(*common, "--max-steps", "400", log=a_log)
     b = None
     try:
         wait_for(lambda: len(bundles(ckpt)) >= 2, 180, "the first run's bundles", a)
         a_run_id = json.loads((ckpt / "LEASE").read_text())["run_id"]
-        b = start_sc_app(*common, "--max-steps", "400", log=b_log)
+        b = start_logged(*common, "--max-steps", "400", log=b_log)
         a_rc = a.wait(timeout=240)
         wait_for(lambda: "resuming from" in b_log.read_text(), 120, "the retry's resume line", b)
         lease = json.loads((ckpt / "LEASE").read_text())

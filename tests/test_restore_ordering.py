@@ -253,16 +253,10 @@ def test_connect_only_before_seal_is_refused_then_restore_onto_untouched_works(w
     assert torch.allclose(back["reward"], written.fields["reward"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="bug: get_guard(create=False) lets ray.get_actor's ValueError escape (sc_app/data_plane/guard.py:59) "
-    "instead of RestoreOrderError when no bootstrap client ever ran",
-)
 def test_connect_only_with_no_bootstrap_at_all_is_an_order_error(cluster: None) -> None:
     """Nobody ever bootstrapped this namespace: the connect-only client must still say *order*, not crash."""
     ns = f"sc_app_test_never_{uuid.uuid4().hex[:6]}"
     with pytest.raises(RestoreOrderError):
         TransferQueueDataPlane(bootstrap=False, namespace=ns)
-    with pytest.raises(ValueError):
+    with pytest.raises(RestoreOrderError, match="before any bootstrap client"):
         get_guard(ns, create=False)

@@ -16,6 +16,8 @@ from typing import Any
 
 import ray
 
+from sc_app.data_plane.client import RestoreOrderError
+
 GUARD_NAME = "sc_app_data_plane_guard"
 
 
@@ -56,4 +58,10 @@ def get_guard(namespace: str, *, create: bool) -> Any:
     """The guard actor handle; ``create=True`` creates it when absent (bootstrap side only)."""
     if create:
         return DataPlaneGuard.options(name=GUARD_NAME, namespace=namespace, get_if_exists=True).remote()
-    return ray.get_actor(GUARD_NAME, namespace=namespace)
+    try:
+        return ray.get_actor(GUARD_NAME, namespace=namespace)
+    except ValueError:
+        raise RestoreOrderError(
+            f"no data-plane guard in Ray namespace '{namespace}': a connect-only client was built before any "
+            "bootstrap client (setup_single_controller) ran"
+        ) from None
