@@ -257,6 +257,11 @@ BAD_VALUES = [
     pytest.param({"config": {"trainr": {"num_workers": 1}}}, r"additional properties 'trainr'", id="config-typo"),
     pytest.param({"imagee": {"tag": "x"}}, r"additional properties 'imagee'", id="unknown-top-level-key"),
     pytest.param({"job": {"activeDeadlineSeconds": 0}}, r"activeDeadlineSeconds", id="zero-deadline"),
+    pytest.param(
+        {"config": {"checkpoint": {"emergency_budget_s": 150}}},
+        r"emergency_budget_s \(150\) must be below head\.terminationGracePeriodSeconds \(120\)",
+        id="emergency-budget-over-grace",
+    ),
 ]
 
 

@@ -55,6 +55,10 @@ and every GPU group asks Kubernetes for the GPUs Ray will advertise.
 {{- if and (hasKey $cfg "checkpoint") (hasKey (default (dict) $cfg.checkpoint) "dir") -}}
 {{- fail "config.checkpoint.dir is set by the chart from checkpoint.mountPath; remove it from config" -}}
 {{- end -}}
+{{- $budget := default 60 (default (dict) $cfg.checkpoint).emergency_budget_s -}}
+{{- if ge (float64 $budget) (float64 $v.head.terminationGracePeriodSeconds) -}}
+{{- fail (printf "config.checkpoint.emergency_budget_s (%v) must be below head.terminationGracePeriodSeconds (%v): the SIGTERM checkpoint has to finish before the pod is killed" $budget $v.head.terminationGracePeriodSeconds) -}}
+{{- end -}}
 {{- if and (hasKey $cfg "ray") (hasKey (default (dict) $cfg.ray) "address") -}}
 {{- fail "config.ray.address is set by the chart (auto: join the KubeRay cluster); remove it from config" -}}
 {{- end -}}
