@@ -101,6 +101,22 @@ def sc_app(*args: str, timeout: float = 300, env: dict[str, str] | None = None) 
     return finish(start_sc_app(*args, env=env), timeout, f"sc-app {' '.join(args)}")
 
 
+def run_args(ckpt: Path, trace: Path, max_steps: int, *extra: str) -> list[str]:
+    """``sc-app run`` on ``ckpt`` with a bundle every 2 steps and a JSONL trace; ``extra`` appended."""
+    return [
+        "run",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        str(max_steps),
+        "--set",
+        "checkpoint.save_period=2",
+        "--set",
+        f"run.trace_file={trace}",
+        *extra,
+    ]
+
+
 def wait_for(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[str] | None = None) -> None:
     """Poll ``predicate`` until true; fails early if ``proc`` exits first."""
     deadline = time.monotonic() + timeout

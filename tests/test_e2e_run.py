@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
-    from tests.proc_utils import REPO, SC_APP, Finished, kill_session, load_sidecar, read_trace, sc_app
+    from tests.proc_utils import REPO, SC_APP, Finished, kill_session, load_sidecar, read_trace, run_args, sc_app
 except ImportError:
     from proc_utils import (  # type: ignore[no-redef]
         REPO,
@@ -35,6 +35,7 @@ except ImportError:
         kill_session,
         load_sidecar,
         read_trace,
+        run_args,
         sc_app,
     )
 
@@ -42,21 +43,6 @@ pytestmark = pytest.mark.slow
 
 GROUP_SIZE = 8  # grpo.num_generations_per_prompt of the embedded default
 RUN_TIMEOUT = 300
-
-
-def run_args(ckpt: Path, trace: Path, max_steps: int, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--checkpoint-dir",
-        str(ckpt),
-        "--max-steps",
-        str(max_steps),
-        "--set",
-        "checkpoint.save_period=2",
-        "--set",
-        f"run.trace_file={trace}",
-        *extra,
-    ]
 
 
 def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
-    from tests.proc_utils import finish, sc_app, start_sc_app
+    from tests.proc_utils import finish, run_args, sc_app, start_sc_app
 except ImportError:
-    from proc_utils import finish, sc_app, start_sc_app  # type: ignore[no-redef]
+    from proc_utils import finish, run_args, sc_app, start_sc_app  # type: ignore[no-redef]
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -65,16 +65,12 @@ def nodes() -> Iterator[Nodes]:
 
 
 def cluster_args(n: Nodes, ckpt: Path, trace: Path, max_steps: int) -> list[str]:
-    return [
-        "run",
-        "--checkpoint-dir",
-        str(ckpt),
-        "--max-steps",
-        str(max_steps),
+    return run_args(
+        ckpt,
+        trace,
+        max_steps,
         "--set",
         f"ray.address={n.address}",
-        "--set",
-        "checkpoint.save_period=2",
         "--set",
         "trainer.num_workers=2",
         "--set",
@@ -83,9 +79,7 @@ def cluster_args(n: Nodes, ckpt: Path, trace: Path, max_steps: int) -> list[str]
         "generation.resources={gen_node: 1}",
         "--set",
         "data_plane.storage_node_resource=tq_node",
-        "--set",
-        f"run.trace_file={trace}",
-    ]
+    )
 
 
 WATCHED = ("TrainerWorker", "GenerationWorker", "SimpleStorageUnit", "SingleControllerActor")

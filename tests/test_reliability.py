@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sc_app.checkpoint import plan_resume, verify_bundle
-from tests.proc_utils import kill_session, load_sidecar, read_trace, sc_app, start_logged, wait_for
+from tests.proc_utils import kill_session, load_sidecar, read_trace, run_args, sc_app, start_logged, wait_for
 
 pytestmark = pytest.mark.slow
 GROUP_SIZE = 8
@@ -79,18 +79,7 @@ def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) ->
     def run(max_steps: int, fault: dict[str, str] | None) -> str:
         marker = tmp_path / "fault.marker"
         env = {"SC_APP_FAULT_MARKER": str(marker), **(fault or {})}
-        res = sc_app(
-            "run",
-            "--checkpoint-dir",
-            str(ckpt),
-            "--max-steps",
-            str(max_steps),
-            "--set",
-            "checkpoint.save_period=2",
-            "--set",
-            f"run.trace_file={trace}",
-            env=env,
-        )
+        res = sc_app(*run_args(ckpt, trace, max_steps), env=env)
         if fault:
             assert res.rc == 1, res.out[-3000:]
             assert "controller actor died" in res.out
