@@ -186,12 +186,6 @@ def init_ray(cfg: AppConfig) -> bool:
             logging_level=logging.WARNING,
         )
         return True
-    if "RAY_AUTH_MODE" not in os.environ and (
-        os.environ.get("RAY_AUTH_TOKEN") or Path(os.path.expanduser("~/.ray/auth_token")).exists()
-    ):
-        # Ray 2.60 enables token auth from ~/.ray/auth_token for address="auto" but not for an explicit host:port;
-        # do the same for both so one config works against a token-authenticated cluster.
-        os.environ["RAY_AUTH_MODE"] = "token"
     # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
     # (HMAC key, fault injection) to them.
     env_vars = {k: v for k, v in os.environ.items() if k.startswith("SC_APP_")}
