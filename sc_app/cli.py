@@ -1,6 +1,7 @@
 """``sc-app``: run the job, check checkpoints before a driver starts, and operate on bundles.
 
-Exit codes: 0 ok; 1 the job failed; 2 bad input (config, flags, bundles that must not be resumed).
+Exit codes: 0 ok; 1 the job failed; 2 bad input (config, flags, bundles that must not be resumed);
+3 superseded by a newer run on the same checkpoint dir; 143 stopped on SIGTERM after the emergency checkpoint.
 Every error is one line on stderr that names the problem and what to do.
 """
 
@@ -226,7 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"sc-app {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run the training job (embedded default when no config is given)")
+    run = sub.add_parser(
+        "run",
+        help="run the training job (embedded default when no config is given)",
+        description="Train to run.max_steps, resuming from the newest verified step_N bundle in checkpoint.dir.",
+        epilog="exit codes: 0 done; 1 the job failed; 2 bad input; 3 superseded by a newer run (fencing); "
+        "143 stopped on SIGTERM after cutting a bundle of the current step (a retry resumes from it)",
+    )
     _config_args(run)
     run.add_argument("--checkpoint-dir", metavar="DIR", help="same as --set checkpoint.dir=DIR")
     run.add_argument("--max-steps", metavar="N", type=int, help="same as --set run.max_steps=N")
