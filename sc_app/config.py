@@ -164,7 +164,8 @@ def _error_line(err: ValidationError) -> str:
     return f"{where}: {msg} (got {got!r})" if loc else f"{msg}"
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``tree[a][b][c] = value`` for ``dotted = "a.b.c"``, creating sections; ``ConfigError`` names the key."""
     parts = dotted.split(".")
     if not all(parts):
         raise ConfigError(f"--set '{dotted}': empty key segment; use --set section.key=value")
@@ -211,7 +212,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         tree = loaded
     for item in overrides:
         key, value = parse_override(item)
-        _set_path(tree, key, value)
+        set_path(tree, key, value)
     try:
         return AppConfig.model_validate(tree)
     except ValidationError as err:

@@ -21,29 +21,25 @@ def fsync_dir(path: Path) -> None:
 
 def hash_and_fsync(path: Path) -> tuple[str, int]:
     """sha256 and size of a file, fsyncing it on the way (one read pass does both)."""
+    return _sha256(path, fsync=True)
+
+
+def sha256_file(path: Path) -> tuple[str, int]:
+    return _sha256(path, fsync=False)
+
+
+def _sha256(path: Path, *, fsync: bool) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
     fd = os.open(path, os.O_RDONLY)
     try:
-        while True:
-            chunk = os.read(fd, CHUNK)
-            if not chunk:
-                break
+        while chunk := os.read(fd, CHUNK):
             h.update(chunk)
             size += len(chunk)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
-    return h.hexdigest(), size
-
-
-def sha256_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
     return h.hexdigest(), size
 
 

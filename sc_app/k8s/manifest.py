@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from sc_app.config import ConfigError, parse_override, set_path
+
 log = logging.getLogger(__name__)
 
 # Creation order: things referenced by pods first, the RayJob/RayCluster last.
@@ -50,17 +52,6 @@ def find_chart(explicit: str | os.PathLike[str] | None = None) -> Path:
     )
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    node = tree
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        nxt = node.setdefault(part, {})
-        if not isinstance(nxt, dict):
-            raise ManifestError(f"--set {dotted}: '{part}' is a value, not a section")
-        node = nxt
-    node[parts[-1]] = value
-
-
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(base.get(k), dict):
@@ -87,10 +78,10 @@ def load_values(files: list[str] | tuple[str, ...] = (), sets: list[str] | tuple
             raise ManifestError(f"values file {f}: top level must be a mapping")
         _deep_merge(values, loaded)
     for item in sets:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ManifestError(f"--set {item!r}: expected key.path=value")
-        _set_path(values, key.strip(), yaml.safe_load(raw) if raw else "")
+        try:
+            set_path(values, *parse_override(item))
+        except ConfigError as exc:  # same --set syntax as sc-app's own config
+            raise ManifestError(str(exc)) from None
     return values
 
 
