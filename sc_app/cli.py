@@ -83,18 +83,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"starting fresh: {plan.reason}", flush=True)
 
     def on_progress(r: dict[str, Any]) -> None:
+        head = f"step {r['step']:>4}/{cfg.run.max_steps}"
         if "reward" in r:
             line = (
-                f"step {r['step']:>4}/{cfg.run.max_steps}  reward {r['reward']:.3f}  loss {r['loss']:+.4f}  "
+                f"{head}  reward {r['reward']:.3f}  loss {r['loss']:+.4f}  "
                 f"staleness {r['staleness']:.2f}  rows_in_tq {r['rows_held']:>4}  {r['step_seconds']:.2f}s"
             )
-        else:
-            line = f"step {r['step']:>4}/{cfg.run.max_steps}  stop requested"
-        if "saved" in r:
+        elif "saved" in r:
             s = r["saved"]
-            line += f"  saved {s['bundle']} ({s['seconds']:.2f}s, window {s['window_seconds'] * 1000:.0f} ms)"
-        if "save_error" in r:
-            line += f"  SAVE FAILED: {r['save_error']['error']}"
+            line = (
+                f"{head}  saved {s['bundle']} ({s['seconds']:.2f}s, training paused "
+                f"{s['blocked_seconds'] * 1000:.0f} ms, window {s['window_seconds'] * 1000:.0f} ms)"
+            )
+        elif "save_error" in r:
+            line = f"{head}  SAVE FAILED: {r['save_error']['error']}"
+        else:
+            line = f"{head}  stop requested"
         print(line, flush=True)
 
     print(

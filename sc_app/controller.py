@@ -6,16 +6,23 @@ driver sealed the restore decision — the shared guard refuses it otherwise.
 
 Invariants:
 * commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage
-  (read rows back, write advantages onto the same rows) takes no barrier slot — it runs in the train pump,
-  the same task as the save, so it can never overlap a snapshot;
-* save order (seed): tmp → policy → loader → [window: index → list_sample_ids == index → data-plane snapshot]
-  → sidecar → manifest → fsync → rename; nothing is resumable until the rename;
+  (read rows back, write advantages onto the same rows) takes no barrier slot and never changes which rows
+  exist; while a snapshot still reads captured rows it may add a field to them but not rewrite one
+  (``TQReplayBuffer.write_fields``);
+* save order (seed): policy → loader → [window: index → list_sample_ids == index → data-plane capture] →
+  data-plane bytes → sidecar → manifest → fsync → rename; nothing is resumable until the rename. What fixes the
+  bundle's content is captured in exactly that order while training is paused (the trainer copies weights +
+  optimizer, the loader place is noted, the window captures the rows and freezes them); ``tmp_step_N/`` (with
+  the lease check) and every file are written from those copies after the window, behind training;
+* at most one save is in flight: the next save, the end of the run and a stop request each await it first, and
+  its ``thaw()`` has cleared the rows dropped meanwhile before any later window;
 * the index is loaded and checked against ``list_sample_ids()`` before any pump starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -28,13 +35,14 @@ import torch
 from tensordict import TensorDict
 
 from sc_app import __version__
+from sc_app.background import background_executor
 from sc_app.barrier import DataPlaneCheckpointBarrier
-from sc_app.checkpoint import BundleWriter, hmac_key_from_env, prune, torch_io
+from sc_app.checkpoint import BundleWriter, hmac_key_from_env, layout, prune, torch_io
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
-from sc_app.faults import fault_point
+from sc_app.faults import afault_point
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
 from sc_app.replay_buffer import Group, TQReplayBuffer
@@ -142,6 +150,9 @@ class SingleControllerActor:
         self._inflight = 0
         self._rollout_error: BaseException | None = None
         self._stopping = False
+        self._pending_save: tuple[int, asyncio.Task[dict[str, Any]]] | None = None
+        self._save_io = background_executor("save-io")
+        self._last_saved = self.step
         self._trace_fh = open(cfg.run.trace_file, "a") if cfg.run.trace_file else None  # noqa: SIM115
         self._trace(ev="start", step=self.step, restored_rows=restored_rows, run_id=self.args.run_id)
         pumps = [asyncio.create_task(self._rollout_pump(i, w)) for i, w in enumerate(self.args.generators)]
@@ -154,6 +165,12 @@ class SingleControllerActor:
             for t in pumps:
                 t.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
+            if self._pending_save is not None:  # the train pump failed: let the save in flight end on its own
+                # (cancelling it could race its commit thread; an unfinished bundle is never renamed anyway)
+                (outcome,) = await asyncio.gather(self._pending_save[1], return_exceptions=True)
+                if isinstance(outcome, BaseException):
+                    log.warning("save of step %d failed while the run was failing: %r", self._pending_save[0], outcome)
+            self._save_io.shutdown(wait=False)
             if self._trace_fh:
                 self._trace_fh.close()
 
@@ -243,7 +260,6 @@ class SingleControllerActor:
         cfg = self.cfg
         partition = cfg.data_plane.partition
         rewards: list[float] = []
-        last_saved = self.step
         while self.step < cfg.run.max_steps and not self._stop_requested:
             started = time.perf_counter()
             try:
@@ -255,7 +271,9 @@ class SingleControllerActor:
             # advantage stage (flow 4): read rows back, overwrite one field on the same rows; no barrier slot
             td = await self.client.get_samples(partition, ids, ["reward"])
             adv = group_advantages(td["reward"], cfg.grpo.num_generations_per_prompt)
-            await self.client.put_samples(partition, ids, TensorDict({"advantage": adv}, batch_size=len(ids)))
+            await self.buffer.write_fields(
+                [grp.group_id for grp in groups], TensorDict({"advantage": adv}, batch_size=len(ids))
+            )
             next_version = self.version + 1
             results = await asyncio.gather(*[t.train_step.remote(ids, next_version) for t in self.args.trainers])
             self.version = next_version
@@ -274,17 +292,17 @@ class SingleControllerActor:
                 "rows_held": self.buffer.rows,
                 "step_seconds": time.perf_counter() - started,
             }
+            self._progress.append(record)
             if cfg.checkpoint.enabled and (
                 self.step % cfg.checkpoint.save_period == 0 or self.step == cfg.run.max_steps
             ):
-                outcome = await self._save_or_report()
-                record["saved" if "bundle" in outcome else "save_error"] = outcome
-                last_saved = self.step if "bundle" in outcome else last_saved
-            self._progress.append(record)
-        if self._stop_requested and cfg.checkpoint.enabled and last_saved != self.step:
-            outcome = await self._save_or_report()
-            key = "saved" if "bundle" in outcome else "save_error"
-            self._progress.append({"step": self.step, "stop": True, key: outcome})
+                await self._start_save()
+            await self._collect_save(wait=False)
+        await self._collect_save(wait=True)
+        if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
+            self._progress.append({"step": self.step, "stop": True})
+            await self._start_save()
+            await self._collect_save(wait=True)
         return {
             "final_step": self.step,
             "version": self.version,
@@ -294,79 +312,135 @@ class SingleControllerActor:
         }
 
     # ------------------------------------------------------------------ save (flows 5 and 6)
-    async def _save_or_report(self) -> dict[str, Any]:
+    async def _start_save(self) -> None:
+        """Cut a bundle of the current step; returns once its window closed (or the save already ended).
+
+        Pre: called from the train pump only. Post: the previous save has finished and been reported; the new
+        one's policy, loader place and captured rows are fixed, the rest runs in ``self._pending_save``."""
+        await self._collect_save(wait=True)
+        released = asyncio.Event()
+        task = asyncio.create_task(self._save_or_report(self.step, released))
+        self._pending_save = (self.step, task)
+        waiter = asyncio.ensure_future(released.wait())
+        try:
+            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+
+    async def _collect_save(self, *, wait: bool) -> None:
+        """Report the save in flight once it is done (``wait``: await it first). Re-raises what must stop the
+        run (``LeaseLost``, ``SaveFailed``, a bug); a reported I/O failure lets training continue."""
+        if self._pending_save is None:
+            return
+        step, task = self._pending_save
+        if not wait and not task.done():
+            return
+        self._pending_save = None
+        outcome = await task
+        ok = "bundle" in outcome
+        self._progress.append({"step": step, "saved" if ok else "save_error": outcome})
+        if ok:
+            self._last_saved = step
+
+    async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._save_io, call)
+
+    async def _save_or_report(self, step: int, released: asyncio.Event) -> dict[str, Any]:
         """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
 
         ``LeaseLost`` always propagates: a superseded run must stop, not keep training.
         """
         try:
-            return await self._save()
+            return await self._save(released)
         except LeaseLost:
             raise
         except OSError as exc:
             msg = (
-                f"save of step {self.step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
+                f"save of step {step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
                 "its tmp dir was removed and every older bundle is intact"
             )
             log.error(msg)
-            self._trace(ev="save_failed", step=self.step, error=str(exc))
+            self._trace(ev="save_failed", step=step, error=str(exc))
             if self.cfg.checkpoint.on_save_error == "stop":
                 raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
             return {"error": msg}
 
-    async def _save(self) -> dict[str, Any]:
+    async def _save(self, released: asyncio.Event) -> dict[str, Any]:
+        """Seed order. Until ``released`` is set training is paused, and only what fixes the bundle's content
+        happens: the trainer copies weights + optimizer, the loader place is noted, and the window captures and
+        checks the index and freezes the captured rows. Everything that touches the disk comes after, behind
+        training: tmp dir (lease check) → policy + loader files → data-plane bytes → thaw → sidecar → manifest
+        → fsync → rename → prune."""
         cfg = self.cfg
         root = Path(cfg.checkpoint.dir)
         t0 = time.perf_counter()
+        step = self.step  # the train pump moves on once ``released`` is set
         lease = self.args.lease
-        if lease is not None:
-            await asyncio.to_thread(lease.check)
-        fault_point("save.begin")
-        writer = BundleWriter(root, self.step, hmac_key=hmac_key_from_env(), lease=lease)
-        await asyncio.to_thread(writer.begin)
-        try:
-            loader_state = self.loader.state_dict()  # note the loader place
-            try:
-                await self.args.trainers[0].save.remote(str(writer.policy_dir))
-            except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
-                    raise exc.cause from None
-                raise
-            fault_point("save.policy")
-            await asyncio.to_thread(torch_io.save, loader_state, writer.loader_path)
-            fault_point("save.loader")
-            async with self.barrier.checkpoint():
-                w0 = time.perf_counter()
-                fault_point("save.window")
-                meta = self.buffer.metadata_state_dict()
-                stored = await self.client.list_sample_ids(cfg.data_plane.partition)
-                if stored != self.buffer.sample_ids():
-                    raise InventoryMismatch(
-                        f"step {self.step}: data plane holds {len(stored)} rows, index lists {self.buffer.rows}"
-                    )
-                captured = {  # everything the bundle records about itself, captured once, in the window
-                    "step": self.step,
-                    "epoch": lease.epoch if lease is not None else 0,
-                    "trainer_version": self.version,
-                    "loader": {"next_index": loader_state["next_index"], "reissue": len(loader_state["reissue"])},
-                    "digest": meta["digest"],
-                    "groups": len(meta["groups"]),
-                }
-                snapshot = await self.client.save_checkpoint(
-                    writer.data_plane_dir,
-                    {**captured, "mode": "authoritative", "run_id": self.args.run_id},
-                    cfg.data_plane.partition,
-                    sorted(stored),
+        trainer = self.args.trainers[0]
+        writer = BundleWriter(root, step, hmac_key=hmac_key_from_env(), lease=lease)
+        # ---- training paused: capture
+        captured_version = await trainer.capture_state.remote()
+        if captured_version != self.version:
+            raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {self.version}")
+        t_policy = time.perf_counter()
+        loader_state = self.loader.state_dict()  # note the loader place (a fresh dict: plain ints and lists)
+        async with self.barrier.checkpoint():
+            w0 = time.perf_counter()
+            await afault_point("save.window")
+            meta = self.buffer.metadata_state_dict()
+            listed = await self.client.list_samples(cfg.data_plane.partition)
+            stored = set(listed)
+            if stored != self.buffer.sample_ids():
+                raise InventoryMismatch(
+                    f"step {step}: data plane holds {len(stored)} rows, index lists {self.buffer.rows}"
                 )
-                window = time.perf_counter() - w0
-                self.buffer.freeze(stored)  # captured rows may not change until the snapshot is written
+            captured = {  # everything the bundle records about itself, captured once, in the window
+                "step": step,
+                "epoch": lease.epoch if lease is not None else 0,
+                "trainer_version": self.version,
+                "loader": {"next_index": loader_state["next_index"], "reissue": len(loader_state["reissue"])},
+                "digest": meta["digest"],
+                "groups": len(meta["groups"]),
+            }
+            snapshot = await self.client.save_checkpoint(
+                writer.data_plane_dir,
+                {**captured, "mode": "authoritative", "run_id": self.args.run_id},
+                cfg.data_plane.partition,
+                sorted(stored),
+                fields=self.buffer.fields_by_group(),
+                tags=listed,
+            )
+            window = time.perf_counter() - w0
+            self.buffer.freeze(stored)  # captured rows may not change until the snapshot is written
+        blocked = time.perf_counter() - t0
+        released.set()  # the train pump goes on; drops of captured groups wait for thaw()
+        # ---- behind training: write
+        marks = [("released", time.perf_counter())]
+        policy_written: Any = None
+        try:
             try:
-                data_plane = await snapshot.write()
+                await afault_point("save.begin")
+                await self._in_background(writer.begin)  # makes tmp_step_N/; checks the lease under the dir lock
+                policy_written = trainer.write_captured.remote(str(writer.policy_dir))
+                try:
+                    await policy_written
+                except ray.exceptions.RayTaskError as exc:
+                    if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
+                        raise exc.cause from None
+                    raise
+                await afault_point("save.policy")
+                await self._in_background(torch_io.save, loader_state, writer.loader_path)
+                await afault_point("save.loader")
+                marks.append(("policy_and_loader", time.perf_counter()))
+                data_plane = await snapshot.write(executor=self._save_io)
             finally:
-                self.buffer.thaw()
-            fault_point("save.snapshot")
-            await asyncio.to_thread(torch_io.save, meta, writer.sidecar_path)
-            fault_point("save.sidecar")
+                await self.buffer.thaw()
+            await afault_point("save.snapshot")
+            marks.append(("data_plane", time.perf_counter()))
+            await self._in_background(torch_io.save, meta, writer.sidecar_path)
+            await afault_point("save.sidecar")
             fields = {
                 "run_id": self.args.run_id,
                 "epoch": captured["epoch"],
@@ -383,17 +457,33 @@ class SingleControllerActor:
                 "compat": compat_of(cfg),
                 "versions": _versions(),
             }
-            final = await asyncio.to_thread(writer.commit, fields)
+            known = {f"{layout.DATA_PLANE_DIR}/{name}": h for name, h in data_plane.get("files", {}).items()}
+            final = await self._in_background(writer.commit, fields, known)
+            marks.append(("commit", time.perf_counter()))
         except BaseException:
-            await asyncio.to_thread(writer.abort)
+            if policy_written is not None:  # let the trainer's write end before its directory goes
+                await asyncio.gather(policy_written, return_exceptions=True)
+            await self._in_background(writer.abort)
             raise
-        fault_point("save.done")
-        removed = await asyncio.to_thread(prune, root, cfg.checkpoint.keep, newest_verified=final)
-        self._trace(ev="save", step=self.step, digest=captured["digest"], groups=captured["groups"])
+        await afault_point("save.done")
+        try:
+            removed = await self._in_background(prune, root, cfg.checkpoint.keep, newest_verified=final)
+        except OSError as exc:  # the bundle is published and verified; an old one left behind is no failed save
+            log.warning("retention could not prune %s: %s; older bundles stay", root, exc)
+            removed = []
+        marks.append(("prune", time.perf_counter()))
+        self._trace(ev="save", step=step, digest=captured["digest"], groups=captured["groups"])
         return {
             "bundle": final.name,
             "seconds": time.perf_counter() - t0,
+            "blocked_seconds": blocked,
             "window_seconds": window,
+            "blocked_parts": {  # where the training pause went
+                "policy_capture": t_policy - t0,
+                "window_wait": w0 - t_policy,
+                "window": window,
+            },
+            "background_parts": {name: t - marks[i][1] for i, (name, t) in enumerate(marks[1:])},
             "groups": captured["groups"],
             "data_plane_bytes": data_plane["bytes"],
             "pruned": removed,

@@ -1,25 +1,28 @@
 """Explicit fault-injection points for the kill-anywhere tests and the kill stress command.
 
 ``fault_point("save.policy")`` does nothing unless ``SC_APP_FAULT_AT`` names that point (or ``*``); then it acts
-per ``SC_APP_FAULT_ACTION``: ``kill`` (SIGKILL this process — the default), ``raise`` (``InjectedFault``), or
-``enospc`` (``OSError(ENOSPC)``, a full disk). ``SC_APP_FAULT_AFTER=N`` lets the first N hits pass.
-Zero cost when unset: one dict lookup per point.
+per ``SC_APP_FAULT_ACTION``: ``kill`` (SIGKILL this process — the default), ``raise`` (``InjectedFault``),
+``enospc`` (``OSError(ENOSPC)``, a full disk), or ``delay`` (a slow disk: wait ``SC_APP_FAULT_DELAY_S`` seconds,
+default 2, then go on; ``await afault_point(...)`` waits without blocking the event loop).
+``SC_APP_FAULT_AFTER=N`` lets the first N hits pass. Zero cost when unset: one dict lookup per point.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
 import signal
+import time
 
 log = logging.getLogger(__name__)
 
-SAVE_POINTS = (
+SAVE_POINTS = (  # in the order a save passes them
+    "save.window",
     "save.begin",
     "save.policy",
     "save.loader",
-    "save.window",
     "save.snapshot",
     "save.sidecar",
     "save.manifest",
@@ -34,15 +37,41 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def fault_point(name: str) -> None:
+def _due(name: str) -> str | None:
+    """The action to take at ``name`` now, or None."""
     target = os.environ.get("SC_APP_FAULT_AT")
     if not target or (target != name and target != "*"):
-        return
+        return None
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] <= int(os.environ.get("SC_APP_FAULT_AFTER", "0")):
-        return
+        return None
     action = os.environ.get("SC_APP_FAULT_ACTION", "kill")
     log.warning("fault injected at %s: %s", name, action)
+    return action
+
+
+def _delay_s() -> float:
+    return float(os.environ.get("SC_APP_FAULT_DELAY_S", "2"))
+
+
+async def afault_point(name: str) -> None:
+    """``fault_point`` for async code: a ``delay`` sleeps this task only."""
+    action = _due(name)
+    if action == "delay":
+        await asyncio.sleep(_delay_s())
+    elif action is not None:
+        _act(name, action)
+
+
+def fault_point(name: str) -> None:
+    action = _due(name)
+    if action == "delay":
+        time.sleep(_delay_s())
+    elif action is not None:
+        _act(name, action)
+
+
+def _act(name: str, action: str) -> None:
     if action == "raise":
         raise InjectedFault(f"fault injected at {name}")
     if action == "enospc":

@@ -3,6 +3,9 @@
 Invariants:
 * a group enters the index only after its rows were put, and leaves it only after they were cleared —
   both inside ``barrier.mutation()``, so a checkpoint window always sees index == stored rows;
+* while a snapshot still reads captured rows (``freeze()`` .. ``thaw()``), those rows are immutable: a drop of a
+  frozen group leaves the index at once but its rows are cleared by ``thaw()`` (which the saver awaits before
+  its next window), and ``write_fields`` of a field a frozen group already had waits for ``thaw()``;
 * every group has exactly ``group_size`` distinct sample ids, and no id belongs to two groups;
 * ``metadata_state_dict()`` holds no tensors, and its ``digest`` equals ``sidecar_digest`` of itself;
 * ``load_state_dict`` rebuilds the index only (no data-plane writes) and refuses a sidecar whose schema version,
@@ -11,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,7 +77,11 @@ class TQReplayBuffer:
         self.partition = partition
         self.group_size = group_size
         self._groups: dict[str, Group] = {}
-        self._frozen: frozenset[str] = frozenset()
+        self._fields: dict[str, frozenset[str] | None] = {}  # group id → field names its rows hold (None: unknown)
+        self._frozen: dict[str, frozenset[str] | None] = {}  # group id → fields a snapshot is still reading
+        self._deferred_clears: list[str] = []  # rows of frozen groups already dropped from the index
+        self._thawed = asyncio.Event()
+        self._thawed.set()
 
     # -- queries ------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -104,26 +112,77 @@ class TQReplayBuffer:
         async with self.barrier.mutation():
             await self.client.put_samples(self.partition, list(group.sample_ids), fields, tags)
             self._groups[group_id] = group
+            self._fields[group_id] = frozenset(str(k) for k in fields.keys())  # noqa: SIM118
         return group
 
-    def freeze(self, sample_ids: Iterable[str]) -> None:
-        """Until ``thaw()``, dropping any of these rows is an error (a snapshot is still reading them)."""
-        self._frozen = frozenset(sample_ids)
-
-    def thaw(self) -> None:
-        self._frozen = frozenset()
-
     async def drop(self, group_ids: Iterable[str]) -> None:
+        """Remove groups from the index and clear their rows; rows of frozen groups are cleared by ``thaw()``."""
         groups = [self._groups[gid] for gid in group_ids]
         if not groups:
             return
-        ids = [sid for g in groups for sid in g.sample_ids]
-        if self._frozen.intersection(ids):
-            raise RuntimeError("drop of rows a data-plane snapshot is still writing; the save must finish first")
         async with self.barrier.mutation():
-            await self.client.clear_samples(self.partition, ids)
+            # decided once, with no await before it is recorded: thaw() may run at any await
+            now: list[str] = []
+            for g in groups:
+                (self._deferred_clears if g.group_id in self._frozen else now).extend(g.sample_ids)
+            if now:
+                await self.client.clear_samples(self.partition, now)
             for g in groups:
                 del self._groups[g.group_id]
+                self._fields.pop(g.group_id, None)
+
+    # -- the advantage stage (seed flow 4): no barrier slot --------------------------------------------------
+    async def write_fields(self, group_ids: list[str], fields: TensorDict) -> None:
+        """Put ``fields`` onto every row of these groups (rows in group order). Takes no barrier slot: it never
+        changes which rows exist. Overwriting a field a snapshot is still reading waits for ``thaw()``."""
+        groups = [self._groups[gid] for gid in group_ids]
+        names = frozenset(str(k) for k in fields.keys())  # noqa: SIM118
+        while any(self._overlaps_frozen(g.group_id, names) for g in groups):
+            await self._thawed.wait()
+        ids = [sid for g in groups for sid in g.sample_ids]
+        await self.client.put_samples(self.partition, ids, fields)
+        for g in groups:
+            known = self._fields.get(g.group_id)
+            self._fields[g.group_id] = None if known is None else known | names
+
+    def _overlaps_frozen(self, group_id: str, names: frozenset[str]) -> bool:
+        if group_id not in self._frozen:
+            return False
+        held = self._frozen[group_id]
+        return held is None or bool(held & names)
+
+    # -- checkpoint: the snapshot's read phase ----------------------------------------------------------------
+    def fields_by_group(self) -> dict[str, list[str] | None]:
+        """Field names each group's rows hold now (what a snapshot captured in this window must read);
+        ``None`` for a group restored from a bundle, whose fields the index does not record."""
+        out: dict[str, list[str] | None] = {}
+        for gid in self._groups:
+            known = self._fields.get(gid)
+            out[gid] = None if known is None else sorted(known)
+        return out
+
+    def freeze(self, sample_ids: Iterable[str]) -> None:
+        """Until ``thaw()``, the rows of these groups and the fields they hold now stay exactly as they are."""
+        wanted = set(sample_ids)
+        self._frozen = {
+            gid: self._fields.get(gid) for gid, g in self._groups.items() if wanted.intersection(g.sample_ids)
+        }
+        self._thawed.clear()
+
+    async def thaw(self) -> None:
+        """End the freeze: clear the rows of groups dropped meanwhile (inside the barrier), wake waiting writers.
+
+        Post: TransferQueue holds exactly the index's rows again (what the next window checks)."""
+        pending, self._deferred_clears = self._deferred_clears, []
+        self._frozen = {}  # before any await: a drop from now on clears its rows itself
+        self._thawed.set()
+        if pending:
+            async with self.barrier.mutation():
+                await self.client.clear_samples(self.partition, pending)
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self._frozen)
 
     # -- checkpoint -----------------------------------------------------------------------------------------
     def metadata_state_dict(self) -> dict[str, Any]:
@@ -171,3 +230,4 @@ class TQReplayBuffer:
         if recomputed != expected_digest:
             raise SidecarError(f"sidecar digest {recomputed[:12]}… != data-plane digest {expected_digest[:12]}…")
         self._groups = rebuilt
+        self._fields = dict.fromkeys(rebuilt)

@@ -134,12 +134,12 @@ class FakeDataPlane(DataPlaneClient):
         for sid in sample_ids:
             del self.rows[sid]
 
-    async def list_sample_ids(self, partition: str) -> set[str]:
+    async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:
         self.calls.append("list_sample_ids")
-        return set(self.rows)
+        return {sid: {} for sid in self.rows}
 
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str]
+        self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str], **captured: Any
     ) -> DataPlaneSnapshot:
         raise NotImplementedError
 
@@ -221,20 +221,98 @@ def test_commit_refuses_wrong_row_count_and_duplicates() -> None:
     assert client.calls == ["put_samples"]
 
 
-def test_frozen_rows_cannot_be_dropped() -> None:
+def test_drop_of_frozen_rows_is_deferred_until_thaw() -> None:
+    """A snapshot still reads the frozen rows: the group leaves the index now, its rows only at thaw()."""
     buf, client, _ = make_buffer()
 
     async def body() -> None:
         await buf.commit("p0", 0, 0, rows())
+        await buf.commit("p1", 1, 0, rows())
         buf.freeze(buf.sample_ids())
-        with pytest.raises(RuntimeError, match="snapshot"):
-            await buf.drop(["p0"])
-        assert "clear_samples" not in client.calls and len(buf) == 1
-        buf.thaw()
-        await buf.drop(["p0"])
+        await buf.commit("p2", 2, 0, rows())  # committed after the capture: not frozen
+        await buf.drop(["p0", "p2"])
+        assert [g.group_id for g in buf.groups()] == ["p1"]
+        assert "p0:0" in client.rows and "p2:0" not in client.rows  # p2 cleared at once, p0 deferred
+        await buf.thaw()
+        assert set(client.rows) == buf.sample_ids()  # what the next window checks
+        await buf.drop(["p1"])
 
     asyncio.run(body())
     assert len(buf) == 0 and client.rows == {}
+
+
+def test_a_drop_while_thaw_clears_is_not_lost() -> None:
+    """Regression: a frozen group dropped while thaw() was clearing the deferred rows stayed in the data plane."""
+    buf, client, _ = make_buffer()
+
+    async def body() -> None:
+        for i in range(3):
+            await buf.commit(f"p{i}", i, 0, rows())
+        buf.freeze(buf.sample_ids())
+        await buf.drop(["p0"])
+        thaw = asyncio.create_task(buf.thaw())
+        await asyncio.sleep(0)  # thaw() is inside its clear now
+        await buf.drop(["p1"])
+        await thaw
+        assert set(client.rows) == buf.sample_ids() == {f"p2:{r}" for r in range(G)}
+
+    asyncio.run(body())
+
+
+def test_a_drop_waiting_for_its_slot_while_thaw_runs_is_not_lost() -> None:
+    """Regression: drop() decided "defer" before waiting for its barrier slot; thaw() ran meanwhile, so the
+    group's rows were neither cleared nor deferred and the next window found more rows than the index."""
+    buf, client, barrier = make_buffer()
+
+    async def body() -> None:
+        await buf.commit("p0", 0, 0, rows())
+        buf.freeze(buf.sample_ids())
+        async with barrier._cond:  # the slot's lock is busy: drop() waits at its entry
+            dropping = asyncio.create_task(buf.drop(["p0"]))
+            await asyncio.sleep(0.01)
+            await buf.thaw()
+        await dropping
+        assert set(client.rows) == buf.sample_ids() == set()
+
+    asyncio.run(body())
+
+
+def test_write_fields_waits_for_thaw_only_to_rewrite_a_captured_field() -> None:
+    buf, client, _ = make_buffer()
+    adv = TensorDict({"advantage": torch.ones(G)}, [G])
+
+    async def body() -> None:
+        await buf.commit("p0", 0, 0, rows())
+        buf.freeze(buf.sample_ids())
+        await asyncio.wait_for(buf.write_fields(["p0"], adv), 5)  # a new field: no wait
+        rewrite = asyncio.create_task(buf.write_fields(["p0"], TensorDict({"reward": torch.ones(G)}, [G])))
+        await asyncio.sleep(0.05)
+        assert not rewrite.done(), "a captured field was rewritten while the snapshot was still reading it"
+        assert float(client.rows["p0:0"]["reward"]) == 0.0
+        await buf.thaw()
+        await asyncio.wait_for(rewrite, 5)
+        assert float(client.rows["p0:0"]["reward"]) == 1.0
+        assert buf.fields_by_group() == {"p0": ["advantage", "reward", "tokens"]}
+
+    asyncio.run(body())
+
+
+def test_restored_groups_have_unknown_fields_so_every_write_waits() -> None:
+    buf, _, _ = make_buffer()
+    sd = filled_sidecar(1)
+    buf.load_state_dict(sd, expected_digest=sd["digest"])
+    gid = next(iter(sd["groups"]))
+    assert buf.fields_by_group() == {gid: None}
+
+    async def body() -> None:
+        buf.freeze(buf.sample_ids())
+        w = asyncio.create_task(buf.write_fields([gid], TensorDict({"advantage": torch.ones(G)}, [G])))
+        await asyncio.sleep(0.05)
+        assert not w.done()
+        await buf.thaw()
+        await asyncio.wait_for(w, 5)
+
+    asyncio.run(body())
 
 
 def test_metadata_state_dict_holds_no_tensors_and_its_own_digest() -> None:

@@ -88,15 +88,11 @@ def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) ->
             assert res.rc == 0, res.out[-3000:]
         return res.out
 
-    # 1: step_2 is saved; the save of step_4 dies holding the barrier's exclusive window
+    # 1: step_2 is saved; the save of step_4 dies holding the barrier's exclusive window (before any of its
+    # files exist: the window only captures, the files are written after it)
     run(4, {"SC_APP_FAULT_AT": "save.window", "SC_APP_FAULT_AFTER": "1"})
     assert bundles(ckpt) == [2]
-    assert (ckpt / "tmp_step_4").is_dir()
-    pre = sc_app("preflight", "--checkpoint-dir", str(ckpt), "--json")
-    plan = json.loads(pre.out)
-    assert pre.rc == 0 and plan["decision"] == "resume" and plan["step"] == 2
-    assert not (ckpt / "tmp_step_4").exists(), "preflight moves the leftover aside"
-    assert any(p.name.startswith("tmp_step_4.") for p in (ckpt / "quarantine").iterdir())
+    assert not list(ckpt.glob("tmp_step_*"))
 
     # 2: resume from step_2; the save of step_4 dies after its manifest and fsync, just before the rename
     out = run(4, {"SC_APP_FAULT_AT": "save.rename"})
@@ -104,6 +100,11 @@ def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) ->
     assert_restored_rows_match(ckpt, 2, starts(trace)[-1])
     assert bundles(ckpt) == [2], "a bundle that was never renamed is never resumable"
     assert (ckpt / "tmp_step_4" / "manifest.json").exists()
+    pre = sc_app("preflight", "--checkpoint-dir", str(ckpt), "--json")
+    plan = json.loads(pre.out)
+    assert pre.rc == 0 and plan["decision"] == "resume" and plan["step"] == 2
+    assert not (ckpt / "tmp_step_4").exists(), "preflight moves the leftover aside"
+    assert any(p.name.startswith("tmp_step_4.") for p in (ckpt / "quarantine").iterdir())
 
     # 3: resume again from step_2 and finish; the restored rows equal step_2's index both times
     out = run(5, None)

@@ -79,14 +79,25 @@ class BundleWriter:
         self.policy_dir.mkdir()
         fsync_dir(self.root)
 
-    def commit(self, fields: dict[str, Any]) -> Path:
-        """Hash + fsync every file, write the manifest last, fsync dirs, rename. Returns ``step_N/``."""
+    def commit(self, fields: dict[str, Any], known: dict[str, dict[str, Any]] | None = None) -> Path:
+        """Hash + fsync every file, write the manifest last, fsync dirs, rename. Returns ``step_N/``.
+
+        ``known``: bundle-relative path → ``{"sha256", "size"}`` of files whose writer already fsynced them and
+        hashed exactly the bytes it wrote (the streamed data plane); they are not read again. Their size on disk
+        must still match, else the commit fails."""
+        known = known or {}
         files: dict[str, dict[str, Any]] = {}
         for dirpath, _, names in os.walk(self.tmp):
             for name in names:
                 p = Path(dirpath) / name
                 rel = p.relative_to(self.tmp).as_posix()
                 if rel == layout.MANIFEST_FILE:
+                    continue
+                if rel in known:
+                    size = p.stat().st_size
+                    if size != known[rel]["size"]:
+                        raise OSError(f"{p}: {size} bytes on disk, its writer wrote {known[rel]['size']}")
+                    files[rel] = {"sha256": known[rel]["sha256"], "size": size}
                     continue
                 digest, size = hash_and_fsync(p)
                 files[rel] = {"sha256": digest, "size": size}

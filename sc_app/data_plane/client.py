@@ -11,6 +11,7 @@ Invariants every adapter keeps:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +31,9 @@ class DataPlaneSnapshot(ABC):
     """A captured data-plane checkpoint; ``write()`` puts its bytes under the directory it was captured for."""
 
     @abstractmethod
-    async def write(self) -> dict[str, Any]:
-        """Finish writing; returns stats (``bytes``, ``rows``, ``seconds``)."""
+    async def write(self, *, executor: Executor | None = None) -> dict[str, Any]:
+        """Finish writing (blocking file work on ``executor``, default: the loop's); returns stats (``bytes``,
+        ``rows``, ``seconds``, and ``files``: name → ``{"sha256", "size"}`` where the writer hashed them)."""
 
 
 class DataPlaneClient(ABC):
@@ -50,19 +52,32 @@ class DataPlaneClient(ABC):
     async def clear_samples(self, partition: str, sample_ids: list[str]) -> None: ...
 
     @abstractmethod
-    async def list_sample_ids(self, partition: str) -> set[str]: ...
+    async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:
+        """Every stored row of ``partition``: sample id → its tags."""
+
+    async def list_sample_ids(self, partition: str) -> set[str]:
+        return set(await self.list_samples(partition))
 
     @abstractmethod
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str]
+        self,
+        directory: Path,
+        metadata: dict[str, Any],
+        partition: str,
+        sample_ids: list[str],
+        *,
+        fields: dict[str, list[str] | None] | None = None,
+        tags: dict[str, dict[str, Any]] | None = None,
     ) -> DataPlaneSnapshot:
         """Capture the rows ``sample_ids`` of ``partition`` (exactly what the replay index lists) for ``directory``.
 
         Called inside the barrier's exclusive window. Returns a snapshot whose ``write()`` the caller awaits
         *after* the window closes; an adapter may do all the I/O here (then ``write()`` is a no-op) or only
-        record what to copy. Pre for the deferred case: until ``write()`` returns, nothing clears or overwrites
-        the captured rows (the controller guarantees it: only the train pump clears, and it is the one saving).
-        ``metadata`` (incl. ``digest``) ends up in ``directory/metadata.json`` under ``user_metadata``.
+        record what to copy. ``fields`` (group id → field names held now) and ``tags`` (sample id → tags, as
+        listed in the window) let a deferred writer read exactly the captured state. Pre for the deferred case:
+        until ``write()`` returns, no captured row is cleared and no captured field rewritten (the replay
+        buffer's ``freeze()``/``thaw()`` guarantees it). ``metadata`` (incl. ``digest``) ends up in
+        ``directory/metadata.json`` under ``user_metadata``.
         """
 
     @abstractmethod

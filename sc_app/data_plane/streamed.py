@@ -5,18 +5,21 @@ window, and pickles each row together with the whole buffer of the put that crea
 snapshot in two:
 
 * **capture** (``StreamedSnapshot.capture``, inside the window): records *which* rows form the snapshot — the
-  ``sample_ids`` the replay index lists, grouped by group id (the part of an id before its last ``':'``).
-  No I/O, no data-plane call: the window costs microseconds per group.
-* **write** (``StreamedSnapshot.write``, after the window): reads exactly those rows back from TransferQueue one
-  group at a time (a few gets in flight), and appends each group's tensors as raw bytes to ``part-NNNNN.bin``
-  files, each described by a ``part-NNNNN.json`` header (group, ids, tags, and per field dtype / shape / byte
-  range). Every file is fsynced; ``metadata.json`` is written last, so a directory without it is incomplete.
+  ``sample_ids`` the replay index lists, grouped by group id (the part of an id before its last ``':'``) — and,
+  when the caller knows them, each group's field names and each row's tags. No I/O, no data-plane call.
+* **write** (``StreamedSnapshot.write``, after the window): reads exactly those rows (and only the captured
+  fields) back from TransferQueue one group at a time (a few gets in flight), and appends each group's tensors
+  as raw bytes to ``part-NNNNN.bin`` files, each described by a ``part-NNNNN.json`` header (group, ids, tags, and
+  per field dtype / shape / byte range). Every file is fsynced and hashed as it is written (``write()`` returns
+  the sha256 of each file, so the bundle manifest need not read them again); ``metadata.json`` is written last,
+  so a directory without it is incomplete.
 
 Consistency invariant (what makes deferred writing correct): between ``capture`` and the return of ``write``
-nothing clears or overwrites a captured row. The controller guarantees it — it freezes the captured ids in the
-replay buffer (drops of frozen rows raise) and the advantage stage, the only overwriter, runs in the same task as
-the save. Rows *added* meanwhile are never read: ``write`` fetches captured ids only, so the snapshot equals the
-captured index exactly, whatever commits stream in during the copy.
+nothing clears a captured row or rewrites a captured field. The replay buffer guarantees it while frozen: a drop
+of a captured group is deferred to ``thaw()``, and the advantage stage may add a field the group did not have at
+capture (never read: ``write`` selects the captured fields) but waits for ``thaw()`` to rewrite one it had.
+Rows *added* meanwhile are never read either: ``write`` fetches captured ids only, so the snapshot equals the
+captured state exactly, whatever the train pump and the rollout pumps do during the copy.
 
 Restore (``load_streamed``) puts every group back with **one put per group**, so each row shares its storage
 buffer only with rows of its own group and a later clear of the group frees the whole buffer — bundle bytes stay
@@ -37,6 +40,8 @@ be present on every row of its group (true for commits and the advantage stage, 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -44,7 +49,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +68,8 @@ FORMAT = "sc-app/streamed-v1"
 METADATA_FILE = "metadata.json"
 PART_BYTES = 64 * 1024 * 1024  # a part file is closed (and fsynced) once it holds this much
 GETS_IN_FLIGHT = 2  # group reads overlapping the file writes
+GET_BYTES = 4 * 1024 * 1024  # small groups share a get up to about this many bytes
+MAX_GROUPS_PER_GET = 64
 PUTS_IN_FLIGHT = 2  # group puts overlapping the file reads on restore
 _ALIGN = 64
 
@@ -145,36 +154,50 @@ def _rebuild(buf: torch.Tensor, spec: dict[str, Any]) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- writing
 class _PartWriter:
-    """Appends group segments to ``part-NNNNN.bin`` files; every closed part is fsynced with its JSON header."""
+    """Appends group segments to ``part-NNNNN.bin`` files; every closed part is fsynced with its JSON header.
+
+    ``hashes`` maps each finished file's name to ``{"sha256", "size"}`` of exactly the bytes written to it."""
 
     def __init__(self, directory: Path, part_bytes: int) -> None:
         self.directory = directory
         self.part_bytes = part_bytes
         self.parts: list[str] = []
         self.bytes = 0
+        self.hashes: dict[str, dict[str, Any]] = {}
         self._fh: Any = None
+        self._sha: Any = None
         self._segments: list[dict[str, Any]] = []
         self._pos = 0
 
     def _open(self) -> None:
         name = f"part-{len(self.parts):05d}"
         self.parts.append(name)
-        self._fh = open(self.directory / f"{name}.bin", "wb")  # noqa: SIM115 - closed in _close
+        self._fh = open(self.directory / f"{name}.bin", "wb", buffering=0)  # noqa: SIM115 - closed in _close
+        self._sha = hashlib.sha256()
         self._segments, self._pos = [], 0
+
+    def _write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view.nbytes:
+            n = self._fh.write(view)
+            view = view[n:]
+        self._sha.update(data)
 
     def _close(self) -> None:
         if self._fh is None:
             return
-        self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
         name = self.parts[-1]
+        self.hashes[f"{name}.bin"] = {"sha256": self._sha.hexdigest(), "size": self._pos}
         header = {"format": FORMAT, "bin": f"{name}.bin", "bytes": self._pos, "segments": self._segments}
-        with open(self.directory / f"{name}.json", "w") as f:
-            json.dump(header, f, separators=(",", ":"))
+        data = json.dumps(header, separators=(",", ":")).encode()
+        with open(self.directory / f"{name}.json", "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        self.hashes[f"{name}.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         self.bytes += self._pos
 
     def append(self, gid: str, ids: list[str], tags: list[dict[str, Any]], td: TensorDict) -> None:
@@ -186,10 +209,10 @@ class _PartWriter:
             tensor, shape, offsets = _as_blocks(td.get(key), rows, str(key))
             pad = -self._pos % _ALIGN
             if pad:
-                self._fh.write(b"\0" * pad)
+                self._write(b"\0" * pad)
                 self._pos += pad
             data = _tensor_bytes(tensor)
-            self._fh.write(data)
+            self._write(data)
             fields[str(key)] = {
                 "dtype": _dtype_name(tensor.dtype),
                 "shape": shape,
@@ -201,6 +224,10 @@ class _PartWriter:
         self._segments.append({"group": gid, "ids": ids, "tags": tags, "fields": fields})
         if self._pos >= self.part_bytes:
             self._close()
+
+    def append_all(self, segments: list[tuple[str, list[str], list[dict[str, Any]], TensorDict]]) -> None:
+        for gid, ids, tags, td in segments:
+            self.append(gid, ids, tags, td)
 
     def finish(self) -> None:
         self._close()
@@ -215,8 +242,11 @@ class _PartWriter:
 class StreamedSnapshot(DataPlaneSnapshot):
     """Rows captured inside the barrier window; ``write()`` copies them to ``directory`` after it.
 
-    Pre (the caller's, for the whole time until ``write()`` returns): no captured row is cleared or overwritten.
-    Post of ``write()``: ``directory`` holds exactly the captured rows, every file fsynced, ``metadata.json`` last.
+    Pre (the caller's, for the whole time until ``write()`` returns): no captured row is cleared and no captured
+    field rewritten (``fields``: the field names each group held at capture; a group missing from it, or mapped to
+    ``None``, has every field it holds read, so none of its fields may change).
+    Post of ``write()``: ``directory`` holds exactly the captured rows and fields, every file fsynced,
+    ``metadata.json`` last; the returned ``files`` hold the sha256 of every file written.
     """
 
     tq: Any
@@ -225,28 +255,48 @@ class StreamedSnapshot(DataPlaneSnapshot):
     groups: dict[str, list[str]]
     metadata: dict[str, Any]
     captured_at: float
+    fields: dict[str, list[str] | None] | None = None
+    tags: dict[str, dict[str, Any]] | None = None
     part_bytes: int = PART_BYTES
     gets_in_flight: int = GETS_IN_FLIGHT
 
     @classmethod
     def capture(
-        cls, tq: Any, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str], **kw: Any
+        cls,
+        tq: Any,
+        directory: Path,
+        metadata: dict[str, Any],
+        partition: str,
+        sample_ids: list[str],
+        *,
+        fields: dict[str, list[str] | None] | None = None,
+        tags: dict[str, dict[str, Any]] | None = None,
+        **kw: Any,
     ) -> StreamedSnapshot:
-        """Record which rows form the snapshot. No I/O and no data-plane call: safe inside the window."""
+        """Record which rows (and fields, tags) form the snapshot. No I/O and no data-plane call."""
         groups = group_ids(list(sample_ids))
-        return cls(tq, Path(directory), partition, groups, dict(metadata), time.perf_counter(), **kw)
+        if tags is not None:
+            tags = {sid: dict(tags[sid]) for ids in groups.values() for sid in ids}
+        if fields is not None:
+            fields = {gid: (None if fields.get(gid) is None else list(fields[gid] or [])) for gid in groups}
+        return cls(tq, Path(directory), partition, groups, dict(metadata), time.perf_counter(), fields, tags, **kw)
 
     @property
     def rows(self) -> int:
         return sum(len(ids) for ids in self.groups.values())
 
-    async def write(self) -> dict[str, Any]:
+    async def write(self, *, executor: Executor | None = None) -> dict[str, Any]:
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+
+        async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
+            return await loop.run_in_executor(executor, functools.partial(fn, *args))
+
         self.directory.mkdir(parents=True, exist_ok=True)
         if any(self.directory.iterdir()):
             raise FileExistsError(f"{self.directory}: not empty; a streamed snapshot writes into an empty directory")
-        tags: dict[str, Any] = {}
-        if self.groups:
+        tags: dict[str, Any] = self.tags or {}
+        if self.groups and self.tags is None:
             listing = await self.tq.async_kv_list(partition_id=self.partition)
             tags = listing.get(self.partition, {})
         missing = [sid for ids in self.groups.values() for sid in ids if sid not in tags]
@@ -257,8 +307,8 @@ class StreamedSnapshot(DataPlaneSnapshot):
             )
         writer = _PartWriter(self.directory, self.part_bytes)
         try:
-            await self._copy(writer, tags)
-            await asyncio.to_thread(writer.finish)
+            await self._copy(writer, tags, blocking)
+            await blocking(writer.finish)
         except BaseException:
             writer.abandon()
             raise
@@ -271,40 +321,103 @@ class StreamedSnapshot(DataPlaneSnapshot):
             "parts": writer.parts,
             "user_metadata": self.metadata,
         }
-        await asyncio.to_thread(_write_metadata, self.directory, doc)
+        files = dict(writer.hashes)
+        files[METADATA_FILE] = await blocking(_write_metadata, self.directory, doc)
         seconds = time.perf_counter() - started
-        size = sum(p.stat().st_size for p in self.directory.iterdir() if p.is_file())
+        size = sum(f["size"] for f in files.values())
         log.info("streamed snapshot: %d rows, %d bytes in %.3fs to %s", self.rows, size, seconds, self.directory)
-        return {"bytes": size, "rows": self.rows, "seconds": seconds, "payload_bytes": writer.bytes}
+        return {"bytes": size, "rows": self.rows, "seconds": seconds, "payload_bytes": writer.bytes, "files": files}
 
-    async def _copy(self, writer: _PartWriter, tags: dict[str, Any]) -> None:
-        """Fetch groups in order with a few gets in flight; append each to the parts in a worker thread."""
+    def _select(self, gid: str) -> list[str] | None:
+        return None if self.fields is None else self.fields.get(gid)
+
+    async def _copy(self, writer: _PartWriter, tags: dict[str, Any], blocking: Callable[..., Awaitable[Any]]) -> None:
+        """Fetch groups in order with a few gets in flight; append them to the parts in a worker thread.
+
+        Small groups are fetched several per get (the RPC, not the bytes, is their cost): only groups with the
+        same captured field list share a get, so every row holds every selected field and TransferQueue's
+        multi-key get (which returns the fields *all* rows have) cannot drop one. A group of unknown fields is
+        fetched alone. How many share a get is sized from the first group's bytes (``GET_BYTES``)."""
         items = list(self.groups.items())
-        pending: list[asyncio.Task[Any]] = []
+        pos = 0
+        per_get = 1
+        pending: deque[tuple[list[tuple[str, list[str]]], asyncio.Task[Any]]] = deque()
 
-        def fetch(ids: list[str]) -> asyncio.Task[Any]:
-            return asyncio.ensure_future(self.tq.async_kv_batch_get(keys=list(ids), partition_id=self.partition))
+        def next_batch() -> tuple[list[tuple[str, list[str]]], asyncio.Task[Any]]:
+            nonlocal pos
+            select = self._select(items[pos][0])
+            batch = [items[pos]]
+            pos += 1
+            while select is not None and len(batch) < per_get and pos < len(items):
+                if self._select(items[pos][0]) != select:
+                    break
+                batch.append(items[pos])
+                pos += 1
+            keys = [sid for _, ids in batch for sid in ids]
+            get = self.tq.async_kv_batch_get(keys=keys, partition_id=self.partition, select_fields=select)
+            return batch, asyncio.ensure_future(get)
 
         try:
-            nxt = 0
-            for gid, ids in items:
-                while nxt < len(items) and len(pending) < max(1, self.gets_in_flight):
-                    pending.append(fetch(items[nxt][1]))
-                    nxt += 1
-                td = await pending.pop(0)
-                if td.batch_size[0] != len(ids):
-                    raise RuntimeError(f"group {gid}: read back {td.batch_size[0]} rows, captured {len(ids)}")
-                await asyncio.to_thread(writer.append, gid, ids, [dict(tags[sid]) for sid in ids], td)
+            while pos < len(items) or pending:
+                while pos < len(items) and len(pending) < max(1, self.gets_in_flight):
+                    pending.append(next_batch())
+                batch, task = pending.popleft()
+                td = await task
+                rows = sum(len(ids) for _, ids in batch)
+                if td.batch_size[0] != rows:
+                    raise RuntimeError(f"groups {batch[0][0]}..: read back {td.batch_size[0]} rows, captured {rows}")
+                if per_get == 1 and len(batch) == 1:
+                    per_get = max(1, min(MAX_GROUPS_PER_GET, GET_BYTES // max(1, _td_bytes(td))))
+                segments = [
+                    (gid, ids, [dict(tags[sid]) for sid in ids], part) for (gid, ids), part in _split(td, batch)
+                ]
+                await blocking(writer.append_all, segments)
         finally:
-            for t in pending:
+            for _, t in pending:
                 t.cancel()
             if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+                await asyncio.gather(*(t for _, t in pending), return_exceptions=True)
 
 
-def _write_metadata(directory: Path, doc: dict[str, Any]) -> None:
-    write_durable(directory / METADATA_FILE, json.dumps(doc, indent=1, sort_keys=True).encode())
+def _td_bytes(td: TensorDict) -> int:
+    total = 0
+    for key in td.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch, not its keys
+        v = td.get(key)
+        if isinstance(v, torch.Tensor):
+            v = v.values() if v.is_nested else v
+            total += v.numel() * v.element_size()
+    return total
+
+
+def _split(td: TensorDict, batch: list[tuple[str, list[str]]]) -> Iterator[tuple[tuple[str, list[str]], TensorDict]]:
+    """The rows of each group of ``batch`` (in order) out of one get's result."""
+    if len(batch) == 1:
+        yield batch[0], td
+        return
+    columns = {}
+    for key in td.keys():  # noqa: SIM118
+        v = td.get(key)
+        columns[str(key)] = list(v.unbind()) if isinstance(v, torch.Tensor) and v.is_nested else v
+    start = 0
+    for gid, ids in batch:
+        end = start + len(ids)
+        fields = {}
+        for key, col in columns.items():
+            if isinstance(col, list):
+                rows = col[start:end]
+                same = all(r.shape == rows[0].shape for r in rows)
+                fields[key] = torch.stack(rows) if same else torch.nested.nested_tensor(rows, layout=torch.jagged)
+            else:
+                fields[key] = col[start:end]
+        yield (gid, ids), TensorDict(fields, batch_size=len(ids))
+        start = end
+
+
+def _write_metadata(directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    data = json.dumps(doc, indent=1, sort_keys=True).encode()
+    write_durable(directory / METADATA_FILE, data)
     fsync_dir(directory)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
 # ---------------------------------------------------------------------------------------------------- reading

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import uuid
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,7 +63,7 @@ class WrittenSnapshot(DataPlaneSnapshot):
     def __init__(self, directory: Path, rows: int, seconds: float) -> None:
         self.directory, self.rows, self.seconds = directory, rows, seconds
 
-    async def write(self) -> dict[str, Any]:
+    async def write(self, *, executor: Executor | None = None) -> dict[str, Any]:
         size = sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
         return {"bytes": size, "rows": self.rows, "seconds": self.seconds}
 
@@ -137,19 +138,28 @@ class TransferQueueDataPlane(DataPlaneClient):
         await self._amark("clear_samples")
         await self._tq.async_kv_clear(keys=list(sample_ids), partition_id=partition)
 
-    async def list_sample_ids(self, partition: str) -> set[str]:
+    async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:
         await self._amark("list_sample_ids")
         listing = await self._tq.async_kv_list(partition_id=partition)
-        return set(listing.get(partition, {}))
+        return {sid: dict(tags or {}) for sid, tags in listing.get(partition, {}).items()}
 
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str]
+        self,
+        directory: Path,
+        metadata: dict[str, Any],
+        partition: str,
+        sample_ids: list[str],
+        *,
+        fields: dict[str, list[str] | None] | None = None,
+        tags: dict[str, dict[str, Any]] | None = None,
     ) -> DataPlaneSnapshot:
         """``streamed``: record the rows only (bytes are copied by ``write()``, after the window).
         ``native``: TransferQueue's own snapshot, all bytes written here, inside the caller's window."""
         await self._amark("save_checkpoint")
         if self.snapshot == "streamed":
-            return StreamedSnapshot.capture(self._tq, Path(directory), metadata, partition, sample_ids)
+            return StreamedSnapshot.capture(
+                self._tq, Path(directory), metadata, partition, sample_ids, fields=fields, tags=tags
+            )
         started = time.perf_counter()
         # TransferQueue's save is synchronous (its client runs its own loop); keep our loop responsive.
         await asyncio.to_thread(self._tq.save_checkpoint, str(directory), metadata=metadata)

@@ -7,6 +7,7 @@ Each worker reads its shard of the step's rows straight from TransferQueue (conn
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ from typing import Any
 import ray
 import torch
 
+from sc_app.background import lower_current_thread_priority
 from sc_app.checkpoint import torch_io
 from sc_app.config import AppConfig
 from sc_app.policy.grpo import clipped_pg_loss
@@ -33,7 +35,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@ray.remote
+# Every method runs on the actor's one default thread, in call order, except ``write_captured``: it has its own
+# thread ("io"), so a checkpoint's policy files are written while the next steps train.
+@ray.remote(concurrency_groups={"io": 1})
 class TrainerWorker:
     def __init__(self, cfg_json: str, rank: int, world_size: int) -> None:
         torch.set_num_threads(1)
@@ -47,6 +51,7 @@ class TrainerWorker:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.cfg.grpo.learning_rate)
         self.version = 0
         self._dp: Any = None
+        self._captured: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     def address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
@@ -97,14 +102,35 @@ class TrainerWorker:
     def get_weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
-    def save(self, policy_dir: str) -> list[str]:
-        """Write weights + optimizer (rank 0 only) into ``policy_dir``; returns the files written."""
+    def capture_state(self) -> int:
+        """Copy weights + optimizer (rank 0) for ``write_captured``; returns the captured version.
+
+        Runs on the training thread, between steps, so the copy is one consistent step; training may go on
+        as soon as it returns."""
+        if self.rank == 0:
+            weights = self.get_weights()
+            if self.device.type == "cpu":  # get_weights() already copied to the host for a GPU model
+                weights = {k: v.clone() for k, v in weights.items()}
+            self._captured = (
+                {"model": weights, "version": self.version},
+                copy.deepcopy(self.optimizer.state_dict()),
+            )
+        return self.version
+
+    @ray.method(concurrency_group="io")
+    def write_captured(self, policy_dir: str) -> list[str]:
+        """Write the last capture into ``policy_dir`` (which must exist), fsynced; returns the files written.
+
+        Runs on the actor's io thread, so a write never holds up ``train_step``."""
         if self.rank != 0:
             return []
+        lower_current_thread_priority()  # this thread only: the training thread keeps the CPU first
+        if self._captured is None:
+            raise RuntimeError("write_captured() before capture_state()")
+        model, optimizer = self._captured
         out = Path(policy_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        torch_io.save({"model": self.get_weights(), "version": self.version}, out / MODEL_FILE)
-        torch_io.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
+        torch_io.save(model, out / MODEL_FILE)
+        torch_io.save(optimizer, out / OPTIMIZER_FILE)
         return [MODEL_FILE, OPTIMIZER_FILE]
 
     def load(self, policy_dir: str) -> int:

@@ -1,0 +1,36 @@
+"""Worker threads for work that runs behind training (checkpoint writes), at a lower CPU priority.
+
+On a machine whose cores training keeps busy, a checkpoint writer that competes at equal priority slows every
+step it overlaps; at ``nice`` 10 the kernel gives the training threads the CPU first and the writer the rest.
+Per-thread priorities are a Linux feature (``setpriority`` on a thread id); elsewhere the threads run at normal
+priority. Lowering a priority never needs privileges; nothing here ever raises one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger(__name__)
+
+BACKGROUND_NICE = 10
+
+
+def lower_current_thread_priority(nice: int = BACKGROUND_NICE) -> None:
+    """Give the calling thread (only) a nice value of at least ``nice``. No-op off Linux or when not allowed."""
+    if sys.platform != "linux":
+        return
+    tid = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError as exc:  # e.g. a sandbox that forbids it: run at normal priority
+        log.debug("could not lower thread priority: %s", exc)
+
+
+def background_executor(name: str, workers: int = 1) -> ThreadPoolExecutor:
+    """A thread pool whose threads run at ``BACKGROUND_NICE``."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=lower_current_thread_priority)
