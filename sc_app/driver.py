@@ -5,6 +5,9 @@ Restore order (seed), asserted by ``SetupOrder`` here and by the shared ``DataPl
   2. bootstrap client ``load_checkpoint()`` on an untouched TransferQueue
   3. seal the restore decision (only now may connect-only clients exist)
   4. ``SingleControllerActor.remote(args + restored metadata)``
+Step 1 is *issued* first and finishes before step 3; the trainer workers start and read their state while this
+process restores the data plane (they touch no data plane until after the seal), so a resume costs
+max(trainer start + load, data-plane restore) rather than their sum.
 """
 
 from __future__ import annotations
@@ -95,8 +98,21 @@ class TQPolicy:
             backends = ray.get([w.init_process_group.remote(addr, port) for w in self.trainers])
             log.info("trainer workers joined torch.distributed (%s, world size %d)", backends[0], t.num_workers)
 
-    def load_trainer_state(self, policy_dir: Path) -> int:
-        versions = ray.get([w.load.remote(str(policy_dir)) for w in self.trainers])
+    def load_trainer_state(self, policy_dir: Path) -> list[Any]:
+        """Start every trainer loading ``policy_dir``; ``trainer_state_loaded`` waits for them."""
+        return [w.load.remote(str(policy_dir)) for w in self.trainers]
+
+    def trainer_state_loaded(self, loading: list[Any], policy_dir: Path) -> int:
+        """The restored trainer version; ``ResumeRefused`` if the bundle's policy does not fit this model."""
+        try:
+            versions = ray.get(loading)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if exc.cause is not None else exc
+            raise ResumeRefused(
+                f"{policy_dir}: does not load into the configured model "
+                f"({type(cause).__name__}: {str(cause).splitlines()[0]}); it was written for another model shape "
+                "or sc-app version — point checkpoint.dir elsewhere or restore the matching config"
+            ) from None
         return int(versions[0])
 
     def load_data_plane_checkpoint(self, data_plane_dir: Path) -> dict[str, Any]:
@@ -133,15 +149,7 @@ def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str, le
         assert plan.bundle is not None
         bundle = plan.bundle
         order.enter("trainer_state")
-        try:
-            start_version = policy.load_trainer_state(bundle / layout.POLICY_DIR)
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if exc.cause is not None else exc
-            raise ResumeRefused(
-                f"{bundle / layout.POLICY_DIR}: does not load into the configured model "
-                f"({type(cause).__name__}: {str(cause).splitlines()[0]}); it was written for another model shape "
-                "or sc-app version — point checkpoint.dir elsewhere or restore the matching config"
-            ) from None
+        loading = policy.load_trainer_state(bundle / layout.POLICY_DIR)  # runs on the trainers from here on
         loader_state = torch.load(bundle / layout.LOADER_FILE, map_location="cpu", weights_only=True)
         order.enter("data_plane_restore")
         restored = policy.load_data_plane_checkpoint(bundle / layout.DATA_PLANE_DIR)
@@ -149,6 +157,7 @@ def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str, le
         assert manifest is not None
         if restored.get("digest") != manifest.replay_digest:
             raise ResumeRefused(f"{bundle}: data-plane digest differs from the manifest's replay digest")
+        start_version = policy.trainer_state_loaded(loading, bundle / layout.POLICY_DIR)
         start_step = plan.step
         sidecar = str(bundle / layout.SIDECAR_FILE)
     dp_client.seal({"decision": plan.decision, "step": start_step, "run_id": run_id})
