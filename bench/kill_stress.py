@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sc_app.checkpoint import plan_resume, verify_bundle  # noqa: E402
+from sc_app.data_plane.streamed import iter_groups  # noqa: E402
 from sc_app.faults import SAVE_POINTS  # noqa: E402
 from tests.proc_utils import kill_session, load_sidecar, read_trace, start_logged, wait_for  # noqa: E402
 
@@ -159,6 +160,13 @@ def one_iteration(
         report = verify_bundle(root / f"step_{s}")
         if not report.ok:
             problems.append(f"step_{s} does not verify: {report.problems[0]}")
+            continue
+        # the snapshot was written behind training: it must still hold exactly the rows its index lists
+        sidecar = load_sidecar(root / f"step_{s}" / "replay_buffer_metadata.pt")
+        listed = {sid for g in sidecar["groups"].values() for sid in g["sample_ids"]}
+        stored = {sid for g in iter_groups(root / f"step_{s}" / "data_plane") for sid in g.ids}
+        if stored != listed:
+            problems.append(f"step_{s}: data plane holds {len(stored)} rows, its index lists {len(listed)}")
     return f"{what}; bundles {left}", problems
 
 
