@@ -152,6 +152,7 @@ class SingleControllerActor:
         self._stopping = False
         self._pending_save: tuple[int, asyncio.Task[dict[str, Any]]] | None = None
         self._save_io = background_executor("save-io")
+        self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
         self._last_saved = self.step
         self._trace_fh = open(cfg.run.trace_file, "a") if cfg.run.trace_file else None  # noqa: SIM115
         self._trace(ev="start", step=self.step, restored_rows=restored_rows, run_id=self.args.run_id)
@@ -275,7 +276,13 @@ class SingleControllerActor:
                 [grp.group_id for grp in groups], TensorDict({"advantage": adv}, batch_size=len(ids))
             )
             next_version = self.version + 1
-            results = await asyncio.gather(*[t.train_step.remote(ids, next_version) for t in self.args.trainers])
+            # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
+            capture = cfg.checkpoint.enabled and self._save_due(self.step + 1)
+            results = await asyncio.gather(
+                *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
+            )
+            if capture:
+                self._captured_version = next_version
             self.version = next_version
             self.step += 1
             await self._drop(groups)
@@ -293,9 +300,7 @@ class SingleControllerActor:
                 "step_seconds": time.perf_counter() - started,
             }
             self._progress.append(record)
-            if cfg.checkpoint.enabled and (
-                self.step % cfg.checkpoint.save_period == 0 or self.step == cfg.run.max_steps
-            ):
+            if cfg.checkpoint.enabled and self._save_due(self.step):
                 await self._start_save()
             await self._collect_save(wait=False)
         await self._collect_save(wait=True)
@@ -312,6 +317,9 @@ class SingleControllerActor:
         }
 
     # ------------------------------------------------------------------ save (flows 5 and 6)
+    def _save_due(self, step: int) -> bool:
+        return step % self.cfg.checkpoint.save_period == 0 or step == self.cfg.run.max_steps
+
     async def _start_save(self) -> None:
         """Cut a bundle of the current step; returns once its window closed (or the save already ended).
 
@@ -380,8 +388,10 @@ class SingleControllerActor:
         lease = self.args.lease
         trainer = self.args.trainers[0]
         writer = BundleWriter(root, step, hmac_key=hmac_key_from_env(), lease=lease)
-        # ---- training paused: capture
-        captured_version = await trainer.capture_state.remote()
+        # ---- training paused: capture (the trainer already copied its state if this step was due for a save)
+        captured_version = self._captured_version
+        if captured_version != self.version:  # e.g. a stop request: copy now
+            captured_version = await trainer.capture_state.remote()
         if captured_version != self.version:
             raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {self.version}")
         t_policy = time.perf_counter()

@@ -76,8 +76,11 @@ class TrainerWorker:
             self._dp = TransferQueueDataPlane(bootstrap=False, namespace=self.cfg.ray.namespace)
         return self._dp
 
-    def train_step(self, sample_ids: list[str], version: int) -> dict[str, float]:
-        """One optimizer step on this rank's shard of ``sample_ids`` (rows carry advantages already)."""
+    def train_step(self, sample_ids: list[str], version: int, capture: bool = False) -> dict[str, float]:
+        """One optimizer step on this rank's shard of ``sample_ids`` (rows carry advantages already).
+
+        ``capture``: also ``capture_state()`` right after the step (the step a checkpoint will be cut at), which
+        saves the checkpoint a separate call while training is paused."""
         shard = sample_ids[self.rank :: self.world_size]
         td = self._client().get_samples_sync(self.cfg.data_plane.partition, shard, ["tokens", "logprobs", "advantage"])
         tokens = td["tokens"].to(self.device)
@@ -97,6 +100,8 @@ class TrainerWorker:
                     p.grad /= self.world_size
         self.optimizer.step()
         self.version = version
+        if capture:
+            self.capture_state()
         return {"loss": float(loss.detach()), "rows": float(len(shard))}
 
     def get_weights(self) -> dict[str, torch.Tensor]:
