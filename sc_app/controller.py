@@ -42,6 +42,7 @@ from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
+from sc_app.data_plane.client import CapturedRows
 from sc_app.faults import afault_point
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
@@ -418,9 +419,7 @@ class SingleControllerActor:
                 writer.data_plane_dir,
                 {**captured, "mode": "authoritative", "run_id": self.args.run_id},
                 cfg.data_plane.partition,
-                sorted(stored),
-                fields=self.buffer.fields_by_group(),
-                tags=listed,
+                CapturedRows(sorted(stored), fields=self.buffer.fields_by_group(), tags=listed),
             )
             window = time.perf_counter() - w0
             self.buffer.freeze(stored)  # captured rows may not change until the snapshot is written

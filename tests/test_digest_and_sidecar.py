@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.barrier import DataPlaneCheckpointBarrier
-from sc_app.data_plane.client import DataPlaneClient, DataPlaneSnapshot
+from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.digest import canonical_bytes, index_digest
 from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION, SidecarError, TQReplayBuffer, sidecar_digest
 
@@ -139,7 +139,7 @@ class FakeDataPlane(DataPlaneClient):
         return {sid: {} for sid in self.rows}
 
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], partition: str, sample_ids: list[str], **captured: Any
+        self, directory: Path, metadata: dict[str, Any], partition: str, rows: CapturedRows
     ) -> DataPlaneSnapshot:
         raise NotImplementedError
 

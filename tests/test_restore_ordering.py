@@ -28,7 +28,7 @@ tq = pytest.importorskip("transfer_queue")
 import torch  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
-from sc_app.data_plane.client import RestoreOrderError, RestoreRefused  # noqa: E402
+from sc_app.data_plane.client import CapturedRows, RestoreOrderError, RestoreRefused  # noqa: E402
 from sc_app.data_plane.guard import get_guard  # noqa: E402
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane  # noqa: E402
 
@@ -176,7 +176,9 @@ def written(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Written:
         back = await client.get_samples(PARTITION, ids)
         assert torch.equal(back["tokens"], fields["tokens"])
         assert await client.list_sample_ids(PARTITION) == set(ids)
-        snapshot = await client.save_checkpoint(directory, {"digest": "d-test", "step": 3}, PARTITION, ids)
+        snapshot = await client.save_checkpoint(
+            directory, {"digest": "d-test", "step": 3}, PARTITION, CapturedRows(ids)
+        )
         await snapshot.write()
 
     arun(go())

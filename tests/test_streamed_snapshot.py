@@ -28,7 +28,7 @@ from tensordict import TensorDict  # noqa: E402
 
 from sc_app.barrier import DataPlaneCheckpointBarrier  # noqa: E402
 from sc_app.checkpoint.verify import data_plane_digest  # noqa: E402
-from sc_app.data_plane.client import RestoreRefused  # noqa: E402
+from sc_app.data_plane.client import CapturedRows, RestoreRefused  # noqa: E402
 from sc_app.data_plane.streamed import FORMAT, iter_groups, read_metadata  # noqa: E402
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, dense, tq_conf  # noqa: E402
 from sc_app.replay_buffer import TQReplayBuffer  # noqa: E402
@@ -146,9 +146,7 @@ def saved(tq_system: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
                 root / "streamed",
                 {"digest": meta["digest"], "step": 3},
                 PARTITION,
-                sorted(stored),
-                fields=buffer.fields_by_group(),
-                tags=listed,
+                CapturedRows(sorted(stored), fields=buffer.fields_by_group(), tags=listed),
             )
             buffer.freeze(stored)
         captured = set(stored)
@@ -189,7 +187,7 @@ def saved(tq_system: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
             native_ids = await client.list_sample_ids(PARTITION)
             client.snapshot = "native"
             native = await client.save_checkpoint(
-                root / "native", {"digest": native_meta["digest"]}, PARTITION, sorted(native_ids)
+                root / "native", {"digest": native_meta["digest"]}, PARTITION, CapturedRows(sorted(native_ids))
             )
             client.snapshot = "streamed"
         await native.write()
@@ -309,4 +307,4 @@ def test_sample_ids_without_group_part_are_refused(tq_system: Any, tmp_path: Pat
     from sc_app.data_plane.streamed import StreamedSnapshot
 
     with pytest.raises(ValueError, match="no group part"):
-        StreamedSnapshot.capture(tq, tmp_path, {}, PARTITION, ["nogroup"])
+        StreamedSnapshot.capture(tq, tmp_path, {}, PARTITION, CapturedRows(["nogroup"]))

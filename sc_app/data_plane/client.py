@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,17 @@ class RestoreRefused(RuntimeError):
 
 class RestoreOrderError(RuntimeError):
     """A connect-only client was built before the restore decision was sealed."""
+
+
+@dataclass(frozen=True)
+class CapturedRows:
+    """What a checkpoint window captured: exactly these rows and, when the caller knows them, each group's field
+    names (group id → names; ``None`` for a group whose fields are unknown: every field it holds is read) and
+    each row's tags as listed in the window. A deferred writer reads exactly this state back."""
+
+    sample_ids: list[str]
+    fields: dict[str, list[str] | None] | None = None
+    tags: dict[str, dict[str, Any]] | None = None
 
 
 class DataPlaneSnapshot(ABC):
@@ -60,21 +72,13 @@ class DataPlaneClient(ABC):
 
     @abstractmethod
     async def save_checkpoint(
-        self,
-        directory: Path,
-        metadata: dict[str, Any],
-        partition: str,
-        sample_ids: list[str],
-        *,
-        fields: dict[str, list[str] | None] | None = None,
-        tags: dict[str, dict[str, Any]] | None = None,
+        self, directory: Path, metadata: dict[str, Any], partition: str, rows: CapturedRows
     ) -> DataPlaneSnapshot:
-        """Capture the rows ``sample_ids`` of ``partition`` (exactly what the replay index lists) for ``directory``.
+        """Capture ``rows`` of ``partition`` (exactly what the replay index lists) for ``directory``.
 
         Called inside the barrier's exclusive window. Returns a snapshot whose ``write()`` the caller awaits
         *after* the window closes; an adapter may do all the I/O here (then ``write()`` is a no-op) or only
-        record what to copy. ``fields`` (group id → field names held now) and ``tags`` (sample id → tags, as
-        listed in the window) let a deferred writer read exactly the captured state. Pre for the deferred case:
+        record what to copy. Pre for the deferred case:
         until ``write()`` returns, no captured row is cleared and no captured field rewritten (the replay
         buffer's ``freeze()``/``thaw()`` guarantees it). ``metadata`` (incl. ``digest``) ends up in
         ``directory/metadata.json`` under ``user_metadata``.

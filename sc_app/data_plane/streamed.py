@@ -60,7 +60,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.checkpoint.fsio import fsync_dir, write_durable
-from sc_app.data_plane.client import DataPlaneSnapshot
+from sc_app.data_plane.client import CapturedRows, DataPlaneSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -262,19 +262,11 @@ class StreamedSnapshot(DataPlaneSnapshot):
 
     @classmethod
     def capture(
-        cls,
-        tq: Any,
-        directory: Path,
-        metadata: dict[str, Any],
-        partition: str,
-        sample_ids: list[str],
-        *,
-        fields: dict[str, list[str] | None] | None = None,
-        tags: dict[str, dict[str, Any]] | None = None,
-        **kw: Any,
+        cls, tq: Any, directory: Path, metadata: dict[str, Any], partition: str, rows: CapturedRows, **kw: Any
     ) -> StreamedSnapshot:
         """Record which rows (and fields, tags) form the snapshot. No I/O and no data-plane call."""
-        groups = group_ids(list(sample_ids))
+        groups = group_ids(list(rows.sample_ids))
+        fields, tags = rows.fields, rows.tags
         if tags is not None:
             tags = {sid: dict(tags[sid]) for ids in groups.values() for sid in ids}
         if fields is not None:

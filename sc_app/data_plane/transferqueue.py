@@ -23,7 +23,13 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from sc_app.data_plane.client import DataPlaneClient, DataPlaneSnapshot, RestoreOrderError, RestoreRefused
+from sc_app.data_plane.client import (
+    CapturedRows,
+    DataPlaneClient,
+    DataPlaneSnapshot,
+    RestoreOrderError,
+    RestoreRefused,
+)
 from sc_app.data_plane.guard import get_guard
 from sc_app.data_plane.streamed import StreamedSnapshot, is_streamed, load_streamed
 
@@ -144,26 +150,17 @@ class TransferQueueDataPlane(DataPlaneClient):
         return {sid: dict(tags or {}) for sid, tags in listing.get(partition, {}).items()}
 
     async def save_checkpoint(
-        self,
-        directory: Path,
-        metadata: dict[str, Any],
-        partition: str,
-        sample_ids: list[str],
-        *,
-        fields: dict[str, list[str] | None] | None = None,
-        tags: dict[str, dict[str, Any]] | None = None,
+        self, directory: Path, metadata: dict[str, Any], partition: str, rows: CapturedRows
     ) -> DataPlaneSnapshot:
         """``streamed``: record the rows only (bytes are copied by ``write()``, after the window).
         ``native``: TransferQueue's own snapshot, all bytes written here, inside the caller's window."""
         await self._amark("save_checkpoint")
         if self.snapshot == "streamed":
-            return StreamedSnapshot.capture(
-                self._tq, Path(directory), metadata, partition, sample_ids, fields=fields, tags=tags
-            )
+            return StreamedSnapshot.capture(self._tq, Path(directory), metadata, partition, rows)
         started = time.perf_counter()
         # TransferQueue's save is synchronous (its client runs its own loop); keep our loop responsive.
         await asyncio.to_thread(self._tq.save_checkpoint, str(directory), metadata=metadata)
-        return WrittenSnapshot(Path(directory), len(sample_ids), time.perf_counter() - started)
+        return WrittenSnapshot(Path(directory), len(rows.sample_ids), time.perf_counter() - started)
 
     # -- restore (bootstrap only) ---------------------------------------------------------------------------
     def _require_clean_for_load(self) -> None:
