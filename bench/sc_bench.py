@@ -660,8 +660,9 @@ class Bench:
 def save_cost(records: list[dict[str, Any]], trace: list[dict[str, Any]], warm: int) -> float:
     """Seconds a run lost to saving: the time training was paused for each save (``blocked_seconds``) plus,
     for the steps a save touched — the step it was cut at (the trainer copies its state inside it) and those
-    that ran while its background write was in flight — their excess over the median of the steps no save
-    touched (signed, so noise cancels instead of accumulating)."""
+    that ran while its background write was in flight — their excess over the *mean* of the steps no save
+    touched (signed, so noise cancels; not the median: step times are right-skewed, and against the median
+    an ordinary step counts as slowed down)."""
     step_s = {r["step"]: r["step_seconds"] for r in records if "step_seconds" in r and r["step"] > warm}
     trained_at = {e["step"]: e["t"] for e in trace if e.get("ev") == "train"}
     saved_at = {e["step"]: e["t"] for e in trace if e.get("ev") == "save"}
@@ -679,7 +680,7 @@ def save_cost(records: list[dict[str, Any]], trace: list[dict[str, Any]], warm: 
     clean = [v for n, v in step_s.items() if n not in overlapped]
     if not clean:
         return paused
-    base = statistics.median(clean)
+    base = statistics.fmean(clean)
     return paused + sum(step_s[n] - base for n in overlapped)
 
 
