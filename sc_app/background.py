@@ -8,11 +8,15 @@ priority. Lowering a priority never needs privileges; nothing here ever raises o
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -34,3 +38,8 @@ def lower_current_thread_priority(nice: int = BACKGROUND_NICE) -> None:
 def background_executor(name: str, workers: int = 1) -> ThreadPoolExecutor:
     """A thread pool whose threads run at ``BACKGROUND_NICE``."""
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=lower_current_thread_priority)
+
+
+async def run_blocking(executor: Executor | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on ``executor`` (None: the loop's default), awaited from the running loop."""
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args, **kwargs))

@@ -22,7 +22,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import time
@@ -35,7 +34,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app import __version__
-from sc_app.background import background_executor
+from sc_app.background import background_executor, run_blocking
 from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.checkpoint import BundleWriter, hmac_key_from_env, layout, prune, torch_io
 from sc_app.checkpoint.compat import compat_of
@@ -353,8 +352,7 @@ class SingleControllerActor:
 
     async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
-        call = functools.partial(fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._save_io, call)
+        return await run_blocking(self._save_io, fn, *args, **kwargs)
 
     async def _save_or_report(self, step: int, released: asyncio.Event) -> dict[str, Any]:
         """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
@@ -395,7 +393,6 @@ class SingleControllerActor:
             captured_version = await trainer.capture_state.remote()
         if captured_version != self.version:
             raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {self.version}")
-        t_policy = time.perf_counter()
         loader_state = self.loader.state_dict()  # note the loader place (a fresh dict: plain ints and lists)
         async with self.barrier.checkpoint():
             w0 = time.perf_counter()
@@ -426,7 +423,6 @@ class SingleControllerActor:
         blocked = time.perf_counter() - t0
         released.set()  # the train pump goes on; drops of captured groups wait for thaw()
         # ---- behind training: write
-        marks = [("released", time.perf_counter())]
         policy_written: Any = None
         try:
             try:
@@ -442,12 +438,10 @@ class SingleControllerActor:
                 await afault_point("save.policy")
                 await self._in_background(torch_io.save, loader_state, writer.loader_path)
                 await afault_point("save.loader")
-                marks.append(("policy_and_loader", time.perf_counter()))
                 data_plane = await snapshot.write(executor=self._save_io)
             finally:
                 await self.buffer.thaw()
             await afault_point("save.snapshot")
-            marks.append(("data_plane", time.perf_counter()))
             await self._in_background(torch_io.save, meta, writer.sidecar_path)
             await afault_point("save.sidecar")
             fields = {
@@ -468,7 +462,6 @@ class SingleControllerActor:
             }
             known = {f"{layout.DATA_PLANE_DIR}/{name}": h for name, h in data_plane.get("files", {}).items()}
             final = await self._in_background(writer.commit, fields, known)
-            marks.append(("commit", time.perf_counter()))
         except BaseException:
             if policy_written is not None:  # let the trainer's write end before its directory goes
                 await asyncio.gather(policy_written, return_exceptions=True)
@@ -480,19 +473,12 @@ class SingleControllerActor:
         except OSError as exc:  # the bundle is published and verified; an old one left behind is no failed save
             log.warning("retention could not prune %s: %s; older bundles stay", root, exc)
             removed = []
-        marks.append(("prune", time.perf_counter()))
         self._trace(ev="save", step=step, digest=captured["digest"], groups=captured["groups"])
         return {
             "bundle": final.name,
             "seconds": time.perf_counter() - t0,
             "blocked_seconds": blocked,
             "window_seconds": window,
-            "blocked_parts": {  # where the training pause went
-                "policy_capture": t_policy - t0,
-                "window_wait": w0 - t_policy,
-                "window": window,
-            },
-            "background_parts": {name: t - marks[i][1] for i, (name, t) in enumerate(marks[1:])},
             "groups": captured["groups"],
             "data_plane_bytes": data_plane["bytes"],
             "pruned": removed,

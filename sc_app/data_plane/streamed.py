@@ -59,7 +59,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from sc_app.checkpoint.fsio import fsync_dir, write_durable
+from sc_app.background import run_blocking
+from sc_app.checkpoint.fsio import write_durable
 from sc_app.data_plane.client import CapturedRows, DataPlaneSnapshot
 
 log = logging.getLogger(__name__)
@@ -270,7 +271,7 @@ class StreamedSnapshot(DataPlaneSnapshot):
         if tags is not None:
             tags = {sid: dict(tags[sid]) for ids in groups.values() for sid in ids}
         if fields is not None:
-            fields = {gid: (None if fields.get(gid) is None else list(fields[gid] or [])) for gid in groups}
+            fields = {gid: None if (names := fields.get(gid)) is None else list(names) for gid in groups}
         return cls(tq, Path(directory), partition, groups, dict(metadata), time.perf_counter(), fields, tags, **kw)
 
     @property
@@ -279,10 +280,7 @@ class StreamedSnapshot(DataPlaneSnapshot):
 
     async def write(self, *, executor: Executor | None = None) -> dict[str, Any]:
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-
-        async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
-            return await loop.run_in_executor(executor, functools.partial(fn, *args))
+        blocking = functools.partial(run_blocking, executor)
 
         self.directory.mkdir(parents=True, exist_ok=True)
         if any(self.directory.iterdir()):
@@ -407,8 +405,7 @@ def _split(td: TensorDict, batch: list[tuple[str, list[str]]]) -> Iterator[tuple
 
 def _write_metadata(directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
     data = json.dumps(doc, indent=1, sort_keys=True).encode()
-    write_durable(directory / METADATA_FILE, data)
-    fsync_dir(directory)
+    write_durable(directory / METADATA_FILE, data)  # fsyncs the file and the directory
     return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
