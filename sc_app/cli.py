@@ -11,15 +11,13 @@ import argparse
 import json
 import logging
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 from sc_app import __version__
 from sc_app.config import AppConfig, ConfigError, dump_config, load_config
+from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_SUPERSEDED, fail
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SUPERSEDED = 0, 1, 2, 3
-EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request after the emergency checkpoint; a retry resumes
 log = logging.getLogger("sc_app")
 
 
@@ -47,11 +45,6 @@ def _resolve(args: argparse.Namespace) -> AppConfig:
     if getattr(args, "max_steps", None) is not None:
         overrides.append(f"run.max_steps={args.max_steps}")
     return load_config(args.config, overrides)
-
-
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
-    print(f"sc-app: error: {message}", file=sys.stderr)
-    return code
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -115,11 +108,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             on_ray_ready=install_handlers,
         )
     except ResumeRefused as exc:
-        return _fail(f"{exc}")
+        return fail(f"{exc}")
     except LeaseLost as exc:
-        return _fail(f"superseded: {exc}", EXIT_SUPERSEDED)
+        return fail(f"superseded: {exc}", EXIT_SUPERSEDED)
     except (SaveFailed, InventoryMismatch, EmergencyTimeout, JobFailed) as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     s = result.summary
     if s.get("already_done"):
         print(f"done: step {s['final_step']} already reached run.max_steps={cfg.run.max_steps}; nothing to train")
@@ -146,7 +139,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     root = Path(args.checkpoint_dir)
     if root.exists() and not root.is_dir():
-        return _fail(f"--checkpoint-dir {root} is not a directory")
+        return fail(f"--checkpoint-dir {root} is not a directory")
     cfg = _resolve(args) if (args.config or args.overrides) else None
     policy = args.on_corrupt or (cfg.checkpoint.on_corrupt if cfg else "fallback")
     plan = plan_resume(
@@ -197,7 +190,7 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     root = Path(args.checkpoint_dir)
     targets = [root / b for b in args.bundle] if args.bundle else [p for _, p in layout.step_dirs(root)]
     if not targets:
-        return _fail(f"no step_N bundle in {root}")
+        return fail(f"no step_N bundle in {root}")
     reports = [verify_bundle(p, hmac_key=hmac_key_from_env()) for p in targets]
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2))
@@ -211,7 +204,7 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
     from sc_app.checkpoint import hmac_key_from_env, prune
 
     if args.keep < 1:
-        return _fail("--keep must be >= 1: the newest verified bundle is always kept")
+        return fail("--keep must be >= 1: the newest verified bundle is always kept")
     removed = prune(args.checkpoint_dir, args.keep, hmac_key=hmac_key_from_env())
     if args.json:
         print(json.dumps({"removed": removed}))
@@ -286,6 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ConfigError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     except KeyboardInterrupt:
-        return _fail("interrupted", EXIT_FAILED)
+        return fail("interrupted", EXIT_FAILED)
