@@ -25,19 +25,7 @@ from typing import Any
 
 import pytest
 
-try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
-    from tests.proc_utils import REPO, SC_APP, Finished, kill_session, load_sidecar, read_trace, run_args, sc_app
-except ImportError:
-    from proc_utils import (  # type: ignore[no-redef]
-        REPO,
-        SC_APP,
-        Finished,
-        kill_session,
-        load_sidecar,
-        read_trace,
-        run_args,
-        sc_app,
-    )
+from tests.support.proc import REPO, SC_APP, Finished, kill_session, load_sidecar, read_trace, run_args, sc_app
 
 pytestmark = pytest.mark.slow
 

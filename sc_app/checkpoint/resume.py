@@ -1,27 +1,21 @@
-"""What is in a checkpoint directory, which bundle a run resumes from, and retention.
+"""Which bundle a run resumes from: the single decision both ``sc-app preflight`` and the driver use.
 
-``plan_resume`` is the single decision both ``sc-app preflight`` and the driver use. Invariants:
+Invariants:
 * a ``tmp_step_*`` is never resumed; with ``tidy=True`` it is moved to quarantine (never deleted);
 * with policy ``fallback`` a bundle that fails verification is quarantined only when an older bundle *does*
   verify, so a retry can never silently start fresh over bundles it could not read;
-* ``strict`` stops at the first bad newest bundle and moves nothing;
-* ``prune`` removes only complete bundles older than the newest verified one, never a pinned one, and never one
-  it could not verify (manifest + sizes): an unreadable old bundle is left for an operator to inspect.
+* ``strict`` stops at the first bad newest bundle and moves nothing.
 """
 
 from __future__ import annotations
 
-import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from sc_app.checkpoint import layout
-from sc_app.checkpoint.fsio import fsync_dir, move_aside
+from sc_app.checkpoint.quarantine import move_aside
 from sc_app.checkpoint.verify import BundleReport, verify_bundle
-
-log = logging.getLogger(__name__)
 
 Decision = Literal["resume", "fresh", "refuse"]
 
@@ -48,11 +42,6 @@ class ResumePlan:
             "checked": [r.as_dict() for r in self.reports],
             "quarantined": self.quarantined,
         }
-
-
-def pinned(root: Path) -> set[str]:
-    pins = root / layout.PINS_DIR
-    return {p.name for p in pins.iterdir()} if pins.is_dir() else set()
 
 
 def plan_resume(
@@ -104,43 +93,3 @@ def plan_resume(
     if bad:
         why = f"newest verified bundle; skipped {', '.join(r.name for r in bad)} ({bad[0].problems[0]})"
     return ResumePlan("resume", why, bundle=good.path, step=good.step, reports=reports, quarantined=moved)
-
-
-def prune(
-    root: str | Path, keep: int, *, hmac_key: bytes | None = None, newest_verified: Path | None = None
-) -> list[str]:
-    """Delete complete bundles beyond the newest ``keep``, oldest first; returns the names removed."""
-    if keep < 1:
-        raise ValueError("keep must be >= 1: the newest verified bundle is always kept")
-    root = Path(root)
-    bundles = layout.step_dirs(root)
-    if newest_verified is None:
-        for _, path in bundles:
-            if verify_bundle(path, hmac_key=hmac_key).ok:
-                newest_verified = path
-                break
-    if newest_verified is None:
-        log.warning("prune: no bundle in %s verifies; removing nothing", root)
-        return []
-    anchor = layout.parse_step(newest_verified.name)
-    assert anchor is not None
-    pins = pinned(root)
-    kept = 0
-    removed = []
-    for step, path in bundles:
-        if step > anchor:  # newer than the newest verified: may be a save in progress elsewhere; leave it
-            continue
-        if path.name in pins:
-            continue
-        kept += 1
-        if kept <= keep or step == anchor:
-            continue
-        problems = verify_bundle(path, deep=False, hmac_key=hmac_key).problems
-        if problems:
-            log.warning("prune: leaving %s, it does not verify (%s)", path.name, problems[0])
-            continue
-        shutil.rmtree(path)
-        removed.append(path.name)
-    if removed:
-        fsync_dir(root)
-    return removed

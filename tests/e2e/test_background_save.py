@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from sc_app.checkpoint import verify_bundle
-from sc_app.data_plane.streamed import iter_groups
-from tests.proc_utils import load_sidecar, read_trace, run_args, sc_app
+from sc_app.data_plane.streamed_format import iter_groups
+from tests.support.proc import load_sidecar, read_trace, run_args, sc_app
 
 pytestmark = pytest.mark.slow
 DELAY_S = 3
@@ -51,5 +51,5 @@ def test_training_goes_on_while_a_slow_save_writes_the_captured_state(tmp_path: 
         assert set(groups) == set(sidecar["groups"])
         for gid, g in groups.items():
             assert g.ids == list(sidecar["groups"][gid]["sample_ids"])
-            assert set(g.fields.keys()) == {"tokens", "logprobs", "reward"}, f"{bundle.name}/{gid}"
+            assert set(g.data.keys()) == {"tokens", "logprobs", "reward"}, f"{bundle.name}/{gid}"
         assert saves[step]["groups"] == len(groups)

@@ -1,14 +1,23 @@
-"""Durable file operations: everything a bundle claims is on disk is fsynced before the rename that publishes it."""
+"""Durable file I/O shared by the checkpoint bundle, the data-plane snapshot and the writer lease. Pure: no Ray, no
+torch.
+
+Invariant: whatever these helpers report as written is on disk (fsynced) when they return; ``write_durable``
+replaces a file atomically, so a reader sees the old content or the new one, never a mix.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import time
 from pathlib import Path
 
 CHUNK = 8 * 1024 * 1024
+
+
+def utc_stamp(at: float | None = None) -> str:
+    """The one timestamp format of sc-app (ISO 8601 basic, UTC, safe in file names): ``20261130T101500Z``."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(at))
 
 
 def fsync_dir(path: Path) -> None:
@@ -59,29 +68,3 @@ def fsync_tree_dirs(root: Path) -> None:
     dirs = [Path(d) for d, _, _ in os.walk(root)]
     for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
         fsync_dir(d)
-
-
-def utc_stamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-
-
-def move_aside(path: Path, quarantine: Path, reason: str) -> Path:
-    """Move ``path`` into ``quarantine/`` with a ``.reason.txt`` beside it. Never deletes anything.
-
-    Post: ``path`` no longer exists; its content is intact under the returned path.
-    """
-    quarantine.mkdir(parents=True, exist_ok=True)
-    base = f"{path.name}.{utc_stamp()}"
-    dest = quarantine / base
-    n = 1
-    while dest.exists():
-        n += 1
-        dest = quarantine / f"{base}.{n}"
-    (quarantine / f"{dest.name}.reason.txt").write_text(reason.rstrip() + "\n")
-    if path.parent.resolve() == quarantine.parent.resolve():
-        os.replace(path, dest)
-    else:
-        shutil.move(str(path), str(dest))
-    fsync_dir(quarantine)
-    fsync_dir(path.parent)
-    return dest

@@ -1,11 +1,9 @@
-"""The replay-index digest and ``TQReplayBuffer`` (pure logic, against an in-memory fake data-plane client)."""
+"""replay_buffer.TQReplayBuffer: pure logic, against an in-memory fake data-plane client."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,87 +14,11 @@ from tensordict import TensorDict
 
 from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
-from sc_app.digest import canonical_bytes, index_digest
-from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION, SidecarError, TQReplayBuffer, sidecar_digest
+from sc_app.digest import canonical_bytes, sidecar_digest
+from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION, SidecarError, TQReplayBuffer
 
 G = 4
 PARTITION = "train"
-
-
-# ------------------------------------------------------------------------------------------------ digest
-def groups_fixture() -> dict[str, dict[str, Any]]:
-    return {
-        "p0": {"sample_ids": ["p0:0", "p0:1"], "prompt_index": 0, "version": 1},
-        "p1": {"sample_ids": ["p1:0", "p1:1"], "prompt_index": 1, "version": 1},
-        "p7": {"sample_ids": ["p7:0", "p7:1"], "prompt_index": 7, "version": 2},
-    }
-
-
-def test_canonical_bytes_is_sorted_compact_utf8() -> None:
-    assert canonical_bytes({"b": 1, "a": [2, "é"]}) == '{"a":[2,"é"],"b":1}'.encode()
-    assert canonical_bytes({"a": {"y": 1, "x": 2}}) == canonical_bytes({"a": {"x": 2, "y": 1}})
-
-
-@pytest.mark.parametrize("bad", [{"a": 1.5}, {"a": [1, {"b": 0.0}]}, {1: "int key"}, {"a": {2: "x"}}])
-def test_canonical_bytes_refuses_inexact_values(bad: Any) -> None:
-    with pytest.raises(TypeError):
-        canonical_bytes(bad)
-
-
-def test_index_digest_pins_the_encoding() -> None:
-    """Bundles written by earlier versions must keep verifying: the encoding is part of the on-disk format."""
-    groups = groups_fixture()
-    payload = {
-        "partition": PARTITION,
-        "group_size": 2,
-        "groups": [[gid, groups[gid]] for gid in sorted(groups)],
-    }
-    want = hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    assert index_digest(groups, partition=PARTITION, group_size=2) == want
-    assert len(want) == 64
-
-
-def test_index_digest_ignores_insertion_order() -> None:
-    groups = groups_fixture()
-    reordered = {gid: dict(reversed(list(groups[gid].items()))) for gid in reversed(list(groups))}
-    assert list(reordered) != list(groups)
-    d = index_digest(groups, partition=PARTITION, group_size=2)
-    assert index_digest(reordered, partition=PARTITION, group_size=2) == d
-
-
-Mutation = Callable[[dict[str, dict[str, Any]]], None]
-
-
-def _rename_group(g: dict[str, dict[str, Any]]) -> None:
-    g["p8"] = g.pop("p7")
-
-
-MUTATIONS: dict[str, Mutation] = {
-    "group id": _rename_group,
-    "sample id": lambda g: g["p1"]["sample_ids"].__setitem__(1, "p1:9"),
-    "sample id order": lambda g: g["p1"]["sample_ids"].reverse(),
-    "prompt index": lambda g: g["p1"].__setitem__("prompt_index", 2),
-    "version": lambda g: g["p0"].__setitem__("version", 2),
-    "group removed": lambda g: g.pop("p0"),
-    "group added": lambda g: g.__setitem__("p9", {"sample_ids": ["p9:0", "p9:1"], "prompt_index": 9, "version": 1}),
-}
-
-
-@pytest.mark.parametrize("what", sorted(MUTATIONS))
-def test_index_digest_changes_with_any_field(what: str) -> None:
-    groups = groups_fixture()
-    base = index_digest(groups, partition=PARTITION, group_size=2)
-    changed = copy.deepcopy(groups)
-    MUTATIONS[what](changed)
-    assert index_digest(changed, partition=PARTITION, group_size=2) != base
-
-
-def test_index_digest_covers_partition_and_group_size() -> None:
-    groups = groups_fixture()
-    base = index_digest(groups, partition=PARTITION, group_size=2)
-    assert index_digest(groups, partition="eval", group_size=2) != base
-    assert index_digest(groups, partition=PARTITION, group_size=3) != base
-    assert index_digest({}, partition=PARTITION, group_size=2) != base
 
 
 # ------------------------------------------------------------------------------------------------ fake data plane
@@ -116,16 +38,18 @@ class FakeDataPlane(DataPlaneClient):
             self.slots_during_writes.append(self.barrier.active_mutations)
 
     async def put_samples(
-        self, partition: str, sample_ids: list[str], fields: TensorDict, tags: list[dict[str, Any]] | None = None
+        self, partition: str, sample_ids: list[str], data: TensorDict, tags: list[dict[str, Any]] | None = None
     ) -> None:
         self._write("put_samples")
         await asyncio.sleep(0)
         for i, sid in enumerate(sample_ids):
-            self.rows.setdefault(sid, {}).update({k: fields.get(k)[i] for k in fields.keys()})  # noqa: SIM118
+            self.rows.setdefault(sid, {}).update({k: data.get(k)[i] for k in data.keys()})  # noqa: SIM118
 
-    async def get_samples(self, partition: str, sample_ids: list[str], fields: list[str] | None = None) -> TensorDict:
+    async def get_samples(
+        self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
+    ) -> TensorDict:
         self.calls.append("get_samples")
-        keys = fields or list(self.rows[sample_ids[0]])
+        keys = field_names or list(self.rows[sample_ids[0]])
         return TensorDict({k: torch.stack([self.rows[s][k] for s in sample_ids]) for k in keys}, [len(sample_ids)])
 
     async def clear_samples(self, partition: str, sample_ids: list[str]) -> None:
@@ -139,7 +63,7 @@ class FakeDataPlane(DataPlaneClient):
         return {sid: {} for sid in self.rows}
 
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], partition: str, rows: CapturedRows
+        self, directory: Path, metadata: dict[str, Any], partition: str, captured: CapturedRows
     ) -> DataPlaneSnapshot:
         raise NotImplementedError
 
@@ -168,7 +92,7 @@ def filled_sidecar(n_groups: int = 3) -> dict[str, Any]:
 
     async def fill() -> None:
         for i in range(n_groups):
-            await buf.commit(f"p{i}", i, version=i // 2, fields=rows())
+            await buf.commit(f"p{i}", i, version=i // 2, data=rows())
 
     asyncio.run(fill())
     return buf.metadata_state_dict()
@@ -292,7 +216,7 @@ def test_write_fields_waits_for_thaw_only_to_rewrite_a_captured_field() -> None:
         await buf.thaw()
         await asyncio.wait_for(rewrite, 5)
         assert float(client.rows["p0:0"]["reward"]) == 1.0
-        assert buf.fields_by_group() == {"p0": ["advantage", "reward", "tokens"]}
+        assert buf.field_names_by_group() == {"p0": ["advantage", "reward", "tokens"]}
 
     asyncio.run(body())
 
@@ -302,7 +226,7 @@ def test_restored_groups_have_unknown_fields_so_every_write_waits() -> None:
     sd = filled_sidecar(1)
     buf.load_state_dict(sd, expected_digest=sd["digest"])
     gid = next(iter(sd["groups"]))
-    assert buf.fields_by_group() == {gid: None}
+    assert buf.field_names_by_group() == {gid: None}
 
     async def body() -> None:
         buf.freeze(buf.sample_ids())

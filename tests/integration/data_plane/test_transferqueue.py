@@ -4,19 +4,18 @@ A restore is allowed only onto a TransferQueue that nothing has read or written 
 another client in another process, or by a raw ``transfer_queue`` call that bypasses the adapter — and a
 connect-only client may not exist before the restore decision is sealed.
 
-One Ray cluster for the module. Every scenario gets its own untouched guard (a new namespace), and the scenarios
-whose outcome depends on the stored rows (the raw bypass, the successful restore) also get a *fresh* TransferQueue
-(the previous one is closed with ``tq.close()`` from this process, which initialised it). Each refusal is matched
-on its message, so it can only have come from the touch that scenario made.
+One local Ray (the shared ``local_ray`` fixture). Every scenario gets its own untouched guard (a new namespace),
+and the scenarios whose outcome depends on the stored rows (the raw bypass, the successful restore) also get a
+*fresh* TransferQueue (the previous one is closed with ``tq.close()`` from this process, which initialised it).
+Each refusal is matched on its message, so it can only have come from the touch that scenario made.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +30,7 @@ from tensordict import TensorDict  # noqa: E402
 from sc_app.data_plane.client import CapturedRows, RestoreOrderError, RestoreRefused  # noqa: E402
 from sc_app.data_plane.guard import get_guard  # noqa: E402
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane  # noqa: E402
+from tests.support.tq import close_transferqueue  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -57,14 +57,7 @@ def rows(n_groups: int = 2, group_size: int = 4, prefix: str = "g") -> tuple[lis
 
 def fresh_data_plane(tag: str) -> tuple[TransferQueueDataPlane, str]:
     """Close whatever TransferQueue exists, then bootstrap a new one behind a new guard namespace."""
-    tq.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # ray.kill is asynchronous: wait until the old controller's name is free
-        try:
-            ray.get_actor("TransferQueueController", namespace="transfer_queue")
-        except ValueError:
-            break
-        time.sleep(0.1)
+    close_transferqueue()
     client, ns = fresh_guard(tag)
     listing = tq.kv_list()
     assert sum(len(v) for v in listing.values()) == 0, "the fresh TransferQueue is not empty"
@@ -137,15 +130,8 @@ class OtherProcess:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    if ray.is_initialized():
-        pytest.skip("another test left Ray initialised in this process; this module needs its own cluster")
-    ray.init(address="local", num_cpus=8, include_dashboard=False, namespace="sc_app_test", log_to_driver=False)
-    try:
-        yield
-    finally:
-        tq.close()
-        ray.shutdown()
+def cluster(local_ray: Any) -> None:
+    """The shared local Ray; each scenario below makes its own guard namespace (and TransferQueue where needed)."""
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,7 @@ from typing import Any
 
 import pytest
 
-try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
-    from tests.proc_utils import finish, run_args, sc_app, start_sc_app
-except ImportError:
-    from proc_utils import finish, run_args, sc_app, start_sc_app  # type: ignore[no-redef]
+from tests.support.proc import finish, run_args, sc_app, start_sc_app
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

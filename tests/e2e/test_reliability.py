@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sc_app.checkpoint import plan_resume, verify_bundle
-from tests.proc_utils import kill_session, load_sidecar, read_trace, run_args, sc_app, start_logged, wait_for
+from tests.support.proc import kill_session, load_sidecar, read_trace, run_args, sc_app, start_logged, wait_for
 
 pytestmark = pytest.mark.slow
 GROUP_SIZE = 8

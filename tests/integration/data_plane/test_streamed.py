@@ -29,8 +29,8 @@ from tensordict import TensorDict  # noqa: E402
 from sc_app.barrier import DataPlaneCheckpointBarrier  # noqa: E402
 from sc_app.checkpoint.verify import data_plane_digest  # noqa: E402
 from sc_app.data_plane.client import CapturedRows, RestoreRefused  # noqa: E402
-from sc_app.data_plane.streamed import FORMAT, iter_groups, read_metadata  # noqa: E402
-from sc_app.data_plane.transferqueue import TransferQueueDataPlane, dense, tq_conf  # noqa: E402
+from sc_app.data_plane.streamed_format import FORMAT, iter_groups, read_metadata  # noqa: E402
+from sc_app.data_plane.transferqueue import TransferQueueDataPlane, dense  # noqa: E402
 from sc_app.replay_buffer import TQReplayBuffer  # noqa: E402
 
 G = 4  # rows per group
@@ -38,14 +38,8 @@ PARTITION = "train"
 
 
 @pytest.fixture(scope="module")
-def tq_system() -> Any:
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
-    tq.init(tq_conf(1, None))
-    try:
-        yield tq
-    finally:
-        tq.close()
-        ray.shutdown()
+def tq_system(fresh_transferqueue: Any) -> Any:
+    return fresh_transferqueue
 
 
 def _fields(seed: int) -> TensorDict:
@@ -146,7 +140,7 @@ def saved(tq_system: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
                 root / "streamed",
                 {"digest": meta["digest"], "step": 3},
                 PARTITION,
-                CapturedRows(sorted(stored), fields=buffer.fields_by_group(), tags=listed),
+                CapturedRows(sorted(stored), field_names=buffer.field_names_by_group(), tags=listed),
             )
             buffer.freeze(stored)
         captured = set(stored)
@@ -222,7 +216,7 @@ def test_snapshot_holds_exactly_the_captured_rows(saved: dict[str, Any]) -> None
     assert set(stored_ids) == saved["captured"], "snapshot differs from the captured index"
     assert not any(sid.startswith("late") for sid in stored_ids)
     for g in groups:
-        _same_rows(g.fields, saved["expected"][g.group])
+        _same_rows(g.data, saved["expected"][g.group])
         assert all(tag == {"group": g.group, "version": 100 + int(g.group[1:])} for tag in g.tags)
 
 
