@@ -568,6 +568,7 @@ BAD_VALUES = [
         id="worker-grace-below-stop",
     ),
     pytest.param({"preStop": {"waitSeconds": 0}}, r"waitSeconds", id="zero-stop-wait"),
+    pytest.param({"preStop": None}, r"missing property 'preStop'", id="stop-settings-removed"),
     pytest.param({"model": {"source": "claim", "path": "m"}}, r"model\.source=claim needs model\.existingClaim",
                  id="model-claim-unnamed"),
     pytest.param({"model": {"source": "claim", "existingClaim": "models"}}, r"model\.source=claim needs model\.path",
@@ -600,6 +601,7 @@ def test_bad_values_are_refused_with_a_clear_message(override: dict[str, Any], m
     pytest.param({"job": {"suspend": True}}, id="suspended"),
     pytest.param({"labels": {"kai.scheduler/queue": "q"}, "job": {"submissionMode": "HTTPMode"}}, id="kai-http"),
     pytest.param({"image": {"tag": "latest", "digest": "sha256:" + "0" * 64}}, id="latest-pinned-by-digest"),
+    pytest.param({"labels": None, "annotations": None, "podAnnotations": None}, id="null-maps"),
     pytest.param({"config": {"trainer": {"num_gpus": 0.5}, "generation": {"num_workers": 3, "num_gpus": 0.5}}},
                  id="fractional-gpus-fit"),
 ])

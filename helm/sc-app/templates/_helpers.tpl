@@ -34,7 +34,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Labels of the RayJob/RayCluster object itself: the chart's plus `labels` (queue names for Kueue, KAI...). */}}
 {{- define "sc-app.objectLabels" -}}
-{{- $labels := merge (include "sc-app.labels" . | fromYaml) (deepCopy .Values.labels) -}}
+{{- $labels := merge (include "sc-app.labels" . | fromYaml) (deepCopy (default (dict) .Values.labels)) -}}
 {{- toYaml $labels -}}
 {{- end -}}
 

@@ -55,7 +55,7 @@ Only the head has the preflight initContainer and the head ports; everything els
 {{- $env := include "sc-app.env" $envArgs -}}
 {{- $envFrom := include "sc-app.envFrom" $envArgs -}}
 {{- $shm := include "sc-app.shmSize" $g -}}
-{{- $annotations := merge (deepCopy (default (dict) $g.podAnnotations)) (deepCopy $v.podAnnotations) -}}
+{{- $annotations := merge (deepCopy (default (dict) $g.podAnnotations)) (deepCopy (default (dict) $v.podAnnotations)) -}}
 metadata:
   labels:
     {{- include "sc-app.podLabels" $root | nindent 4 }}

@@ -46,7 +46,8 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- define "sc-app.validateSchedulers" -}}
 {{- $v := .Values -}}
 {{- $k8sJob := and (eq $v.mode "RayJob") (eq $v.job.submissionMode "K8sJobMode") -}}
-{{- if hasKey $v.labels "kueue.x-k8s.io/queue-name" -}}
+{{- $labels := default (dict) $v.labels -}}
+{{- if hasKey $labels "kueue.x-k8s.io/queue-name" -}}
 {{- if and (eq $v.mode "RayJob") (not $v.job.shutdownAfterJobFinishes) -}}
 {{- fail "labels kueue.x-k8s.io/queue-name with job.shutdownAfterJobFinishes=false: Kueue refuses a RayJob that keeps its cluster; set job.shutdownAfterJobFinishes=true" -}}
 {{- end -}}
@@ -60,7 +61,7 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- if and (hasKey $v.labels "kai.scheduler/queue") $k8sJob -}}
+{{- if and (hasKey $labels "kai.scheduler/queue") $k8sJob -}}
 {{- fail "labels kai.scheduler/queue with job.submissionMode=K8sJobMode: KAI Scheduler cannot gang-schedule the submitter Job; use job.submissionMode=HTTPMode or SidecarMode" -}}
 {{- end -}}
 {{- end -}}
