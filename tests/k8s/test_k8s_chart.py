@@ -500,6 +500,12 @@ BAD_VALUES = [
         id="kueue-group-named-head",
     ),
     pytest.param(
+        {"labels": {"kueue.x-k8s.io/queue-name": "q"},
+         "workerGroups": [{**_GPU_GROUP, "name": "submitter", "replicas": 2, "resources": {"limits": _ONE_GPU}}]},
+        r"name \"submitter\" is reserved by Kueue for the submitter pod set",
+        id="kueue-group-named-submitter",
+    ),
+    pytest.param(
         {"labels": {"kai.scheduler/queue": "q"}},
         r"labels kai\.scheduler/queue with job\.submissionMode=K8sJobMode",
         id="kai-with-submitter-job",
@@ -602,6 +608,10 @@ def test_bad_values_are_refused_with_a_clear_message(override: dict[str, Any], m
     pytest.param({"labels": {"kai.scheduler/queue": "q"}, "job": {"submissionMode": "HTTPMode"}}, id="kai-http"),
     pytest.param({"image": {"tag": "latest", "digest": "sha256:" + "0" * 64}}, id="latest-pinned-by-digest"),
     pytest.param({"labels": None, "annotations": None, "podAnnotations": None}, id="null-maps"),
+    pytest.param({"labels": {"kueue.x-k8s.io/queue-name": "q"}, "job": {"submissionMode": "HTTPMode"},
+                  "workerGroups": [{**_GPU_GROUP, "name": "submitter", "replicas": 2,
+                                    "resources": {"limits": _ONE_GPU}}]},
+                 id="kueue-submitter-name-free-without-submitter-job"),
     pytest.param({"config": {"trainer": {"num_gpus": 0.5}, "generation": {"num_workers": 3, "num_gpus": 0.5}}},
                  id="fractional-gpus-fit"),
 ])

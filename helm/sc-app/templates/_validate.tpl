@@ -55,9 +55,10 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- if gt (len $v.workerGroups) $max -}}
 {{- fail (printf "labels kueue.x-k8s.io/queue-name with %d workerGroups: a Kueue workload holds at most 8 pod sets (head%s + %d worker groups)" (len $v.workerGroups) (ternary ", submitter" "" $k8sJob) $max) -}}
 {{- end -}}
+{{- $reserved := ternary (list "head" "submitter") (list "head") $k8sJob -}}
 {{- range $v.workerGroups -}}
-{{- if eq .name "head" -}}
-{{- fail "workerGroups name \"head\" is reserved by Kueue for the head pod set; rename the group" -}}
+{{- if has .name $reserved -}}
+{{- fail (printf "workerGroups name %q is reserved by Kueue for the %s pod set; rename the group" .name .name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
