@@ -40,10 +40,11 @@ from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
+from sc_app.phases import StepClock
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
 from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
-from sc_app.replay_buffer import Group, TQReplayBuffer
+from sc_app.replay_buffer import BufferTimes, Group, GroupCommit, TQReplayBuffer
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class SingleControllerActor:
         self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
         self._last_saved = self.step
         self._trace_fh: Any = None
+        self._rollout_seconds = {"generation": 0.0}  # summed over rollout pumps; read and reset per step record
 
     # ------------------------------------------------------------------ control surface for the driver
     def progress(self, since: int) -> list[ProgressRecord]:
@@ -185,7 +187,7 @@ class SingleControllerActor:
     async def _rollout_pump(self, worker_index: int, worker: Any) -> None:
         grpo = self.cfg.grpo
         group_size = grpo.num_generations_per_prompt
-        batch = max(1, grpo.prompts_per_step // 2)
+        batch = max(1, grpo.prompts_per_step // 2)  # prompts per generate call = groups per commit
         try:
             while not self._stopping:
                 async with self._cond:
@@ -196,22 +198,21 @@ class SingleControllerActor:
                     self._inflight += batch
                 self._trace(ev="issue", prompts=idxs, worker=worker_index)
                 try:
+                    generating = time.perf_counter()
                     out = await worker.generate.remote(idxs)
-                    for j, idx in enumerate(idxs):
-                        span = slice(j * group_size, (j + 1) * group_size)
-                        data = TensorDict(
-                            {
-                                "tokens": out["tokens"][span],
-                                "logprobs": out["logprobs"][span],
-                                "reward": out["rewards"][span],
-                            },
-                            batch_size=group_size,
-                        )
-                        await self.buffer.commit(group_id_for(idx), idx, int(out["version"]), data)
+                    self._rollout_seconds["generation"] += time.perf_counter() - generating
+                    # every group of the call in one put, one barrier slot (rows are already grouped in order)
+                    data = TensorDict(
+                        {"tokens": out["tokens"], "logprobs": out["logprobs"], "reward": out["rewards"]},
+                        batch_size=len(idxs) * group_size,
+                    )
+                    version = int(out["version"])
+                    await self.buffer.commit_groups([GroupCommit(group_id_for(i), i, version) for i in idxs], data)
+                    for idx in idxs:
                         self.loader.settled(idx)
-                        async with self._cond:
-                            self._inflight -= 1
-                            self._cond.notify_all()
+                    async with self._cond:
+                        self._inflight -= len(idxs)
+                        self._cond.notify_all()
                 except BaseException:
                     async with self._cond:
                         self._inflight = max(0, self._inflight - sum(1 for i in idxs if i in self.loader.pending))
@@ -260,36 +261,49 @@ class SingleControllerActor:
         cfg = self.cfg
         partition = cfg.data_plane.partition
         rewards: list[float] = []
+        rollout_mark = (self.buffer.times.copy(), self._rollout_seconds["generation"])
         while self.step < cfg.run.max_steps and not self._stop_requested:
-            started = time.perf_counter()
+            clock = StepClock()
+            clear_mark = self.buffer.times.copy()
             try:
                 groups = await self._sample(cfg.grpo.prompts_per_step)
             except _StopNow:
                 break
+            clock.lap("wait_rollouts")
+            clock.move("wait_rollouts", "clear", self.buffer.times.clear - clear_mark.clear)  # stale drops
             ids = [sid for group in groups for sid in group.sample_ids]
             staleness = sum(self.version - group.version for group in groups) / len(groups)
             # advantage stage (flow 4): read rows back, overwrite one field on the same rows; no barrier slot
             rows = await self.client.get_samples(partition, ids, ["reward"])
+            clock.lap("get")
             adv = group_advantages(rows["reward"], cfg.grpo.num_generations_per_prompt)
             await self.buffer.write_fields(
                 [group.group_id for group in groups], TensorDict({"advantage": adv}, batch_size=len(ids))
             )
+            clock.lap("advantage_write")
             next_version = self.version + 1
             # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
             capture = cfg.checkpoint.enabled and self._save_due(self.step + 1)
             results = await asyncio.gather(
                 *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
             )
+            clock.lap("trainer")
+            clock.add("trainer_get", max(float(r.get("get_seconds", 0.0)) for r in results))
             if capture:
                 self._captured_version = next_version
             self.version = next_version
             self.step += 1
             await self._drop(groups)
+            clock.lap("clear")
             weights = self.args.trainers[0].get_weights.remote()
             await asyncio.gather(*[w.set_weights.remote(weights, self.version) for w in self.args.generators])
+            clock.lap("weight_sync")
             mean_reward = float(rows["reward"].mean())
             rewards.append(mean_reward)
             self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
+            clock.add("barrier_wait", self.buffer.times.clear_wait - clear_mark.clear_wait)
+            rollout_mark = self._rollout_phases(clock, rollout_mark)
+            step_seconds, phases = clock.finish()
             self._progress.append(
                 StepRecord(
                     step=self.step,
@@ -297,7 +311,8 @@ class SingleControllerActor:
                     loss=sum(r["loss"] for r in results) / len(results),
                     staleness=staleness,
                     rows_held=self.buffer.rows,
-                    step_seconds=time.perf_counter() - started,
+                    step_seconds=step_seconds,
+                    phase_seconds=phases,
                 )
             )
             if cfg.checkpoint.enabled and self._save_due(self.step):
@@ -315,6 +330,14 @@ class SingleControllerActor:
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
         )
+
+    def _rollout_phases(self, clock: StepClock, mark: tuple[BufferTimes, float]) -> tuple[BufferTimes, float]:
+        """Charge the rollout pumps' generate and commit seconds since ``mark`` to the step; returns the new mark."""
+        times, generation = self.buffer.times.copy(), self._rollout_seconds["generation"]
+        clock.add("generation", generation - mark[1])
+        clock.add("put", times.put - mark[0].put)
+        clock.add("put_barrier_wait", times.put_wait - mark[0].put_wait)
+        return times, generation
 
     # ------------------------------------------------------------------ save (flows 5 and 6)
     def _save_due(self, step: int) -> bool:

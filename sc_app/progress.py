@@ -21,6 +21,7 @@ class StepRecord:
     staleness: float  # mean weights versions between generation and training of the trained groups
     rows_held: int  # rows in TransferQueue after the step
     step_seconds: float
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # where the step went; keys: sc_app/phases.py
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ Invariants:
 * while a snapshot still reads captured rows (``freeze()`` .. ``thaw()``), those rows are immutable: a drop of a
   frozen group leaves the index at once but its rows are cleared by ``thaw()`` (which the saver awaits before
   its next window), and ``write_fields`` of a field a frozen group already had waits for ``thaw()``;
+* a batch of groups (``commit_groups``, ``drop``) is one mutation: one data-plane call inside one
+  ``barrier.mutation()``, and the index changes for all of its groups together after that call, so a window sees
+  either none or all of a batch;
 * every group has exactly ``group_size`` distinct sample ids, and no id belongs to two groups;
 * ``metadata_state_dict()`` holds no tensors, and its ``digest`` equals ``sidecar_digest`` of itself;
 * ``load_state_dict`` rebuilds the index only (no data-plane writes) and refuses a sidecar whose schema version,
@@ -15,7 +18,8 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +47,41 @@ class Group:
 
     def as_record(self) -> dict[str, Any]:
         return {"sample_ids": list(self.sample_ids), "prompt_index": self.prompt_index, "version": self.version}
+
+
+@dataclass(frozen=True)
+class GroupCommit:
+    """One group of a batched commit (``TQReplayBuffer.commit_groups``)."""
+
+    group_id: str
+    prompt_index: int
+    version: int
+
+
+@dataclass
+class BufferTimes:
+    """Cumulative seconds the buffer spent in data-plane calls (including their barrier waits), by kind; a reader
+    diffs two readings. ``*_wait`` is the part spent waiting for a barrier slot (or, for ``write``, for thaw)."""
+
+    put: float = 0.0
+    put_wait: float = 0.0
+    clear: float = 0.0
+    clear_wait: float = 0.0
+    write: float = 0.0
+    write_wait: float = 0.0
+    thaw_clear: float = 0.0
+
+    def copy(self) -> BufferTimes:
+        return BufferTimes(**vars(self))
+
+
+def _first_dup(items: list[str]) -> str:
+    seen: set[str] = set()
+    for item in items:
+        if item in seen:
+            return item
+        seen.add(item)
+    return ""
 
 
 def sample_ids_for(group_id: str, group_size: int) -> list[str]:
@@ -75,8 +114,10 @@ class TQReplayBuffer:
         self._field_names: dict[str, frozenset[str] | None] = {}  # group id → field names its rows hold (None: unknown)
         self._frozen: dict[str, frozenset[str] | None] = {}  # group id → fields a snapshot is still reading
         self._deferred_clears: list[str] = []  # rows of frozen groups already dropped from the index
+        self._committing: set[str] = set()  # group ids of batches waiting for or inside their put
         self._thawed = asyncio.Event()
         self._thawed.set()
+        self.times = BufferTimes()
 
     # -- queries ------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -98,33 +139,67 @@ class TQReplayBuffer:
 
     # -- mutations (seed flow 3): inside the barrier ------------------------------------------------------
     async def commit(self, group_id: str, prompt_index: int, version: int, data: TensorDict) -> Group:
-        if group_id in self._groups:
-            raise ValueError(f"group {group_id} is already committed")
-        if data.batch_size[0] != self.group_size:
-            raise ValueError(f"group {group_id} has {data.batch_size[0]} rows, expected {self.group_size}")
-        group = Group(group_id, tuple(sample_ids_for(group_id, self.group_size)), prompt_index, version)
-        tags = [{"group": group_id, "version": version}] * self.group_size
-        async with self.barrier.mutation():
-            await self.client.put_samples(self.partition, list(group.sample_ids), data, tags)
-            self._groups[group_id] = group
-            self._field_names[group_id] = frozenset(str(k) for k in data.keys())  # noqa: SIM118
+        """One group: ``commit_groups`` of a batch of one."""
+        (group,) = await self.commit_groups([GroupCommit(group_id, prompt_index, version)], data)
         return group
+
+    async def commit_groups(self, commits: Sequence[GroupCommit], data: TensorDict) -> list[Group]:
+        """Put several groups with ONE data-plane call inside ONE barrier slot; ``data`` holds their rows in order
+        (``group_size`` rows per group). All of them enter the index together once the put returned."""
+        if not commits:
+            return []
+        g = self.group_size
+        gids = [c.group_id for c in commits]
+        if len(set(gids)) != len(gids):
+            raise ValueError(f"a batch commits group {_first_dup(gids)} twice")
+        taken = [gid for gid in gids if gid in self._groups or gid in self._committing]
+        if taken:
+            raise ValueError(f"group {taken[0]} is already committed")
+        if data.batch_size[0] != g * len(commits):
+            raise ValueError(
+                f"groups {gids[0]}..: {data.batch_size[0]} rows for {len(commits)} groups, expected "
+                f"{g * len(commits)} ({g} rows per group)"
+            )
+        groups = [Group(c.group_id, tuple(sample_ids_for(c.group_id, g)), c.prompt_index, c.version) for c in commits]
+        ids = [sid for group in groups for sid in group.sample_ids]
+        tags: list[dict[str, Any]] = []
+        for c in commits:
+            tags += [{"group": c.group_id, "version": c.version}] * g  # one shared dict per group, no per-row work
+        names = frozenset(str(k) for k in data.keys())  # noqa: SIM118
+        self._committing.update(gids)  # checked above with no await since: a concurrent batch cannot take them
+        started = time.perf_counter()
+        try:
+            async with self.barrier.mutation():
+                self.times.put_wait += time.perf_counter() - started
+                await self.client.put_samples(self.partition, ids, data, tags)
+                for group in groups:
+                    self._groups[group.group_id] = group
+                    self._field_names[group.group_id] = names
+        finally:
+            self._committing.difference_update(gids)
+            self.times.put += time.perf_counter() - started
+        return groups
 
     async def drop(self, group_ids: Iterable[str]) -> None:
         """Remove groups from the index and clear their rows; rows of frozen groups are cleared by ``thaw()``."""
         groups = [self._groups[gid] for gid in group_ids]
         if not groups:
             return
-        async with self.barrier.mutation():
-            # decided once, with no await before it is recorded: thaw() may run at any await
-            now: list[str] = []
-            for group in groups:
-                (self._deferred_clears if group.group_id in self._frozen else now).extend(group.sample_ids)
-            if now:
-                await self.client.clear_samples(self.partition, now)
-            for group in groups:
-                del self._groups[group.group_id]
-                self._field_names.pop(group.group_id, None)
+        started = time.perf_counter()
+        try:
+            async with self.barrier.mutation():
+                self.times.clear_wait += time.perf_counter() - started
+                # decided once, with no await before it is recorded: thaw() may run at any await
+                now: list[str] = []
+                for group in groups:
+                    (self._deferred_clears if group.group_id in self._frozen else now).extend(group.sample_ids)
+                if now:
+                    await self.client.clear_samples(self.partition, now)
+                for group in groups:
+                    del self._groups[group.group_id]
+                    self._field_names.pop(group.group_id, None)
+        finally:
+            self.times.clear += time.perf_counter() - started
 
     # -- the advantage stage (seed flow 4): no barrier slot --------------------------------------------------
     async def write_fields(self, group_ids: list[str], data: TensorDict) -> None:
@@ -132,10 +207,15 @@ class TQReplayBuffer:
         never changes which rows exist. Overwriting a field a snapshot is still reading waits for ``thaw()``."""
         groups = [self._groups[gid] for gid in group_ids]
         names = frozenset(str(k) for k in data.keys())  # noqa: SIM118
+        started = time.perf_counter()
         while any(self._overlaps_frozen(group.group_id, names) for group in groups):
             await self._thawed.wait()
+        self.times.write_wait += time.perf_counter() - started
         ids = [sid for group in groups for sid in group.sample_ids]
-        await self.client.put_samples(self.partition, ids, data)
+        try:
+            await self.client.put_samples(self.partition, ids, data)
+        finally:
+            self.times.write += time.perf_counter() - started
         for group in groups:
             held = self._field_names.get(group.group_id)
             self._field_names[group.group_id] = None if held is None else held | names
@@ -175,8 +255,12 @@ class TQReplayBuffer:
         self._frozen = {}  # before any await: a drop from now on clears its rows itself
         self._thawed.set()
         if pending:
-            async with self.barrier.mutation():
-                await self.client.clear_samples(self.partition, pending)
+            started = time.perf_counter()
+            try:
+                async with self.barrier.mutation():
+                    await self.client.clear_samples(self.partition, pending)
+            finally:
+                self.times.thaw_clear += time.perf_counter() - started
 
     @property
     def frozen(self) -> bool:

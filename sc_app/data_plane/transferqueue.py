@@ -55,14 +55,27 @@ def tq_conf(storage_units: int, storage_node_resource: str | None) -> Any:
 
 
 def dense(td: TensorDict) -> TensorDict:
-    """TransferQueue returns jagged (nested) tensors even for equal shapes; make every field dense."""
+    """TransferQueue returns jagged (nested) tensors even for equal shapes; make every field dense.
+
+    Equal-length jagged fields become a view of their values (no copy, no per-row work); only truly ragged
+    fields are stacked row by row (which fails, as it should, when their shapes differ)."""
     out = {}
     for key in td.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch, not its keys
         value = td.get(key)
         if isinstance(value, torch.Tensor) and value.is_nested:
-            value = torch.stack(list(value.unbind()))
+            value = dense_nested(value)
         out[key] = value
     return TensorDict(out, batch_size=td.batch_size)
+
+
+def dense_nested(value: torch.Tensor) -> torch.Tensor:
+    """``[rows, ...]`` dense tensor of a nested tensor whose rows all have one shape."""
+    if value.layout == torch.jagged and value.size(0) > 0:
+        lengths = value.offsets().diff()
+        if bool((lengths == lengths[0]).all()):
+            values = value.values()
+            return values.reshape(value.size(0), int(lengths[0]), *values.shape[1:])
+    return torch.stack(list(value.unbind()))
 
 
 class WrittenSnapshot(DataPlaneSnapshot):

@@ -11,6 +11,7 @@ import copy
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ class TrainerWorker:
         ``capture``: also ``capture_state()`` right after the step (the step a checkpoint will be cut at), which
         saves the checkpoint a separate call while training is paused."""
         shard = sample_ids[self.rank :: self.world_size]
+        read_started = time.perf_counter()
         td = self._client().get_samples_sync(self.cfg.data_plane.partition, shard, ["tokens", "logprobs", "advantage"])
+        read_seconds = time.perf_counter() - read_started
         tokens = td["tokens"].to(self.device)
         old_logp = td["logprobs"].to(self.device)
         adv = td["advantage"].to(self.device)
@@ -100,7 +103,7 @@ class TrainerWorker:
         self.version = version
         if capture:
             self.capture_state()
-        return {"loss": float(loss.detach()), "rows": float(len(shard))}
+        return {"loss": float(loss.detach()), "rows": float(len(shard)), "get_seconds": read_seconds}
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}

@@ -21,6 +21,7 @@ PURE = [
     "sc_app.exits",
     "sc_app.faults",
     "sc_app.progress",
+    "sc_app.phases",
     "sc_app.background",
     "sc_app.replay_buffer",
     "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine

@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.digest import canonical_bytes, sidecar_digest
-from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION, SidecarError, TQReplayBuffer
+from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION, GroupCommit, SidecarError, TQReplayBuffer
 
 G = 4
 PARTITION = "train"
@@ -31,6 +31,10 @@ class FakeDataPlane(DataPlaneClient):
         self.calls: list[str] = []
         self.slots_during_writes: list[int] = []
         self.barrier = barrier
+        self.tags: dict[str, dict[str, Any]] = {}
+        self.put_keys: list[list[str]] = []
+        self.put_gate: asyncio.Event | None = None  # when set, a put waits for it (after recording the call)
+        self.fail_puts = False
 
     def _write(self, op: str) -> None:
         self.calls.append(op)
@@ -41,9 +45,16 @@ class FakeDataPlane(DataPlaneClient):
         self, partition: str, sample_ids: list[str], data: TensorDict, tags: list[dict[str, Any]] | None = None
     ) -> None:
         self._write("put_samples")
+        self.put_keys.append(list(sample_ids))
+        if self.put_gate is not None:
+            await self.put_gate.wait()
         await asyncio.sleep(0)
+        if self.fail_puts:
+            raise ConnectionError("storage unit unreachable")
         for i, sid in enumerate(sample_ids):
             self.rows.setdefault(sid, {}).update({k: data.get(k)[i] for k in data.keys()})  # noqa: SIM118
+            if tags is not None:
+                self.tags[sid] = dict(tags[i])
 
     async def get_samples(
         self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
@@ -275,6 +286,145 @@ def test_load_state_dict_rebuilds_index_without_touching_the_data_plane() -> Non
     assert buf.prompt_indices() == {0, 1, 2}
     assert buf.metadata_state_dict() == sd
     assert [g.group_id for g in buf.groups()] == ["p0", "p1", "p2"]
+
+
+# ------------------------------------------------------------------------------------------------ batched commits
+def batch(*gids: str, version: int = 0) -> list[GroupCommit]:
+    return [GroupCommit(gid, int(gid[1:]), version) for gid in gids]
+
+
+def test_commit_groups_is_one_put_in_one_slot_with_every_row_tagged() -> None:
+    buf, client, barrier = make_buffer()
+
+    async def body() -> None:
+        groups = await buf.commit_groups(batch("p0", "p1", "p2", version=3), rows(3 * G, 1.0))
+        assert [g.group_id for g in groups] == ["p0", "p1", "p2"]
+
+    asyncio.run(body())
+    assert client.calls == ["put_samples"] and client.slots_during_writes == [1]
+    assert barrier.stats.mutations == 1 and barrier.active_mutations == 0
+    assert client.put_keys == [[f"p{g}:{r}" for g in range(3) for r in range(G)]], "rows must go in group order"
+    assert client.tags == {f"p{g}:{r}": {"group": f"p{g}", "version": 3} for g in range(3) for r in range(G)}
+    assert [g.group_id for g in buf.groups()] == ["p0", "p1", "p2"] and buf.prompt_indices() == {0, 1, 2}
+    assert buf.field_names_by_group() == dict.fromkeys(["p0", "p1", "p2"], ["reward", "tokens"])
+    assert buf.times.put > 0 and buf.times.put_wait >= 0
+
+
+def test_a_window_sees_all_of_a_batch_or_none_of_it() -> None:
+    """A checkpoint asking while a batch is inside its put waits for the whole put; one asked before the batch got
+    its slot sees none of it. Either way index == stored rows inside the window."""
+    buf, client, barrier = make_buffer()
+    client.put_gate = asyncio.Event()
+
+    async def body() -> None:
+        committing = asyncio.create_task(buf.commit_groups(batch("p0", "p1"), rows(2 * G)))
+        while not client.put_keys:
+            await asyncio.sleep(0)
+        window = asyncio.create_task(_window_view(buf, client, barrier))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not window.done(), "the window opened while a batch was half-way through its put"
+        client.put_gate.set()
+        await committing
+        seen_index, seen_rows = await window
+        assert seen_index == seen_rows == {f"p{g}:{r}" for g in range(2) for r in range(G)}
+
+        async with barrier.checkpoint():  # a batch asking while the window is held waits, index untouched
+            late = asyncio.create_task(buf.commit_groups(batch("p2", "p3"), rows(2 * G)))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert buf.sample_ids() == set(client.rows) and "p2" not in {g.group_id for g in buf.groups()}
+        await late
+        assert {g.group_id for g in buf.groups()} == {"p0", "p1", "p2", "p3"}
+
+    asyncio.run(body())
+
+
+async def _window_view(
+    buf: TQReplayBuffer, client: FakeDataPlane, barrier: DataPlaneCheckpointBarrier
+) -> tuple[set[str], set[str]]:
+    async with barrier.checkpoint():
+        return buf.sample_ids(), set(client.rows)
+
+
+def test_commit_groups_refusals_put_nothing() -> None:
+    buf, client, _ = make_buffer()
+
+    async def body() -> None:
+        with pytest.raises(ValueError, match="expected 8"):
+            await buf.commit_groups(batch("p0", "p1"), rows(2 * G - 1))
+        with pytest.raises(ValueError, match="p1 twice"):
+            await buf.commit_groups(batch("p1", "p1"), rows(2 * G))
+        await buf.commit_groups(batch("p0"), rows(G))
+        with pytest.raises(ValueError, match="p0 is already committed"):
+            await buf.commit_groups(batch("p5", "p0"), rows(2 * G))
+        assert await buf.commit_groups([], rows(0)) == []
+
+    asyncio.run(body())
+    assert client.put_keys == [[f"p0:{r}" for r in range(G)]]
+    assert [g.group_id for g in buf.groups()] == ["p0"]
+
+
+def test_concurrent_batches_cannot_commit_one_group_twice() -> None:
+    buf, client, _ = make_buffer()
+    client.put_gate = asyncio.Event()
+
+    async def body() -> None:
+        first = asyncio.create_task(buf.commit_groups(batch("p0", "p1"), rows(2 * G)))
+        await asyncio.sleep(0)
+        with pytest.raises(ValueError, match="p1 is already committed"):
+            await buf.commit_groups(batch("p1", "p2"), rows(2 * G))
+        client.put_gate.set()
+        await first
+
+    asyncio.run(body())
+    assert len(client.put_keys) == 1 and [g.group_id for g in buf.groups()] == ["p0", "p1"]
+
+
+def test_a_failed_batch_leaves_the_index_as_it_was_and_can_be_retried() -> None:
+    buf, client, barrier = make_buffer()
+
+    async def body() -> None:
+        client.fail_puts = True
+        with pytest.raises(ConnectionError):
+            await buf.commit_groups(batch("p0", "p1"), rows(2 * G))
+        assert len(buf) == 0 and barrier.active_mutations == 0
+        client.fail_puts = False
+        await buf.commit_groups(batch("p0", "p1"), rows(2 * G))
+
+    asyncio.run(body())
+    assert [g.group_id for g in buf.groups()] == ["p0", "p1"]
+
+
+def test_drop_clears_groups_of_several_batches_with_one_call() -> None:
+    buf, client, _ = make_buffer()
+
+    async def body() -> None:
+        await buf.commit_groups(batch("p0", "p1"), rows(2 * G))
+        await buf.commit_groups(batch("p2", "p3"), rows(2 * G))
+        client.calls.clear()
+        await buf.drop(["p1", "p2", "p3"])
+
+    asyncio.run(body())
+    assert client.calls == ["clear_samples"]
+    assert set(client.rows) == buf.sample_ids() == {f"p0:{r}" for r in range(G)}
+    assert buf.times.clear > 0
+
+
+def test_a_frozen_batch_member_dropped_with_others_is_cleared_at_thaw() -> None:
+    buf, client, _ = make_buffer()
+
+    async def body() -> None:
+        await buf.commit_groups(batch("p0", "p1"), rows(2 * G))
+        buf.freeze(buf.sample_ids())
+        await buf.commit_groups(batch("p2", "p3"), rows(2 * G))
+        await buf.drop(["p1", "p2"])
+        assert {sid.split(":")[0] for sid in client.rows} == {"p0", "p1", "p3"}  # p1 deferred, p2 cleared
+        await buf.thaw()
+        assert set(client.rows) == buf.sample_ids()
+        assert buf.times.thaw_clear > 0
+
+    asyncio.run(body())
 
 
 # ------------------------------------------------------------------------------------------------ refusals
