@@ -3,6 +3,9 @@
 Invariants:
 * a group enters the index only after its rows were put, and leaves it only after they were cleared —
   both inside ``barrier.mutation()``, so a checkpoint window always sees index == stored rows;
+* a drop and an advantage write (``write_fields``) of the same group never overlap: a drop waits for the writes
+  in flight on its groups, and a write refuses a group being dropped — else the write's put, landing after the
+  clear, would re-create the cleared rows outside the index;
 * while a snapshot still reads captured rows (``freeze()`` .. ``thaw()``), those rows are immutable: a drop of a
   frozen group leaves the index at once but its rows are cleared by ``thaw()`` (which the saver awaits before
   its next window), and ``write_fields`` of a field a frozen group already had waits for ``thaw()``;
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -115,6 +119,9 @@ class TQReplayBuffer:
         self._frozen: dict[str, frozenset[str] | None] = {}  # group id → fields a snapshot is still reading
         self._deferred_clears: list[str] = []  # rows of frozen groups already dropped from the index
         self._committing: set[str] = set()  # group ids of batches waiting for or inside their put
+        self._dropping: set[str] = set()  # group ids a drop has started on (write_fields refuses them)
+        self._writing: Counter[str] = Counter()  # group ids with an advantage write in flight
+        self._writes_changed = asyncio.Condition()
         self._thawed = asyncio.Event()
         self._thawed.set()
         self.times = BufferTimes()
@@ -185,8 +192,16 @@ class TQReplayBuffer:
         groups = [self._groups[gid] for gid in group_ids]
         if not groups:
             return
+        gids = {group.group_id for group in groups}
+        busy = gids & self._dropping
+        if busy:
+            raise KeyError(f"group {sorted(busy)[0]} is already being dropped")
+        self._dropping |= gids  # from here on write_fields refuses these groups
         started = time.perf_counter()
         try:
+            # an advantage write still in flight would re-create cleared rows: let it land first
+            async with self._writes_changed:
+                await self._writes_changed.wait_for(lambda: not any(self._writing[gid] for gid in gids))
             async with self.barrier.mutation():
                 self.times.clear_wait += time.perf_counter() - started
                 # decided once, with no await before it is recorded: thaw() may run at any await
@@ -199,6 +214,7 @@ class TQReplayBuffer:
                     del self._groups[group.group_id]
                     self._field_names.pop(group.group_id, None)
         finally:
+            self._dropping -= gids
             self.times.clear += time.perf_counter() - started
 
     # -- the advantage stage (seed flow 4): no barrier slot --------------------------------------------------
@@ -206,19 +222,29 @@ class TQReplayBuffer:
         """Put ``data``'s fields onto every row of these groups (rows in group order). Takes no barrier slot: it
         never changes which rows exist. Overwriting a field a snapshot is still reading waits for ``thaw()``."""
         groups = [self._groups[gid] for gid in group_ids]
+        dropping = [gid for gid in group_ids if gid in self._dropping]
+        if dropping:
+            raise KeyError(f"group {dropping[0]} is being dropped")
         names = frozenset(str(k) for k in data.keys())  # noqa: SIM118
+        self._writing.update(group_ids)  # a drop of these groups now waits for this write (no await since the check)
         started = time.perf_counter()
-        while any(self._overlaps_frozen(group.group_id, names) for group in groups):
-            await self._thawed.wait()
-        self.times.write_wait += time.perf_counter() - started
-        ids = [sid for group in groups for sid in group.sample_ids]
         try:
+            while any(self._overlaps_frozen(group.group_id, names) for group in groups):
+                await self._thawed.wait()
+            self.times.write_wait += time.perf_counter() - started
+            ids = [sid for group in groups for sid in group.sample_ids]
             await self.client.put_samples(self.partition, ids, data)
+            for group in groups:
+                held = self._field_names.get(group.group_id)
+                self._field_names[group.group_id] = None if held is None else held | names
         finally:
             self.times.write += time.perf_counter() - started
-        for group in groups:
-            held = self._field_names.get(group.group_id)
-            self._field_names[group.group_id] = None if held is None else held | names
+            self._writing.subtract(group_ids)
+            await asyncio.shield(self._notify_writes())
+
+    async def _notify_writes(self) -> None:
+        async with self._writes_changed:
+            self._writes_changed.notify_all()
 
     def _overlaps_frozen(self, group_id: str, names: frozenset[str]) -> bool:
         if group_id not in self._frozen:

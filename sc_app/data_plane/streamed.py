@@ -1,8 +1,14 @@
 """The streamed data-plane snapshot: capture rows inside the barrier window, copy them to disk after it; restore
-them with one put per group. No pickle anywhere.
+them with one put per segment. No pickle anywhere.
 
 The format of the files is ``sc_app.data_plane.streamed_format`` (described in ``docs/checkpoint.md``). Writing
 after the window is correct because the caller keeps the freeze (``sc_app/replay_buffer.py``) until it ends.
+
+Both directions run one stream per storage unit, concurrently (``sc_app.data_plane.stream_io``): a save looks up
+the captured rows' global indexes once, splits them by the unit TransferQueue routes them to, and each stream reads
+its unit's rows into part files of its own; a restore registers every stored row once (in an order that gives each
+stream's rows one unit where the counts allow), then each stream puts its own segments back. A stream runs in
+this process, or in a ``StreamWorker`` on its unit's node when that node is another one and sees the same volume.
 """
 
 from __future__ import annotations
@@ -10,38 +16,37 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import queue
 import threading
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+import uuid
+from collections import Counter
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from tensordict import TensorDict
+import ray
 
-from sc_app.background import run_blocking
+from sc_app.background import background_executor, run_blocking
+from sc_app.data_plane import stream_io, units
 from sc_app.data_plane.client import METADATA_FILE, CapturedRows, DataPlaneSnapshot
+from sc_app.data_plane.stream_io import GET_BYTES, GETS_IN_FLIGHT, PUTS_IN_FLIGHT, RowSource, Segment
 from sc_app.data_plane.streamed_format import (
     PART_BYTES,
     PartWriter,
-    RestoredGroup,
     StreamedFormatError,
     group_ids,
-    iter_groups,
+    merged_metadata,
     read_metadata,
+    stream_parts,
     write_metadata,
 )
 
 log = logging.getLogger(__name__)
 
-GETS_IN_FLIGHT = 2  # group reads overlapping the file writes
-GET_BYTES = 4 * 1024 * 1024  # small groups share a get up to about this many bytes
-MAX_GROUPS_PER_GET = 64
-PUTS_IN_FLIGHT = 2  # group puts overlapping the file reads on restore
+__all__ = ["GETS_IN_FLIGHT", "GET_BYTES", "PUTS_IN_FLIGHT", "StreamedSnapshot", "load_streamed"]
+
+_MARKER = ".sc-app-stream-probe"  # written before remote streams start: a worker that sees it shares the volume
 
 
 @dataclass
@@ -64,6 +69,9 @@ class StreamedSnapshot(DataPlaneSnapshot):
     tags: dict[str, dict[str, Any]] | None = None
     part_bytes: int = PART_BYTES
     gets_in_flight: int = GETS_IN_FLIGHT
+    source: RowSource | None = None  # None: TransferQueue's own client; set: every stream runs here through it
+    placement: bool = True  # False: every stream runs in this process
+    streams: list[dict[str, Any]] = field(default_factory=list)  # after write(): where each stream ran, its rows
 
     @classmethod
     def capture(
@@ -82,6 +90,9 @@ class StreamedSnapshot(DataPlaneSnapshot):
     def rows(self) -> int:
         return sum(len(ids) for ids in self.groups.values())
 
+    def _select(self, gid: str) -> list[str] | None:
+        return None if self.field_names is None else self.field_names.get(gid)
+
     async def write(self, *, executor: Executor | None = None) -> dict[str, Any]:
         started = time.perf_counter()
         blocking = functools.partial(run_blocking, executor)
@@ -99,174 +110,187 @@ class StreamedSnapshot(DataPlaneSnapshot):
                 f"{len(missing)} captured rows (e.g. {missing[0]!r}) left partition {self.partition!r} before the "
                 "snapshot was written; captured rows must not be cleared until write() returns"
             )
-        writer = PartWriter(self.directory, self.part_bytes)
-        try:
-            await self._copy(writer, tags, blocking)
-            await blocking(writer.finish)
-        except BaseException:
-            writer.abandon()
-            raise
-        doc = writer.metadata(partition=self.partition, user_metadata=self.metadata)
-        files = dict(writer.hashes)
+        plan = await self._plan(tags) if self.groups else []
+        summaries = await asyncio.gather(*(self._run_stream(k, unit, segs) for k, (unit, segs) in enumerate(plan)))
+        doc = merged_metadata(list(summaries), partition=self.partition, user_metadata=self.metadata)
+        files: dict[str, Any] = {}
+        for st in summaries:
+            files.update(st["hashes"])
         files[METADATA_FILE] = await blocking(write_metadata, self.directory, doc)
         seconds = time.perf_counter() - started
         size = sum(f["size"] for f in files.values())
-        log.info("streamed snapshot: %d rows, %d bytes in %.3fs to %s", self.rows, size, seconds, self.directory)
-        return {"bytes": size, "rows": self.rows, "seconds": seconds, "files": files}
+        log.info(
+            "streamed snapshot: %d rows in %d streams, %d bytes in %.3fs to %s",
+            self.rows,
+            len(plan),
+            size,
+            seconds,
+            self.directory,
+        )
+        return {"bytes": size, "rows": self.rows, "seconds": seconds, "files": files, "streams": len(plan)}
 
-    def _select(self, gid: str) -> list[str] | None:
-        return None if self.field_names is None else self.field_names.get(gid)
-
-    async def _copy(self, writer: PartWriter, tags: dict[str, Any], blocking: Callable[..., Awaitable[Any]]) -> None:
-        """Fetch groups in order with a few gets in flight; append them to the parts in a worker thread.
-
-        Small groups are fetched several per get (the RPC, not the bytes, is their cost): only groups with the
-        same captured field list share a get, so every row holds every selected field and TransferQueue's
-        multi-key get (which returns the fields *all* rows have) cannot drop one. A group of unknown fields is
-        fetched alone. How many share a get is sized from the first group's bytes (``GET_BYTES``)."""
-        items = list(self.groups.items())
-        pos = 0
-        per_get = 1
-        pending: deque[tuple[list[tuple[str, list[str]]], asyncio.Task[Any]]] = deque()
-
-        def next_batch() -> tuple[list[tuple[str, list[str]]], asyncio.Task[Any]]:
-            nonlocal pos
-            select = self._select(items[pos][0])
-            batch = [items[pos]]
-            pos += 1
-            while select is not None and len(batch) < per_get and pos < len(items):
-                if self._select(items[pos][0]) != select:
-                    break
-                batch.append(items[pos])
-                pos += 1
-            keys = [sid for _, ids in batch for sid in ids]
-            get = self.tq.async_kv_batch_get(keys=keys, partition_id=self.partition, select_fields=select)
-            return batch, asyncio.ensure_future(get)
-
+    async def _plan(self, tags: dict[str, Any]) -> list[tuple[str, list[Segment]]]:
+        """One lookup of every captured row's global index, split by unit into segments (group order kept)."""
+        client = units.tq_client(self.tq)
+        gids = list(self.groups)
+        ids = [sid for gid in gids for sid in self.groups[gid]]
         try:
-            while pos < len(items) or pending:
-                while pos < len(items) and len(pending) < max(1, self.gets_in_flight):
-                    pending.append(next_batch())
-                batch, task = pending.popleft()
-                td = await task
-                rows = sum(len(ids) for _, ids in batch)
-                if td.batch_size[0] != rows:
-                    raise RuntimeError(f"groups {batch[0][0]}..: read back {td.batch_size[0]} rows, captured {rows}")
-                if per_get == 1 and len(batch) == 1:
-                    per_get = max(1, min(MAX_GROUPS_PER_GET, GET_BYTES // max(1, _td_bytes(td))))
-                segments = [
-                    (gid, ids, [dict(tags[sid]) for sid in ids], part) for (gid, ids), part in _split(td, batch)
-                ]
-                await blocking(writer.append_all, segments)
+            gis = await units.locate(client, self.partition, ids)
+        except KeyError as exc:
+            raise RuntimeError(
+                f"captured rows left partition {self.partition!r} before the snapshot was written ({exc}); "
+                "captured rows must not be cleared until write() returns"
+            ) from None
+        sizes = [len(self.groups[gid]) for gid in gids]
+        plan = []
+        for unit_rows in units.route(client, gis):
+            segments = []
+            for g, start, count in units.segments_of(sizes, unit_rows.positions):
+                seg_ids = [ids[p] for p in unit_rows.positions[start : start + count]]
+                segments.append(
+                    Segment(
+                        gids[g],
+                        seg_ids,
+                        unit_rows.global_indexes[start : start + count],
+                        [dict(tags[sid]) for sid in seg_ids],
+                        self._select(gids[g]),
+                    )
+                )
+            plan.append((unit_rows.unit, segments))
+        return plan
+
+    async def _run_stream(self, k: int, unit: str, segments: list[Segment]) -> dict[str, Any]:
+        prefix = f"part-{k:02d}"
+        worker = await self._remote_worker(unit)
+        rows = sum(len(seg.ids) for seg in segments)
+        if worker is not None:
+            summary = await worker.copy.remote(str(self.directory), self.partition, prefix, segments, self.part_bytes)
+            self.streams.append({"unit": unit, "rows": rows, "where": "remote"})
+            return {**summary, "unit": unit}
+        writer = PartWriter(self.directory, self.part_bytes, prefix)
+        pool = background_executor(f"stream-{k}")  # one writer thread per stream, so streams write in parallel
+        try:
+            source = self.source or RowSource(self.tq, self.partition)
+            await stream_io.copy_stream(
+                source,
+                writer,
+                segments,
+                functools.partial(run_blocking, pool),
+                gets_in_flight=self.gets_in_flight,
+            )
+            await run_blocking(pool, writer.finish)
+        except BaseException:
+            writer.abandon()
+            raise
         finally:
-            for _, t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.gather(*(t for _, t in pending), return_exceptions=True)
+            pool.shutdown(wait=False)
+        self.streams.append({"unit": unit, "rows": rows, "where": "local"})
+        return writer.summary(unit)
+
+    async def _remote_worker(self, unit: str) -> Any:
+        """A ``StreamWorker`` on ``unit``'s node when that is another node that sees this directory, else None."""
+        if not self.placement or self.source is not None:
+            return None
+        return await asyncio.to_thread(_worker_for_unit, self.tq, unit, self.directory)
 
 
-def _td_bytes(td: TensorDict) -> int:
-    total = 0
-    for key in td.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch, not its keys
-        v = td.get(key)
-        if isinstance(v, torch.Tensor):
-            v = v.values() if v.is_nested else v
-            total += v.numel() * v.element_size()
-    return total
-
-
-def _split(td: TensorDict, batch: list[tuple[str, list[str]]]) -> Iterator[tuple[tuple[str, list[str]], TensorDict]]:
-    """The rows of each group of ``batch`` (in order) out of one get's result."""
-    if len(batch) == 1:
-        yield batch[0], td
-        return
-    columns = {}
-    for key in td.keys():  # noqa: SIM118
-        v = td.get(key)
-        columns[str(key)] = list(v.unbind()) if isinstance(v, torch.Tensor) and v.is_nested else v
-    start = 0
-    for gid, ids in batch:
-        end = start + len(ids)
-        data = {}
-        for key, col in columns.items():
-            if isinstance(col, list):
-                rows = col[start:end]
-                same = all(r.shape == rows[0].shape for r in rows)
-                data[key] = torch.stack(rows) if same else torch.nested.nested_tensor(rows, layout=torch.jagged)
-            else:
-                data[key] = col[start:end]
-        yield (gid, ids), TensorDict(data, batch_size=len(ids))
-        start = end
-
-
-def _prefetched(it: Iterator[RestoredGroup], depth: int = 8) -> Iterator[RestoredGroup]:
-    """Run ``it`` in a thread, ``depth`` groups ahead (file reads overlap the puts)."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            for item in it:
-                if stop.is_set():
-                    return
-                q.put(item)
-            q.put(done)
-        except BaseException as exc:  # handed to the consumer
-            q.put(exc)
-
-    t = threading.Thread(target=run, name="streamed-restore-reader", daemon=True)
-    t.start()
+def _worker_for_unit(tq: Any, unit: str, directory: Path) -> Any:
+    """Blocking: the stream worker for ``unit``'s node, or None (same node, node unknown, or volume not shared)."""
+    if not ray.is_initialized():
+        return None
+    node = units.unit_nodes(units.tq_client(tq)).get(unit)
+    if node is None or node == ray.get_runtime_context().get_node_id():
+        return None
+    worker = stream_io.worker_on(node)
+    marker = f"{_MARKER}-{uuid.uuid4().hex[:8]}"
+    (Path(directory) / marker).write_bytes(b"")
     try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        shared = bool(ray.get(worker.sees.remote(str(directory), marker), timeout=300))
     finally:
-        stop.set()
-        while t.is_alive():  # unblock a reader waiting on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                t.join(0.05)
+        (Path(directory) / marker).unlink()
+    if not shared:
+        log.info("node %s does not see %s: unit %s's stream runs in this process", node, directory, unit)
+        return None
+    return worker
 
 
-def load_streamed(tq: Any, directory: Path, *, puts_in_flight: int = PUTS_IN_FLIGHT) -> dict[str, Any]:
-    """Put every stored group back into TransferQueue, one put per group, tags restored; returns ``metadata.json``.
+# ------------------------------------------------------------------------------------------------ restore
+def _interleave(streams: list[list[str]]) -> list[str]:
+    """Round-robin over the streams' ids: registered in this order, consecutive global indexes alternate between
+    streams, so each stream's rows route to one unit when the counts match (TransferQueue routes ``gi % n``)."""
+    out: list[str] = []
+    longest = max((len(s) for s in streams), default=0)
+    for i in range(longest):
+        for s in streams:
+            if i < len(s):
+                out.append(s[i])
+    return out
+
+
+def _stream_ids(directory: Path, parts: list[str]) -> list[str]:
+    import json
+
+    ids: list[str] = []
+    for name in parts:
+        path = directory / f"{name}.json"
+        try:
+            header = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise StreamedFormatError(f"{path}: unreadable ({exc})") from None
+        for seg in header["segments"]:
+            ids.extend(seg["ids"])
+    return ids
+
+
+async def _restore(tq: Any, directory: Path, doc: dict[str, Any], placement: bool) -> dict[str, Any]:
+    client = units.tq_client(tq)
+    partition = doc["partition"]
+    streams = stream_parts(doc)
+    ids = [await asyncio.to_thread(_stream_ids, directory, parts) for parts in streams]
+    order = _interleave(ids)
+    if len(set(order)) != len(order):
+        raise StreamedFormatError(f"{directory}: a row id is stored twice")
+    gi_of = dict(zip(order, await units.register(client, partition, order), strict=True)) if order else {}
+    source = RowSource(tq, partition)
+
+    async def one(k: int) -> dict[str, Any]:
+        gis = [gi_of[sid] for sid in ids[k]]
+        worker = None
+        if placement and gis:
+            # the unit most of this stream's rows now route to
+            unit = Counter(u.unit for u in units.route(client, gis) for _ in u.positions).most_common(1)[0][0]
+            worker = await asyncio.to_thread(_worker_for_unit, tq, unit, directory)
+        if worker is not None:
+            got = await worker.restore.remote(str(directory), doc, streams[k], gis)
+            return {**got, "where": "remote"}
+        got = await stream_io.restore_stream(source, directory, doc, streams[k], gis)
+        return {**got, "where": "local"}
+
+    results = await asyncio.gather(*(one(k) for k in range(len(streams))))
+    return {
+        "rows": sum(r["rows"] for r in results),
+        "segments": sum(r["segments"] for r in results),
+        "groups": len({sid.rpartition(":")[0] for sid in order}),
+        "streams": [r["where"] for r in results],
+    }
+
+
+def load_streamed(tq: Any, directory: Path, *, placement: bool = True) -> dict[str, Any]:
+    """Put every stored segment back into TransferQueue, one put per segment, tags restored, one stream per stream
+    of the directory running concurrently; returns ``metadata.json`` (v1 or v2) plus ``restored``: rows, segments,
+    and where each stream ran (``local`` or ``remote``).
 
     Pre: the caller checked the data plane is untouched. Post: the partition holds exactly the stored rows.
     Runs its own event loop in a worker thread, so it may be called with or without a running loop.
     """
-    doc = read_metadata(Path(directory))
+    directory = Path(directory)
+    doc = read_metadata(directory)
     result: dict[str, Any] = {}
-
-    async def run() -> None:
-        rows = groups = 0
-        inflight: set[asyncio.Task[Any]] = set()
-        for group in _prefetched(iter_groups(Path(directory), doc)):
-            while len(inflight) >= max(1, puts_in_flight):
-                finished, inflight_left = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                for t in finished:
-                    t.result()
-                inflight = set(inflight_left)
-            put = tq.async_kv_batch_put(
-                keys=group.ids, partition_id=doc["partition"], fields=group.data, tags=group.tags
-            )
-            inflight.add(asyncio.ensure_future(put))
-            rows += len(group.ids)
-            groups += 1
-        for t in asyncio.as_completed(inflight):
-            await t
-        result.update(rows=rows, groups=groups)
-
     box: list[BaseException] = []
 
     def thread_main() -> None:
         try:
-            asyncio.run(run())
+            result.update(asyncio.run(_restore(tq, directory, doc, placement)))
         except BaseException as exc:
             box.append(exc)
 
@@ -275,9 +299,15 @@ def load_streamed(tq: Any, directory: Path, *, puts_in_flight: int = PUTS_IN_FLI
     t.join()
     if box:
         raise box[0]
-    if result.get("rows") != doc.get("rows") or result.get("groups") != doc.get("groups"):
+    want_segments = doc.get("segments", doc.get("groups"))  # v1: one segment per group
+    if (
+        result.get("rows") != doc.get("rows")
+        or result.get("groups") != doc.get("groups")
+        or (result.get("segments") != want_segments)
+    ):
         raise StreamedFormatError(
             f"{directory}: restored {result.get('rows')} rows in {result.get('groups')} groups, metadata.json "
             f"lists {doc.get('rows')} rows in {doc.get('groups')} groups"
         )
-    return doc
+    log.info("streamed restore: %d rows, streams %s", result["rows"], result["streams"])
+    return {**doc, "restored": result}

@@ -1,8 +1,12 @@
-"""The on-disk format of the streamed data-plane snapshot (``sc-app/streamed-v1``): pure of Ray and TransferQueue.
+"""The on-disk format of the streamed data-plane snapshot (``sc-app/streamed-v2``): pure of Ray and TransferQueue.
 
 Field bytes <-> tensors, part files and their JSON headers, ``metadata.json``. The format, and why it has no pickle,
 is described in ``docs/checkpoint.md`` ("The streamed data-plane format"); ``sc_app.data_plane.streamed`` moves
 rows between these files and TransferQueue.
+
+v2 (written now) holds one *stream* of part files per storage unit (``part-SS-NNNNN``), each written by its own
+writer; a segment is the rows of one group that one unit held, so a group may span a segment per stream.
+v1 (``part-NNNNN``, one stream, a segment per whole group) is still read: it is a v2 directory of one stream.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from tensordict import TensorDict
 from sc_app.data_plane.client import METADATA_FILE
 from sc_app.durable_io import write_durable
 
-FORMAT = "sc-app/streamed-v1"
+FORMAT = "sc-app/streamed-v2"
+FORMAT_V1 = "sc-app/streamed-v1"
+READABLE_FORMATS = (FORMAT_V1, FORMAT)
 PART_BYTES = 64 * 1024 * 1024  # a part file is closed (and fsynced) once it holds this much
 _ALIGN = 64
 
@@ -48,12 +54,12 @@ def group_ids(sample_ids: list[str]) -> dict[str, list[str]]:
 
 
 def is_streamed(directory: Path) -> bool:
-    """True when ``directory/metadata.json`` says ``sc-app/streamed-v1``."""
+    """True when ``directory/metadata.json`` names a streamed format this version reads (v1 or v2)."""
     try:
         doc = json.loads((Path(directory) / METADATA_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(doc, dict) and doc.get("format") == FORMAT
+    return isinstance(doc, dict) and doc.get("format") in READABLE_FORMATS
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -106,13 +112,15 @@ def _rebuild(buf: torch.Tensor, spec: dict[str, Any]) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- writing
 class PartWriter:
-    """Appends group segments to ``part-NNNNN.bin`` files; every closed part is fsynced with its JSON header.
+    """Appends group segments to ``<prefix>-NNNNN.bin`` files; every closed part is fsynced with its JSON header.
 
-    ``hashes`` maps each finished file's name to ``{"sha256", "size"}`` of exactly the bytes written to it."""
+    One writer is one stream (one storage unit's rows); it is used by one thread at a time. ``hashes`` maps each
+    finished file's name to ``{"sha256", "size"}`` of exactly the bytes written to it."""
 
-    def __init__(self, directory: Path, part_bytes: int) -> None:
+    def __init__(self, directory: Path, part_bytes: int, prefix: str = "part-00") -> None:
         self.directory = directory
         self.part_bytes = part_bytes
+        self.prefix = prefix
         self.parts: list[str] = []
         self.bytes = 0
         self.hashes: dict[str, dict[str, Any]] = {}
@@ -120,11 +128,16 @@ class PartWriter:
         self._sha: Any = None
         self._segments: list[dict[str, Any]] = []
         self.rows = 0
-        self.groups = 0
+        self.segments = 0
+        self.group_ids: set[str] = set()
         self._pos = 0
 
+    @property
+    def groups(self) -> int:
+        return len(self.group_ids)
+
     def _open(self) -> None:
-        name = f"part-{len(self.parts):05d}"
+        name = f"{self.prefix}-{len(self.parts):05d}"
         self.parts.append(name)
         self._fh = open(self.directory / f"{name}.bin", "wb", buffering=0)  # noqa: SIM115 - closed in _close
         self._sha = hashlib.sha256()
@@ -155,6 +168,7 @@ class PartWriter:
         self.bytes += self._pos
 
     def append(self, gid: str, ids: list[str], tags: list[dict[str, Any]], td: TensorDict) -> None:
+        """One segment: rows ``ids`` (of group ``gid``) with their tags and fields."""
         if self._fh is None:
             self._open()
         specs: dict[str, Any] = {}
@@ -177,7 +191,8 @@ class PartWriter:
             self._pos += data.nbytes
         self._segments.append({"group": gid, "ids": ids, "tags": tags, "fields": specs})
         self.rows += rows
-        self.groups += 1
+        self.segments += 1
+        self.group_ids.add(gid)
         if self._pos >= self.part_bytes:
             self._close()
 
@@ -185,17 +200,22 @@ class PartWriter:
         for gid, ids, tags, td in segments:
             self.append(gid, ids, tags, td)
 
-    def metadata(self, *, partition: str, user_metadata: dict[str, Any]) -> dict[str, Any]:
-        """The ``metadata.json`` document describing every part written (call after ``finish()``)."""
+    def summary(self, unit: str | None = None) -> dict[str, Any]:
+        """What this finished writer wrote (plain data, so a remote writer can hand it back): its ``streams`` entry
+        in ``metadata.json`` plus the files' hashes and the ids of the groups it holds."""
         return {
-            "format": FORMAT,
-            "partition": partition,
+            "unit": unit,
+            "parts": list(self.parts),
             "rows": self.rows,
-            "groups": self.groups,
+            "segments": self.segments,
             "bytes": self.bytes,
-            "parts": self.parts,
-            "user_metadata": user_metadata,
+            "hashes": dict(self.hashes),
+            "group_ids": sorted(self.group_ids),
         }
+
+    def metadata(self, *, partition: str, user_metadata: dict[str, Any]) -> dict[str, Any]:
+        """``metadata.json`` of a directory this one writer wrote (call after ``finish()``)."""
+        return merged_metadata([self.summary()], partition=partition, user_metadata=user_metadata)
 
     def finish(self) -> None:
         self._close()
@@ -206,6 +226,27 @@ class PartWriter:
             self._fh = None
 
 
+def merged_metadata(
+    summaries: list[dict[str, Any]], *, partition: str, user_metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``metadata.json`` document of a directory written by these finished streams (``PartWriter.summary``)."""
+    groups: set[str] = set()
+    for st in summaries:
+        groups.update(st["group_ids"])
+    keep = ("unit", "parts", "rows", "segments", "bytes")
+    return {
+        "format": FORMAT,
+        "partition": partition,
+        "rows": sum(st["rows"] for st in summaries),
+        "groups": len(groups),
+        "segments": sum(st["segments"] for st in summaries),
+        "bytes": sum(st["bytes"] for st in summaries),
+        "parts": [name for st in summaries for name in st["parts"]],
+        "streams": [{k: st[k] for k in keep} for st in summaries],
+        "user_metadata": user_metadata,
+    }
+
+
 def write_metadata(directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
     data = json.dumps(doc, indent=1, sort_keys=True).encode()
     write_durable(directory / METADATA_FILE, data)  # fsyncs the file and the directory
@@ -214,7 +255,7 @@ def write_metadata(directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------------- reading
 def read_metadata(directory: Path) -> dict[str, Any]:
-    """``metadata.json`` of a streamed directory, checked for format and parts."""
+    """``metadata.json`` of a streamed directory (v1 or v2), checked for format, parts and streams."""
     path = Path(directory) / METADATA_FILE
     try:
         doc = json.loads(path.read_text())
@@ -222,11 +263,26 @@ def read_metadata(directory: Path) -> dict[str, Any]:
         raise StreamedFormatError(f"{path}: missing (the snapshot was never completed)") from None
     except ValueError as exc:
         raise StreamedFormatError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise StreamedFormatError(f"{path}: format is not {FORMAT}")
+    if not isinstance(doc, dict) or doc.get("format") not in READABLE_FORMATS:
+        raise StreamedFormatError(f"{path}: format is not one of {', '.join(READABLE_FORMATS)}")
     if not isinstance(doc.get("parts"), list) or not isinstance(doc.get("partition"), str):
         raise StreamedFormatError(f"{path}: parts or partition missing")
+    if doc["format"] != FORMAT_V1:
+        streams = doc.get("streams")
+        if not isinstance(streams, list) or not all(
+            isinstance(st, dict) and isinstance(st.get("parts"), list) for st in streams
+        ):
+            raise StreamedFormatError(f"{path}: streams missing or malformed")
+        if sorted(name for st in streams for name in st["parts"]) != sorted(doc["parts"]):
+            raise StreamedFormatError(f"{path}: the streams' parts are not the parts listed")
     return doc
+
+
+def stream_parts(doc: dict[str, Any]) -> list[list[str]]:
+    """The part names of each stream, in write order (a v1 directory is one stream)."""
+    if doc.get("format") == FORMAT_V1:
+        return [list(doc["parts"])]
+    return [list(st["parts"]) for st in doc["streams"]]
 
 
 @dataclass
@@ -237,11 +293,14 @@ class RestoredGroup:
     data: TensorDict
 
 
-def iter_groups(directory: Path, doc: dict[str, Any] | None = None) -> Iterator[RestoredGroup]:
-    """Every stored group, in write order; a part's bytes are read once into memory and viewed, not copied."""
+def iter_groups(
+    directory: Path, doc: dict[str, Any] | None = None, parts: list[str] | None = None
+) -> Iterator[RestoredGroup]:
+    """Every stored segment (a group's rows, or in v2 the rows of a group one unit held) of ``parts`` (default:
+    all), in write order; a part's bytes are read once into memory and viewed, not copied."""
     directory = Path(directory)
     doc = doc or read_metadata(directory)
-    for name in doc["parts"]:
+    for name in doc["parts"] if parts is None else parts:
         header_path = directory / f"{name}.json"
         try:
             header = json.loads(header_path.read_text())

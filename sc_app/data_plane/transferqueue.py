@@ -116,6 +116,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         self.bootstrap = bootstrap
         self.client_id = client_id or f"{'bootstrap' if bootstrap else 'connect'}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._touched = False
+        self.last_restore: dict[str, Any] | None = None  # what the last streamed restore did (rows, streams)
         self._guard = get_guard(namespace, create=bootstrap)
         if bootstrap:
             tq.init(tq_conf(storage_units, storage_node_resource))
@@ -199,12 +200,14 @@ class TransferQueueDataPlane(DataPlaneClient):
             raise RestoreRefused(f"restore refused: TransferQueue already holds {rows} rows written by someone else")
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        """Dispatches on ``directory/metadata.json``: ``sc-app/streamed-v1`` is put back one group per put;
+        """Dispatches on ``directory/metadata.json``: a streamed directory (v1 or v2) is put back one segment per put;
         anything else is TransferQueue's native format (``tq.load_checkpoint``). Refused unless untouched."""
         self._require_clean_for_load()
         self._touched = True
         if is_streamed(Path(directory)):
-            return dict(load_streamed(self._tq, Path(directory)).get("user_metadata", {}))
+            doc = load_streamed(self._tq, Path(directory))
+            self.last_restore = doc["restored"]
+            return dict(doc.get("user_metadata", {}))
         self._tq.load_checkpoint(str(directory))
         with open(Path(directory) / METADATA_FILE) as f:
             return dict(json.load(f).get("user_metadata", {}))

@@ -306,7 +306,7 @@ def test_commit_groups_is_one_put_in_one_slot_with_every_row_tagged() -> None:
     assert client.put_keys == [[f"p{g}:{r}" for g in range(3) for r in range(G)]], "rows must go in group order"
     assert client.tags == {f"p{g}:{r}": {"group": f"p{g}", "version": 3} for g in range(3) for r in range(G)}
     assert [g.group_id for g in buf.groups()] == ["p0", "p1", "p2"] and buf.prompt_indices() == {0, 1, 2}
-    assert buf.field_names_by_group() == dict.fromkeys(["p0", "p1", "p2"], ["reward", "tokens"])
+    assert buf.field_names_by_group() == {gid: ["reward", "tokens"] for gid in ("p0", "p1", "p2")}
     assert buf.times.put > 0 and buf.times.put_wait >= 0
 
 
@@ -423,6 +423,30 @@ def test_a_frozen_batch_member_dropped_with_others_is_cleared_at_thaw() -> None:
         await buf.thaw()
         assert set(client.rows) == buf.sample_ids()
         assert buf.times.thaw_clear > 0
+
+    asyncio.run(body())
+
+
+def test_a_drop_waits_for_an_advantage_write_in_flight_on_its_groups() -> None:
+    """Regression (found by the randomized integration test): a drop cleared the rows while an advantage write's
+    put was in flight; the put landed after the clear and re-created the rows outside the index."""
+    buf, client, _ = make_buffer()
+
+    async def body() -> None:
+        await buf.commit_groups(batch("p0", "p1"), rows(2 * G))
+        client.put_gate = asyncio.Event()
+        writing = asyncio.create_task(buf.write_fields(["p0"], TensorDict({"advantage": torch.ones(G)}, [G])))
+        while len(client.put_keys) < 2:
+            await asyncio.sleep(0)
+        dropping = asyncio.create_task(buf.drop(["p0"]))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not dropping.done() and "clear_samples" not in client.calls, "the drop did not wait for the write"
+        with pytest.raises(KeyError, match="being dropped"):
+            await buf.write_fields(["p0"], TensorDict({"advantage": torch.ones(G)}, [G]))
+        client.put_gate.set()
+        await asyncio.gather(writing, dropping)
+        assert set(client.rows) == buf.sample_ids() == {f"p1:{r}" for r in range(G)}
 
     asyncio.run(body())
 

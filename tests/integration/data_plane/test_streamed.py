@@ -29,7 +29,8 @@ from tensordict import TensorDict  # noqa: E402
 from sc_app.barrier import DataPlaneCheckpointBarrier  # noqa: E402
 from sc_app.checkpoint.verify import data_plane_digest  # noqa: E402
 from sc_app.data_plane.client import CapturedRows, RestoreRefused  # noqa: E402
-from sc_app.data_plane.streamed_format import FORMAT, iter_groups, read_metadata  # noqa: E402
+from sc_app.data_plane.stream_io import RowSource  # noqa: E402
+from sc_app.data_plane.streamed_format import FORMAT, FORMAT_V1, PartWriter, iter_groups, read_metadata  # noqa: E402
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, dense  # noqa: E402
 from sc_app.replay_buffer import TQReplayBuffer  # noqa: E402
 
@@ -79,36 +80,18 @@ def _fresh_client() -> TransferQueueDataPlane:
     return TransferQueueDataPlane(bootstrap=True, namespace=f"t-{uuid.uuid4().hex[:8]}")
 
 
-class GatedTQ:
-    """TransferQueue module proxy: before each group read, wait until one more concurrent commit has landed."""
+class GatedSource(RowSource):
+    """The snapshot's reads: before each one, wait until one more concurrent commit has landed."""
 
-    def __init__(self, inner: Any, committed: asyncio.Queue[str]) -> None:
-        self._inner = inner
+    def __init__(self, committed: asyncio.Queue[str]) -> None:
+        super().__init__(tq, PARTITION)
         self._committed = committed
         self.reads: list[list[str]] = []
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def async_kv_batch_get(self, keys: list[str], partition_id: str, select_fields: Any = None) -> Any:
+    async def get(self, segments: list[Any]) -> Any:
         await asyncio.wait_for(self._committed.get(), timeout=30)
-        self.reads.append(list(keys))
-        return await self._inner.async_kv_batch_get(keys=keys, partition_id=partition_id, select_fields=select_fields)
-
-
-class CountingTQ:
-    """TransferQueue module proxy recording every put's keys."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.puts: list[list[str]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def async_kv_batch_put(self, keys: list[str], **kw: Any) -> Any:
-        self.puts.append(list(keys))
-        return await self._inner.async_kv_batch_put(keys=keys, **kw)
+        self.reads.append([sid for seg in segments for sid in seg.ids])
+        return await super().get(segments)
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +132,8 @@ def saved(tq_system: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         await buffer.drop(["g1"])
         assert "g1:0" in await client.list_sample_ids(PARTITION), "a captured row was cleared before the copy"
         committed: asyncio.Queue[str] = asyncio.Queue()
-        gated = GatedTQ(tq, committed)
-        snap.tq = gated  # type: ignore[attr-defined]
+        gated = GatedSource(committed)
+        snap.source = gated  # type: ignore[attr-defined]
         snap.part_bytes = 1024  # type: ignore[attr-defined]  # several part files
         snap.gets_in_flight = 1  # type: ignore[attr-defined]
 
@@ -251,18 +234,24 @@ def test_streamed_dir_has_no_pickle(saved: dict[str, Any]) -> None:
             assert p.stat().st_size == header["bytes"] == end, "a .bin holds only the declared tensor bytes"
 
 
-def test_restore_roundtrip_bit_for_bit_one_put_per_group(saved: dict[str, Any]) -> None:
+def test_restore_roundtrip_bit_for_bit_one_put_per_group(saved: dict[str, Any], monkeypatch: Any) -> None:
     client = _fresh_client()
-    counting = CountingTQ(tq)
-    client._tq = counting
+    puts: list[list[str]] = []
+    original = RowSource.put
+
+    async def counting(self: RowSource, group: Any, global_indexes: list[int]) -> None:
+        puts.append(list(group.ids))
+        await original(self, group, global_indexes)
+
+    monkeypatch.setattr(RowSource, "put", counting)
     meta = client.load_checkpoint(saved["root"] / "streamed")
-    client._tq = tq
+    monkeypatch.undo()
     assert meta["digest"] == saved["digest"]
     listing = tq.kv_list(PARTITION)[PARTITION]
     assert set(listing) == saved["captured"]
-    assert sorted(map(sorted, counting.puts)) == sorted(
-        sorted(f"{gid}:{r}" for r in range(G)) for gid in saved["expected"]
-    ), "restore must put exactly one whole group per put"
+    assert sorted(map(sorted, puts)) == sorted(sorted(f"{gid}:{r}" for r in range(G)) for gid in saved["expected"]), (
+        "restore must put exactly one whole group per put (one storage unit: a segment is a group)"
+    )
     for gid, want in saved["expected"].items():
         ids = [f"{gid}:{r}" for r in range(G)]
         assert all(listing[sid] == {"group": gid, "version": 100 + int(gid[1:])} for sid in ids)
@@ -302,3 +291,33 @@ def test_sample_ids_without_group_part_are_refused(tq_system: Any, tmp_path: Pat
 
     with pytest.raises(ValueError, match="no group part"):
         StreamedSnapshot.capture(tq, tmp_path, {}, PARTITION, CapturedRows(["nogroup"]))
+
+
+def test_a_v1_directory_still_restores(tq_system: Any, tmp_path: Path) -> None:
+    """Bundles written before the per-unit streams (``sc-app/streamed-v1``: one stream, ``part-NNNNN``) restore."""
+    from sc_app.data_plane.streamed_format import write_metadata
+
+    writer = PartWriter(tmp_path, 1 << 20, prefix="part")
+    expected = {f"v{i}": _fields(50 + i) for i in range(3)}
+    for gid, td in expected.items():
+        writer.append(gid, [f"{gid}:{r}" for r in range(G)], [{"group": gid, "version": 1}] * G, td)
+    writer.finish()
+    doc = {
+        "format": FORMAT_V1,
+        "partition": PARTITION,
+        "rows": writer.rows,
+        "groups": writer.groups,
+        "bytes": writer.bytes,
+        "parts": writer.parts,
+        "user_metadata": {"digest": "v1-digest"},
+    }
+    write_metadata(tmp_path, doc)
+    assert [p.name for p in sorted(tmp_path.glob("*.bin"))] == ["part-00000.bin"]
+    client = _fresh_client()
+    assert client.load_checkpoint(tmp_path)["digest"] == "v1-digest"
+    listing = tq.kv_list(PARTITION)[PARTITION]
+    for gid, want in expected.items():
+        ids = [f"{gid}:{r}" for r in range(G)]
+        assert all(listing[sid] == {"group": gid, "version": 1} for sid in ids)
+        _same_rows(dense(tq.kv_batch_get(keys=ids, partition_id=PARTITION)), want)
+    _clear_everything()

@@ -12,12 +12,15 @@ from tensordict import TensorDict
 from sc_app.data_plane.client import METADATA_FILE
 from sc_app.data_plane.streamed_format import (
     FORMAT,
+    FORMAT_V1,
     PartWriter,
     StreamedFormatError,
     group_ids,
     is_streamed,
     iter_groups,
+    merged_metadata,
     read_metadata,
+    stream_parts,
     write_metadata,
 )
 
@@ -88,3 +91,53 @@ def test_sample_ids_are_grouped_by_their_group_part() -> None:
     assert group_ids(["p1:0", "p0:0", "p1:1", "a:b:0"]) == {"p1": ["p1:0", "p1:1"], "p0": ["p0:0"], "a:b": ["a:b:0"]}
     with pytest.raises(ValueError, match="no group part"):
         group_ids(["lonely"])
+
+
+def test_streams_of_one_directory_hold_segments_of_the_same_groups(tmp_path: Path) -> None:
+    """v2: one writer per storage unit; a group's rows may be split between them, and read back whole."""
+    data = _group(7, rows=4)
+    ids = [f"g7:{r}" for r in range(4)]
+    w0, w1 = PartWriter(tmp_path, 1 << 20, "part-00"), PartWriter(tmp_path, 1 << 20, "part-01")
+    w0.append("g7", ids[0::2], [{"r": 0}, {"r": 2}], data[0::2])
+    w1.append("g7", ids[1::2], [{"r": 1}, {"r": 3}], data[1::2])
+    w1.append("g8", ["g8:0"], [{}], _group(8, rows=1))
+    for w in (w0, w1):
+        w.finish()
+    doc = merged_metadata([w0.summary("u0"), w1.summary("u1")], partition="train", user_metadata={})
+    write_metadata(tmp_path, doc)
+    assert doc["format"] == FORMAT and doc["rows"] == 5 and doc["groups"] == 2 and doc["segments"] == 3
+    assert stream_parts(read_metadata(tmp_path)) == [["part-00-00000"], ["part-01-00000"]]
+    segs = list(iter_groups(tmp_path))
+    assert [(s.group, s.ids) for s in segs] == [("g7", ids[0::2]), ("g7", ids[1::2]), ("g8", ["g8:0"])]
+    assert _bits(segs[1].data["tokens"]) == _bits(data["tokens"][1::2])
+    assert [s.group for s in iter_groups(tmp_path, parts=["part-01-00000"])] == ["g7", "g8"]
+
+
+def test_v1_directories_are_still_read(tmp_path: Path) -> None:
+    writer = PartWriter(tmp_path, 1 << 20, prefix="part")
+    writer.append("g0", ["g0:0", "g0:1", "g0:2"], [{}] * 3, _group(0))
+    writer.finish()
+    doc = {
+        "format": FORMAT_V1,
+        "partition": "train",
+        "rows": 3,
+        "groups": 1,
+        "bytes": writer.bytes,
+        "parts": writer.parts,
+        "user_metadata": {},
+    }
+    write_metadata(tmp_path, doc)
+    assert is_streamed(tmp_path)
+    assert stream_parts(read_metadata(tmp_path)) == [["part-00000"]]
+    assert [g.ids for g in iter_groups(tmp_path)] == [["g0:0", "g0:1", "g0:2"]]
+
+
+def test_streams_that_do_not_cover_the_parts_are_refused(tmp_path: Path) -> None:
+    writer = PartWriter(tmp_path, 1 << 20)
+    writer.append("g0", ["g0:0", "g0:1", "g0:2"], [{}] * 3, _group(0))
+    writer.finish()
+    doc = writer.metadata(partition="train", user_metadata={})
+    doc["streams"][0]["parts"] = []
+    write_metadata(tmp_path, doc)
+    with pytest.raises(StreamedFormatError, match="streams' parts"):
+        read_metadata(tmp_path)

@@ -1,0 +1,300 @@
+"""One stream of the streamed snapshot: the rows of one storage unit, copied to (or restored from) part files of
+their own. ``sc_app.data_plane.streamed`` runs one stream per unit, concurrently — in this process, or in a
+``StreamWorker`` actor placed on the unit's node when that node sees the same checkpoint volume.
+
+Rows are read and written through TransferQueue's own client with metadata the caller already holds (global
+indexes from one lookup for the whole snapshot), so a stream makes no controller lookup per get or put; several
+small segments share one get. No per-row Python work on the copy path: segments are split out of a get's result
+by slicing the field tensors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from tensordict import TensorDict
+
+from sc_app.data_plane import units
+from sc_app.data_plane.streamed_format import PartWriter, RestoredGroup, iter_groups
+
+log = logging.getLogger(__name__)
+
+GETS_IN_FLIGHT = 2  # segment reads overlapping the file writes, per stream
+GET_BYTES = 4 * 1024 * 1024  # small segments share a get up to about this many bytes
+MAX_SEGMENTS_PER_GET = 64
+PUTS_IN_FLIGHT = 2  # segment puts overlapping the file reads on restore, per stream
+
+Blocking = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows of one group that one unit holds, to copy: ids, their global indexes and tags, and the fields to read
+    (``None``: every field the rows hold, which TransferQueue looks up for this segment alone)."""
+
+    group: str
+    ids: list[str]
+    global_indexes: list[int]
+    tags: list[dict[str, Any]]
+    fields: list[str] | None
+
+
+class RowSource:
+    """The TransferQueue calls a stream makes (tests wrap it to interleave other work between reads)."""
+
+    def __init__(self, tq: Any, partition: str) -> None:
+        self.tq = tq
+        self.partition = partition
+        self.client = units.tq_client(tq)
+
+    async def get(self, segments: list[Segment]) -> TensorDict:
+        """The rows of ``segments`` (which share one field list), in order."""
+        fields = segments[0].fields
+        if fields is None:
+            keys = [sid for seg in segments for sid in seg.ids]
+            return await self.tq.async_kv_batch_get(keys=keys, partition_id=self.partition)
+        gis = [gi for seg in segments for gi in seg.global_indexes]
+        return await self.client.async_get_data(units.batch_meta(self.partition, gis, fields))
+
+    async def put(self, group: RestoredGroup, global_indexes: list[int]) -> None:
+        """Put one restored segment onto rows already registered at ``global_indexes``, tags included."""
+        meta = units.batch_meta(self.partition, global_indexes)
+        meta.update_custom_meta(group.tags)
+        await self.client.async_put(group.data, meta)
+
+
+# ------------------------------------------------------------------------------------------------ copy (save)
+async def copy_stream(
+    source: RowSource,
+    writer: PartWriter,
+    segments: list[Segment],
+    blocking: Blocking,
+    *,
+    gets_in_flight: int = GETS_IN_FLIGHT,
+    get_bytes: int = GET_BYTES,
+) -> None:
+    """Read ``segments`` in order, a few gets in flight, and append them to ``writer`` (via ``blocking``).
+
+    Only segments with the same field list share a get, so every row holds every selected field and a multi-row
+    get cannot drop one; a segment of unknown fields is read alone. How many share a get is sized from the first
+    segment's bytes (``get_bytes``)."""
+    pos = 0
+    per_get = 1
+    pending: deque[tuple[list[Segment], asyncio.Task[Any]]] = deque()
+
+    def next_batch() -> tuple[list[Segment], asyncio.Task[Any]]:
+        nonlocal pos
+        first = segments[pos]
+        batch = [first]
+        pos += 1
+        while first.fields is not None and len(batch) < per_get and pos < len(segments):
+            if segments[pos].fields != first.fields:
+                break
+            batch.append(segments[pos])
+            pos += 1
+        return batch, asyncio.ensure_future(source.get(batch))
+
+    try:
+        while pos < len(segments) or pending:
+            while pos < len(segments) and len(pending) < max(1, gets_in_flight):
+                pending.append(next_batch())
+            batch, task = pending.popleft()
+            td = await task
+            rows = sum(len(seg.ids) for seg in batch)
+            if td.batch_size[0] != rows:
+                raise RuntimeError(f"segments {batch[0].group}..: read back {td.batch_size[0]} rows, captured {rows}")
+            if per_get == 1 and len(batch) == 1:
+                per_get = max(1, min(MAX_SEGMENTS_PER_GET, get_bytes // max(1, td_bytes(td))))
+            parts = split_rows(td, [len(seg.ids) for seg in batch])
+            segs = [(seg.group, seg.ids, seg.tags, part) for seg, part in zip(batch, parts, strict=True)]
+            await blocking(writer.append_all, segs)
+    finally:
+        for _, t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*(t for _, t in pending), return_exceptions=True)
+
+
+def td_bytes(td: TensorDict) -> int:
+    total = 0
+    for key in td.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch, not its keys
+        v = td.get(key)
+        if isinstance(v, torch.Tensor):
+            v = v.values() if v.is_nested else v
+            total += v.numel() * v.element_size()
+    return total
+
+
+def split_rows(td: TensorDict, counts: list[int]) -> list[TensorDict]:
+    """``td``'s rows cut into consecutive runs of ``counts`` rows, by slicing (views; jagged fields by their
+    offsets), never row by row — except a strided nested field (rows differing beyond their first dimension)."""
+    if len(counts) == 1:
+        return [td]
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    columns: dict[str, list[Any]] = {}
+    for key in td.keys():  # noqa: SIM118
+        columns[str(key)] = _cut(td.get(key), bounds)
+    return [TensorDict({k: col[i] for k, col in columns.items()}, batch_size=counts[i]) for i in range(len(counts))]
+
+
+def _cut(value: Any, bounds: list[int]) -> list[Any]:
+    if not (isinstance(value, torch.Tensor) and value.is_nested):
+        return [value[a:b] for a, b in itertools.pairwise(bounds)]
+    if value.layout == torch.jagged:
+        values, offsets = value.values(), value.offsets()
+        out = []
+        for a, b in itertools.pairwise(bounds):
+            lo, hi = int(offsets[a]), int(offsets[b])
+            out.append(torch.nested.nested_tensor_from_jagged(values[lo:hi], offsets=offsets[a : b + 1] - lo))
+        return out
+    rows = list(value.unbind())
+    return [torch.nested.nested_tensor(rows[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+# ------------------------------------------------------------------------------------------------ restore
+def prefetched(it: Iterator[RestoredGroup], depth: int = 8) -> Iterator[RestoredGroup]:
+    """Run ``it`` in a thread, ``depth`` items ahead (file reads overlap the puts)."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in it:
+                if stop.is_set():
+                    return
+                q.put(item)
+            q.put(done)
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    t = threading.Thread(target=run, name="streamed-restore-reader", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(0.05)
+
+
+async def restore_stream(
+    source: RowSource,
+    directory: Path,
+    doc: dict[str, Any],
+    parts: list[str],
+    global_indexes: list[int],
+    *,
+    puts_in_flight: int = PUTS_IN_FLIGHT,
+) -> dict[str, int]:
+    """Put every segment of ``parts`` back, one put per segment, onto the rows registered at ``global_indexes``
+    (the stream's row ids in file order); returns ``{"rows", "segments"}``."""
+    rows = segments = 0
+    inflight: set[asyncio.Task[Any]] = set()
+    try:
+        for group in prefetched(iter_groups(Path(directory), doc, parts)):
+            while len(inflight) >= max(1, puts_in_flight):
+                finished, left = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                for t in finished:
+                    t.result()
+                inflight = set(left)
+            n = len(group.ids)
+            if rows + n > len(global_indexes):
+                raise RuntimeError(f"{directory}: stream holds more rows than its headers listed")
+            inflight.add(asyncio.ensure_future(source.put(group, global_indexes[rows : rows + n])))
+            rows += n
+            segments += 1
+        for t in asyncio.as_completed(inflight):
+            await t
+        inflight = set()
+    finally:
+        for t in inflight:
+            t.cancel()
+    return {"rows": rows, "segments": segments}
+
+
+# ------------------------------------------------------------------------------------------------ placement
+@ray.remote(num_cpus=0)
+class StreamWorker:
+    """Runs snapshot streams on one node (the node of the storage unit whose rows it copies or restores)."""
+
+    def __init__(self) -> None:
+        import transfer_queue as tq
+
+        tq.init()  # attaches to the running TransferQueue
+        self.tq = tq
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def sees(self, directory: str, marker: str) -> bool:
+        """True when ``directory/marker`` exists here: this node sees the same checkpoint volume."""
+        return (Path(directory) / marker).exists()
+
+    async def copy(
+        self, directory: str, partition: str, prefix: str, segments: list[Segment], part_bytes: int
+    ) -> dict[str, Any]:
+        from sc_app.background import background_executor, run_blocking
+
+        writer = PartWriter(Path(directory), part_bytes, prefix)
+        pool = background_executor("stream-write")
+        try:
+            await copy_stream(RowSource(self.tq, partition), writer, segments, lambda f, *a: run_blocking(pool, f, *a))
+            await run_blocking(pool, writer.finish)
+        except BaseException:
+            writer.abandon()
+            raise
+        finally:
+            pool.shutdown(wait=False)
+        return writer.summary()
+
+    async def restore(
+        self, directory: str, doc: dict[str, Any], parts: list[str], global_indexes: list[int]
+    ) -> dict[str, int]:
+        return await restore_stream(RowSource(self.tq, doc["partition"]), Path(directory), doc, parts, global_indexes)
+
+
+_workers: dict[str, Any] = {}  # node id -> StreamWorker of this process
+
+
+def worker_on(node_id: str) -> Any:
+    """This process's ``StreamWorker`` on ``node_id`` (created on first use, kept for later snapshots)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if node_id not in _workers:
+        _workers[node_id] = StreamWorker.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        ).remote()
+    return _workers[node_id]
+
+
+def shutdown_workers() -> None:
+    """Kill the stream workers this process started."""
+    while _workers:
+        _, handle = _workers.popitem()
+        try:
+            ray.kill(handle)
+        except Exception:  # already gone
+            log.debug("stream worker already gone", exc_info=True)
