@@ -38,6 +38,7 @@ from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
+from sc_app.data_plane import stream_io
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
 from sc_app.phases import StepClock
@@ -172,6 +173,7 @@ class SingleControllerActor:
                 if isinstance(outcome, BaseException):
                     log.warning("save of step %d failed while the run was failing: %r", self._pending_save[0], outcome)
             self._save_io.shutdown(wait=False)
+            stream_io.shutdown_workers()  # snapshot streams this actor placed on other nodes, if any
             if self._trace_fh:
                 self._trace_fh.close()
 

@@ -297,6 +297,7 @@ def load_streamed(tq: Any, directory: Path, *, placement: bool = True) -> dict[s
     t = threading.Thread(target=thread_main, name="streamed-restore", daemon=True)
     t.start()
     t.join()
+    stream_io.shutdown_workers()  # a restore is once per process; saves start their own workers again
     if box:
         raise box[0]
     want_segments = doc.get("segments", doc.get("groups"))  # v1: one segment per group
