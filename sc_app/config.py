@@ -47,6 +47,13 @@ class DataPlaneConfig(_Section):
     storage_node_resource: str | None = Field(
         None, description="Custom Ray resource a node must have to host a storage unit."
     )
+    groups_per_put: int = Field(
+        0,
+        ge=0,
+        description="Most groups one rollout commit puts in one TransferQueue call (0: every group of a generate "
+        "call). Fewer calls are faster; a stored row keeps its whole put's buffer alive until every row of it is "
+        "cleared, so a cap bounds how much memory one slow group can hold.",
+    )
     snapshot: Literal["streamed", "native"] = Field(
         "streamed",
         description="streamed: capture rows in the barrier window, write them after it (no pickle); "

@@ -203,18 +203,22 @@ class SingleControllerActor:
                     generating = time.perf_counter()
                     out = await worker.generate.remote(idxs)
                     self._rollout_seconds["generation"] += time.perf_counter() - generating
-                    # every group of the call in one put, one barrier slot (rows are already grouped in order)
+                    # the groups of the call in one put and one barrier slot (data_plane.groups_per_put caps it)
                     data = TensorDict(
                         {"tokens": out["tokens"], "logprobs": out["logprobs"], "reward": out["rewards"]},
                         batch_size=len(idxs) * group_size,
                     )
                     version = int(out["version"])
-                    await self.buffer.commit_groups([GroupCommit(group_id_for(i), i, version) for i in idxs], data)
-                    for idx in idxs:
-                        self.loader.settled(idx)
-                    async with self._cond:
-                        self._inflight -= len(idxs)
-                        self._cond.notify_all()
+                    per_put = self.cfg.data_plane.groups_per_put or len(idxs)
+                    for lo in range(0, len(idxs), per_put):
+                        chunk = idxs[lo : lo + per_put]
+                        commits = [GroupCommit(group_id_for(i), i, version) for i in chunk]
+                        await self.buffer.commit_groups(commits, data[lo * group_size : (lo + len(chunk)) * group_size])
+                        for idx in chunk:
+                            self.loader.settled(idx)
+                        async with self._cond:
+                            self._inflight -= len(chunk)
+                            self._cond.notify_all()
                 except BaseException:
                     async with self._cond:
                         self._inflight = max(0, self._inflight - sum(1 for i in idxs if i in self.loader.pending))

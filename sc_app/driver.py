@@ -13,7 +13,8 @@ max(trainer start + load, data-plane restore) rather than their sum.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,9 @@ class TQPolicy:
 class Setup:
     actor: Any  # the SingleControllerActor handle
     policy: TQPolicy
+    # where setup's time went, seconds: "data_plane_restore" (the bootstrap client's load_checkpoint, while the
+    # trainers start and load), "trainer_load_wait" (waiting for the trainers after it); both absent on a fresh start
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str, lease: Lease | None = None) -> Setup:
@@ -125,6 +129,7 @@ def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str, le
     policy = TQPolicy(cfg, dp_client)
     start_step = start_version = 0
     loader_state = sidecar = restored = None
+    seconds: dict[str, float] = {}
     if plan.decision == "resume":
         assert plan.bundle is not None
         bundle = plan.bundle
@@ -132,12 +137,16 @@ def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str, le
         loading = policy.load_trainer_state(bundle / layout.POLICY_DIR)  # runs on the trainers from here on
         loader_state = torch_io.load(bundle / layout.LOADER_FILE)
         order.enter("data_plane_restore")
+        t0 = time.perf_counter()
         restored = policy.load_data_plane_checkpoint(bundle / layout.DATA_PLANE_DIR)
+        seconds["data_plane_restore"] = time.perf_counter() - t0
         manifest = plan.reports[-1].manifest
         assert manifest is not None
         if restored.get("digest") != manifest.replay_digest:
             raise ResumeRefused(f"{bundle}: data-plane digest differs from the manifest's replay digest")
+        t0 = time.perf_counter()
         start_version = policy.trainer_state_loaded(loading, bundle / layout.POLICY_DIR)
+        seconds["trainer_load_wait"] = time.perf_counter() - t0
         start_step = plan.step
         sidecar = str(bundle / layout.SIDECAR_FILE)
     dp_client.seal({"decision": plan.decision, "step": start_step, "run_id": run_id})
@@ -157,4 +166,4 @@ def setup_single_controller(cfg: AppConfig, plan: ResumePlan, *, run_id: str, le
     )
     actor = SingleControllerActor.options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     order.enter("actor")
-    return Setup(actor=actor, policy=policy)
+    return Setup(actor=actor, policy=policy, seconds=seconds)

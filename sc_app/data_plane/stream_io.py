@@ -243,6 +243,9 @@ class StreamWorker:
     def __init__(self) -> None:
         import transfer_queue as tq
 
+        from sc_app.data_plane import tq_fastpath
+
+        tq_fastpath.install(tq)
         tq.init()  # attaches to the running TransferQueue
         self.tq = tq
 

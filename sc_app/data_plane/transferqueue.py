@@ -23,6 +23,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from sc_app.data_plane import tq_fastpath
 from sc_app.data_plane.client import (
     METADATA_FILE,
     CapturedRows,
@@ -109,6 +110,7 @@ class TransferQueueDataPlane(DataPlaneClient):
     ) -> None:
         import transfer_queue as tq
 
+        tq_fastpath.install(tq)
         if snapshot not in ("streamed", "native"):
             raise ValueError(f"data_plane.snapshot must be 'streamed' or 'native', got {snapshot!r}")
         self._tq = tq

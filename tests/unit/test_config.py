@@ -80,6 +80,7 @@ def test_empty_yaml_file_is_the_default(tmp_path: Path) -> None:
         ("trainer.resources={trainer_node: 1}", lambda c: c.trainer.resources, {"trainer_node": 1.0}),
         ("data_plane.storage_node_resource=tq_node", lambda c: c.data_plane.storage_node_resource, "tq_node"),
         ("checkpoint.on_corrupt=strict", lambda c: c.checkpoint.on_corrupt, "strict"),
+        ("data_plane.groups_per_put=1", lambda c: c.data_plane.groups_per_put, 1),
     ],
 )
 def test_set_values_are_yaml_typed(override: str, get: object, want: object) -> None:
@@ -119,6 +120,7 @@ def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
     [
         ("checkpoint.save_period=abc", "checkpoint.save_period"),
         ("checkpoint.save_period=0", "checkpoint.save_period"),
+        ("data_plane.groups_per_put=-1", "data_plane.groups_per_put"),
         ("run.max_steps=-3", "run.max_steps"),
         ("checkpoint.enabled=maybe", "checkpoint.enabled"),
         ("checkpoint.on_corrupt=sometimes", "checkpoint.on_corrupt"),
