@@ -280,7 +280,8 @@ class SingleControllerActor:
             ids = [sid for group in groups for sid in group.sample_ids]
             staleness = sum(self.version - group.version for group in groups) / len(groups)
             # advantage stage (flow 4): read rows back, overwrite one field on the same rows; no barrier slot
-            rows = await self.client.get_samples(partition, ids, ["reward"])
+            indexes = self.buffer.global_indexes([group.group_id for group in groups])  # no key lookup when known
+            rows = await self.client.get_samples(partition, ids, ["reward"], global_indexes=indexes)
             clock.lap("get")
             adv = group_advantages(rows["reward"], cfg.grpo.num_generations_per_prompt)
             await self.buffer.write_fields(

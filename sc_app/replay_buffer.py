@@ -13,6 +13,8 @@ Invariants:
   ``barrier.mutation()``, and the index changes for all of its groups together after that call, so a window sees
   either none or all of a batch;
 * every group has exactly ``group_size`` distinct sample ids, and no id belongs to two groups;
+* a group's global indexes (what the data plane returned for its put) are kept from its commit until its rows are
+  cleared, and used only in between: later calls on its rows skip the data plane's key lookup;
 * ``metadata_state_dict()`` holds no tensors, and its ``digest`` equals ``sidecar_digest`` of itself;
 * ``load_state_dict`` rebuilds the index only (no data-plane writes) and refuses a sidecar whose schema version,
   partition, group size, ids or digest are off.
@@ -117,7 +119,8 @@ class TQReplayBuffer:
         self._groups: dict[str, Group] = {}
         self._field_names: dict[str, frozenset[str] | None] = {}  # group id → field names its rows hold (None: unknown)
         self._frozen: dict[str, frozenset[str] | None] = {}  # group id → fields a snapshot is still reading
-        self._deferred_clears: list[str] = []  # rows of frozen groups already dropped from the index
+        self._deferred_clears: list[tuple[list[str], list[int] | None]] = []  # (ids, indexes) of dropped frozen groups
+        self._indexes: dict[str, list[int]] = {}  # group id -> its rows' global indexes (when the data plane said)
         self._committing: set[str] = set()  # group ids of batches waiting for or inside their put
         self._dropping: set[str] = set()  # group ids a drop has started on (write_fields refuses them)
         self._writing: Counter[str] = Counter()  # group ids with an advantage write in flight
@@ -170,18 +173,20 @@ class TQReplayBuffer:
         groups = [Group(c.group_id, tuple(sample_ids_for(c.group_id, g)), c.prompt_index, c.version) for c in commits]
         ids = [sid for group in groups for sid in group.sample_ids]
         tags: list[dict[str, Any]] = []
-        for c in commits:
-            tags += [{"group": c.group_id, "version": c.version}] * g  # one shared dict per group, no per-row work
+        for group in groups:
+            tags += [self._tag(group)] * g  # one shared dict per group, no per-row work
         names = frozenset(str(k) for k in data.keys())  # noqa: SIM118
         self._committing.update(gids)  # checked above with no await since: a concurrent batch cannot take them
         started = time.perf_counter()
         try:
             async with self.barrier.mutation():
                 self.times.put_wait += time.perf_counter() - started
-                await self.client.put_samples(self.partition, ids, data, tags)
-                for group in groups:
+                indexes = await self.client.put_samples(self.partition, ids, data, tags)
+                for k, group in enumerate(groups):
                     self._groups[group.group_id] = group
                     self._field_names[group.group_id] = names
+                    if indexes is not None:
+                        self._indexes[group.group_id] = indexes[k * g : (k + 1) * g]
         finally:
             self._committing.difference_update(gids)
             self.times.put += time.perf_counter() - started
@@ -205,14 +210,17 @@ class TQReplayBuffer:
             async with self.barrier.mutation():
                 self.times.clear_wait += time.perf_counter() - started
                 # decided once, with no await before it is recorded: thaw() may run at any await
-                now: list[str] = []
+                now = [group for group in groups if group.group_id not in self._frozen]
                 for group in groups:
-                    (self._deferred_clears if group.group_id in self._frozen else now).extend(group.sample_ids)
+                    if group.group_id in self._frozen:
+                        self._deferred_clears.append((list(group.sample_ids), self._indexes.get(group.group_id)))
                 if now:
-                    await self.client.clear_samples(self.partition, now)
+                    ids = [sid for group in now for sid in group.sample_ids]
+                    await self.client.clear_samples(self.partition, ids, global_indexes=self._indexes_of(now))
                 for group in groups:
                     del self._groups[group.group_id]
                     self._field_names.pop(group.group_id, None)
+                    self._indexes.pop(group.group_id, None)
         finally:
             self._dropping -= gids
             self.times.clear += time.perf_counter() - started
@@ -233,7 +241,14 @@ class TQReplayBuffer:
                 await self._thawed.wait()
             self.times.write_wait += time.perf_counter() - started
             ids = [sid for group in groups for sid in group.sample_ids]
-            await self.client.put_samples(self.partition, ids, data)
+            indexes = self._indexes_of(groups)
+            if indexes is None:
+                await self.client.put_samples(self.partition, ids, data)
+            else:  # by index: the put must carry the rows' tags (the data plane replaces them)
+                tags: list[dict[str, Any]] = []
+                for group in groups:
+                    tags += [self._tag(group)] * self.group_size
+                await self.client.put_samples(self.partition, ids, data, tags, global_indexes=indexes)
             for group in groups:
                 held = self._field_names.get(group.group_id)
                 self._field_names[group.group_id] = None if held is None else held | names
@@ -251,6 +266,25 @@ class TQReplayBuffer:
             return False
         held = self._frozen[group_id]
         return held is None or bool(held & names)
+
+    def _indexes_of(self, groups: Sequence[Group]) -> list[int] | None:
+        """The global indexes of these groups' rows in order, or None unless every one is known."""
+        out: list[int] = []
+        for group in groups:
+            indexes = self._indexes.get(group.group_id)
+            if indexes is None:
+                return None
+            out += indexes
+        return out
+
+    def global_indexes(self, group_ids: Sequence[str]) -> list[int] | None:
+        """What the data plane calls these groups' rows (in group order), when it said for every one; valid until
+        they are dropped — pass them to a read of exactly these rows to skip its key lookup."""
+        return self._indexes_of([self._groups[gid] for gid in group_ids])
+
+    @staticmethod
+    def _tag(group: Group) -> dict[str, Any]:
+        return {"group": group.group_id, "version": group.version}
 
     # -- checkpoint: the snapshot's read phase ----------------------------------------------------------------
     def field_names_by_group(self) -> dict[str, list[str] | None]:
@@ -281,10 +315,13 @@ class TQReplayBuffer:
         self._frozen = {}  # before any await: a drop from now on clears its rows itself
         self._thawed.set()
         if pending:
+            ids = [sid for group_ids, _ in pending for sid in group_ids]
+            known = all(indexes is not None for _, indexes in pending)
+            indexes = [gi for _, group_indexes in pending for gi in group_indexes or ()] if known else None
             started = time.perf_counter()
             try:
                 async with self.barrier.mutation():
-                    await self.client.clear_samples(self.partition, pending)
+                    await self.client.clear_samples(self.partition, ids, global_indexes=indexes)
             finally:
                 self.times.thaw_clear += time.perf_counter() - started
 

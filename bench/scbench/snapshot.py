@@ -69,7 +69,7 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
     from sc_app.barrier import DataPlaneCheckpointBarrier
     from sc_app.data_plane.client import CapturedRows
     from sc_app.data_plane.streamed import load_streamed
-    from sc_app.data_plane.streamed_format import iter_groups
+    from sc_app.data_plane.streamed_format import RestoredGroup, iter_groups
     from sc_app.replay_buffer import GroupCommit, TQReplayBuffer
 
     tq = h.tq
@@ -212,7 +212,9 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
     check(set(ids_on_disk) == buffer.sample_ids(), "streamed snapshot != captured index")
     check(len(ids_on_disk) == len(set(ids_on_disk)), "streamed snapshot repeats a row")
     expected = {g.group_id: int(g.group_id[1:]) for g in buffer.groups()}
-    in_memory = list(iter_groups(sdir))  # TransferQueue's own put of exactly these tensors: the restore ceiling
+    # TransferQueue's own put of exactly these tensors, already in memory (copied out of the mapped files): the
+    # restore ceiling's other half
+    in_memory = [RestoredGroup(g.group, g.ids, g.tags, g.data.clone()) for g in iter_groups(sdir)]
 
     def check_restored(probe: str, what: str) -> None:
         listing = tq.kv_list(partition).get(partition, {})

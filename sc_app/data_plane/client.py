@@ -6,6 +6,10 @@ Invariants every adapter keeps:
 * A connect-only client may not be built before the restore decision is sealed (``RestoreOrderError``):
   this is the seed's "restore happens before the connect-only client exists", asserted rather than assumed.
 * ``put_samples`` on existing ids overwrites the fields ``data`` holds only; it never changes which rows exist.
+* ``put_samples`` returns the rows' global indexes where the adapter has them; a caller may pass them back
+  (``global_indexes=``) to later calls on the *same* rows, which then skip the data plane's key lookup. They are
+  valid from the put until the rows are cleared (indexes are reused after a clear), and a put with them must carry
+  the rows' tags (TransferQueue replaces a row's tags on every put).
 """
 
 from __future__ import annotations
@@ -56,17 +60,31 @@ class DataPlaneClient(ABC):
 
     @abstractmethod
     async def put_samples(
-        self, partition: str, sample_ids: list[str], data: TensorDict, tags: list[dict[str, Any]] | None = None
-    ) -> None: ...
+        self,
+        partition: str,
+        sample_ids: list[str],
+        data: TensorDict,
+        tags: list[dict[str, Any]] | None = None,
+        *,
+        global_indexes: list[int] | None = None,
+    ) -> list[int] | None:
+        """Write ``data``'s fields onto these rows (creating them); returns their global indexes, or None."""
 
     @abstractmethod
     async def get_samples(
-        self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
+        self,
+        partition: str,
+        sample_ids: list[str],
+        field_names: list[str] | None = None,
+        *,
+        global_indexes: list[int] | None = None,
     ) -> TensorDict:
         """Rows in the order asked, as dense tensors (one per field; ``field_names`` None: every field)."""
 
     @abstractmethod
-    async def clear_samples(self, partition: str, sample_ids: list[str]) -> None: ...
+    async def clear_samples(
+        self, partition: str, sample_ids: list[str], *, global_indexes: list[int] | None = None
+    ) -> None: ...
 
     @abstractmethod
     async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import queue
 import threading
 from collections import deque
@@ -200,6 +201,20 @@ def prefetched(it: Iterator[RestoredGroup], depth: int = 8) -> Iterator[Restored
                 t.join(0.05)
 
 
+def read_ahead(directory: Path, parts: list[str]) -> None:
+    """Ask the kernel to start reading the stream's part files now (they are mapped, not read, by ``iter_groups``):
+    the disk reads run while the first segments are put."""
+    for name in parts:
+        try:
+            fd = os.open(directory / f"{name}.bin", os.O_RDONLY)
+        except OSError:
+            continue  # iter_groups names the missing file
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+
 async def restore_stream(
     source: RowSource,
     directory: Path,
@@ -213,6 +228,8 @@ async def restore_stream(
     (the stream's row ids in file order); returns ``{"rows", "segments"}``."""
     rows = segments = 0
     inflight: set[asyncio.Task[Any]] = set()
+    # not awaited: the kernel may submit the reads synchronously, and the puts should start at once
+    threading.Thread(target=read_ahead, args=(Path(directory), parts), name="restore-readahead", daemon=True).start()
     try:
         for group in prefetched(iter_groups(Path(directory), doc, parts)):
             while len(inflight) >= max(1, puts_in_flight):

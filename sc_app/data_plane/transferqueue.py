@@ -23,7 +23,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from sc_app.data_plane import tq_fastpath
+from sc_app.data_plane import tq_fastpath, units
 from sc_app.data_plane.client import (
     METADATA_FILE,
     CapturedRows,
@@ -144,15 +144,45 @@ class TransferQueueDataPlane(DataPlaneClient):
 
     # -- data ops -----------------------------------------------------------------------------------------
     async def put_samples(
-        self, partition: str, sample_ids: list[str], data: TensorDict, tags: list[dict[str, Any]] | None = None
-    ) -> None:
+        self,
+        partition: str,
+        sample_ids: list[str],
+        data: TensorDict,
+        tags: list[dict[str, Any]] | None = None,
+        *,
+        global_indexes: list[int] | None = None,
+    ) -> list[int]:
+        """What ``kv_batch_put`` does (look the keys up, creating them; put; set tags), keeping the indexes; with
+        ``global_indexes`` (and the rows' ``tags``) the lookup is skipped."""
+        if data.batch_size[0] != len(sample_ids):
+            raise ValueError(f"{len(sample_ids)} sample ids for {data.batch_size[0]} rows")
         await self._report_touch_async("put_samples")
-        await self._tq.async_kv_batch_put(keys=list(sample_ids), partition_id=partition, fields=data, tags=tags)
+        client = units.tq_client(self._tq)
+        if global_indexes is None:
+            meta = await client.async_kv_retrieve_meta(keys=list(sample_ids), partition_id=partition, create=True)
+            if meta.size != len(sample_ids):
+                raise RuntimeError(f"TransferQueue found {meta.size} of {len(sample_ids)} keys in {partition!r}")
+        else:
+            if tags is None:
+                raise ValueError("a put by global index must carry the rows' tags: TransferQueue replaces them")
+            meta = units.batch_meta(partition, global_indexes)
+        if tags is not None:
+            meta.update_custom_meta(tags)
+        await client.async_put(data, meta)
+        return list(meta.global_indexes)
 
     async def get_samples(
-        self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
+        self,
+        partition: str,
+        sample_ids: list[str],
+        field_names: list[str] | None = None,
+        *,
+        global_indexes: list[int] | None = None,
     ) -> TensorDict:
         await self._report_touch_async("get_samples")
+        if global_indexes is not None and field_names:
+            meta = units.batch_meta(partition, global_indexes, field_names)
+            return dense(await units.tq_client(self._tq).async_get_data(meta))
         rows = await self._tq.async_kv_batch_get(
             keys=list(sample_ids), partition_id=partition, select_fields=field_names
         )
@@ -164,8 +194,13 @@ class TransferQueueDataPlane(DataPlaneClient):
         self._report_touch("get_samples")
         return dense(self._tq.kv_batch_get(keys=list(sample_ids), partition_id=partition, select_fields=field_names))
 
-    async def clear_samples(self, partition: str, sample_ids: list[str]) -> None:
+    async def clear_samples(
+        self, partition: str, sample_ids: list[str], *, global_indexes: list[int] | None = None
+    ) -> None:
         await self._report_touch_async("clear_samples")
+        if global_indexes is not None:
+            await units.tq_client(self._tq).async_clear_samples(units.batch_meta(partition, global_indexes))
+            return
         await self._tq.async_kv_clear(keys=list(sample_ids), partition_id=partition)
 
     async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:

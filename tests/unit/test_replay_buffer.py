@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ class FakeDataPlane(DataPlaneClient):
         self.put_keys: list[list[str]] = []
         self.put_gate: asyncio.Event | None = None  # when set, a put waits for it (after recording the call)
         self.fail_puts = False
+        self.indexes: dict[str, int] | None = None  # set to {} to hand out global indexes like TransferQueue
+        self.by_index: list[str] = []  # calls made with global indexes
+        self._next_index = itertools.count()
 
     def _write(self, op: str) -> None:
         self.calls.append(op)
@@ -42,8 +46,14 @@ class FakeDataPlane(DataPlaneClient):
             self.slots_during_writes.append(self.barrier.active_mutations)
 
     async def put_samples(
-        self, partition: str, sample_ids: list[str], data: TensorDict, tags: list[dict[str, Any]] | None = None
-    ) -> None:
+        self,
+        partition: str,
+        sample_ids: list[str],
+        data: TensorDict,
+        tags: list[dict[str, Any]] | None = None,
+        *,
+        global_indexes: list[int] | None = None,
+    ) -> list[int] | None:
         self._write("put_samples")
         self.put_keys.append(list(sample_ids))
         if self.put_gate is not None:
@@ -55,19 +65,40 @@ class FakeDataPlane(DataPlaneClient):
             self.rows.setdefault(sid, {}).update({k: data.get(k)[i] for k in data.keys()})  # noqa: SIM118
             if tags is not None:
                 self.tags[sid] = dict(tags[i])
+        if self.indexes is None:
+            return None
+        if global_indexes is not None:  # a put by index must name exactly these rows
+            assert [self.indexes[sid] for sid in sample_ids] == global_indexes, "put by stale or wrong indexes"
+            assert tags is not None, "a put by index must carry the tags"
+            self.by_index.append("put")
+        for sid in sample_ids:
+            self.indexes.setdefault(sid, next(self._next_index))
+        return [self.indexes[sid] for sid in sample_ids]
 
     async def get_samples(
-        self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
+        self,
+        partition: str,
+        sample_ids: list[str],
+        field_names: list[str] | None = None,
+        *,
+        global_indexes: list[int] | None = None,
     ) -> TensorDict:
         self.calls.append("get_samples")
         keys = field_names or list(self.rows[sample_ids[0]])
         return TensorDict({k: torch.stack([self.rows[s][k] for s in sample_ids]) for k in keys}, [len(sample_ids)])
 
-    async def clear_samples(self, partition: str, sample_ids: list[str]) -> None:
+    async def clear_samples(
+        self, partition: str, sample_ids: list[str], *, global_indexes: list[int] | None = None
+    ) -> None:
         self._write("clear_samples")
+        if global_indexes is not None:
+            assert self.indexes is not None and [self.indexes[sid] for sid in sample_ids] == global_indexes
+            self.by_index.append("clear")
         await asyncio.sleep(0)
         for sid in sample_ids:
             del self.rows[sid]
+            if self.indexes is not None:
+                del self.indexes[sid]
 
     async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:
         self.calls.append("list_sample_ids")
@@ -449,6 +480,51 @@ def test_a_drop_waits_for_an_advantage_write_in_flight_on_its_groups() -> None:
         assert set(client.rows) == buf.sample_ids() == {f"p1:{r}" for r in range(G)}
 
     asyncio.run(body())
+
+
+def test_known_global_indexes_are_reused_until_the_rows_are_cleared() -> None:
+    """The indexes a commit's put returned spare later calls on the same rows their key lookup; they are given
+    back exactly (the fake asserts it), with the tags on a put, and forgotten once the rows are cleared."""
+    buf, client, _ = make_buffer()
+    client.indexes = {}
+
+    async def body() -> None:
+        await buf.commit_groups(batch("p0", "p1"), rows(2 * G))
+        await buf.commit_groups(batch("p2", version=2), rows(G))
+        assert buf.global_indexes(["p2", "p0"]) == [client.indexes[f"{g}:{r}"] for g in ("p2", "p0") for r in range(G)]
+        await buf.write_fields(["p1", "p2"], TensorDict({"advantage": torch.ones(2 * G)}, [2 * G]))
+        assert client.tags["p2:0"] == {"group": "p2", "version": 2}, "a put by index rewrote the tags"
+        buf.freeze(buf.sample_ids())
+        await buf.drop(["p0"])  # frozen: cleared by thaw, by index
+        await buf.thaw()
+        await buf.drop(["p1", "p2"])
+        assert buf.global_indexes([]) == []
+
+    asyncio.run(body())
+    assert client.by_index == ["put", "clear", "clear"]
+    assert client.rows == {} and client.indexes == {}
+
+
+def test_groups_without_known_indexes_are_looked_up() -> None:
+    """Restored groups (and adapters that do not return indexes) take the lookup path."""
+    sd = filled_sidecar(2)
+    buf, client, _ = make_buffer()
+    client.indexes = {}
+    buf.load_state_dict(sd, expected_digest=sd["digest"])
+    assert buf.global_indexes(["p0"]) is None
+    for gid in ("p0", "p1"):  # what the restore put back
+        for r in range(G):
+            client.rows[f"{gid}:{r}"] = {"reward": torch.tensor(0.0)}
+            client.indexes[f"{gid}:{r}"] = len(client.indexes)
+
+    async def body() -> None:
+        await buf.commit_groups(batch("p5"), rows(G))
+        await buf.write_fields(["p0", "p5"], TensorDict({"advantage": torch.ones(2 * G)}, [2 * G]))
+        await buf.drop(["p0", "p5"])
+
+    asyncio.run(body())
+    assert client.by_index == [], "a call mixing a group of unknown indexes must look every row up"
+    assert set(client.rows) == buf.sample_ids() == {f"p1:{r}" for r in range(G)}
 
 
 # ------------------------------------------------------------------------------------------------ refusals
