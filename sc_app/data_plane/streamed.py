@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,7 +257,7 @@ async def _restore(tq: Any, directory: Path, doc: dict[str, Any], placement: boo
         worker = None
         if placement and gis:
             # the unit most of this stream's rows now route to
-            unit = Counter(u.unit for u in units.route(client, gis) for _ in u.positions).most_common(1)[0][0]
+            unit = max(units.route(client, gis), key=lambda u: len(u.positions)).unit
             worker = await asyncio.to_thread(_worker_for_unit, tq, unit, directory)
         if worker is not None:
             got = await worker.restore.remote(str(directory), doc, streams[k], gis)
