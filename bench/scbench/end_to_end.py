@@ -32,6 +32,8 @@ REALISTIC = {
     "data_plane": {"storage_units": 2},
 }
 REALISTIC_ROW_BYTES = (224 + 16) * 8 + 16 * 4 + 4 + 4  # tokens, logprobs, reward, advantage
+STEPS = (120, 6)  # default-config runs: steps (full, quick)
+REALISTIC_STEPS = ((16, 3), (3, 1))  # realistic-shape runs: (steps, warm-up steps not counted), (full, quick)
 RESUME_ROUNDS = 8  # padded resume vs cold start, full run
 RESUME_TARGET_ROUNDS = 7  # ... of which the target must hold in this many
 
@@ -197,7 +199,7 @@ def run(h: Harness) -> dict[str, Any]:
 
     print("[end to end] default config: checkpointing on vs off ...", flush=True)
     h.use_units(1)
-    steps = 6 if h.quick else 120
+    steps = STEPS[1] if h.quick else STEPS[0]
     warm = 2
     order = ["on"] if h.quick else ["off", "on", "off", "on"]
     runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
@@ -280,7 +282,7 @@ def realistic(h: Harness) -> dict[str, Any]:
     """The realistic shape, batched commits (now) vs one put per group (before), interleaved."""
     print("[end to end] realistic shape: 64 prompts x 16 generations, ~2 KiB rows, 2 units ...", flush=True)
     h.use_units(2)
-    steps, warm = (3, 1) if h.quick else (16, 3)
+    steps, warm = REALISTIC_STEPS[1] if h.quick else REALISTIC_STEPS[0]
     order = ["now"] if h.quick else ["now", "before", "now", "before"]
     out: dict[str, list[dict[str, Any]]] = {"now": [], "before": []}
     for i, variant in enumerate(order):
