@@ -28,12 +28,13 @@ from bench.scbench.common import raw_write as raw_write_file
 REALISTIC = {
     "grpo": {"prompts_per_step": 64, "num_generations_per_prompt": 16, "max_groups_buffered": 160},
     "task": {"prompt_len": 224, "response_len": 16},
-    "model": {"max_seq_len": 256, "d_model": 32, "n_layers": 1, "n_heads": 2},
+    # the toy generator recomputes the whole sequence for every token: the smallest model keeps a step to seconds
+    "model": {"max_seq_len": 256, "d_model": 16, "n_layers": 1, "n_heads": 1},
     "data_plane": {"storage_units": 2},
 }
 REALISTIC_ROW_BYTES = (224 + 16) * 8 + 16 * 4 + 4 + 4  # tokens, logprobs, reward, advantage
 STEPS = (120, 6)  # default-config runs: steps (full, quick)
-REALISTIC_STEPS = ((16, 3), (3, 1))  # realistic-shape runs: (steps, warm-up steps not counted), (full, quick)
+REALISTIC_STEPS = ((10, 2), (3, 1))  # realistic-shape runs: (steps, warm-up steps not counted), (full, quick)
 RESUME_ROUNDS = 8  # padded resume vs cold start, full run
 RESUME_TARGET_ROUNDS = 7  # ... of which the target must hold in this many
 
