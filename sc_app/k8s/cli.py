@@ -27,8 +27,29 @@ from sc_app.k8s.rayjob import RayJobs
 log = logging.getLogger(__name__)
 
 PROG = "sc-app k8s"
-# Values that only let the chart render when the caller needs names, not an installable release.
-NAME_PROBE = {"image": {"tag": "name-probe"}}
+# The image tag that lets the chart render when the caller needs names, not an installable release.
+NAME_PROBE_TAG = "name-probe"
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds (argparse type): 0 would mean "no timeout" to urllib3."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 or more")
+    return value
 
 
 def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -55,8 +76,9 @@ def _kube(args: argparse.Namespace) -> Kube:
 def _release(args: argparse.Namespace, *, installable: bool = False) -> Release:
     """The release as the chart renders it for ``-f``/``--set``; for naming only, a missing image tag is filled in."""
     values = load_values(args.values, args.set)
-    if not installable:
-        values = deep_merge(json.loads(json.dumps(NAME_PROBE)), values)
+    image = values.get("image")
+    if not installable and (not isinstance(image, dict) or not (image.get("tag") or image.get("digest"))):
+        values = deep_merge(values, {"image": {"tag": NAME_PROBE_TAG}})
     return render_release(values, name=args.release, namespace=args.namespace, chart=args.chart)
 
 
@@ -134,7 +156,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", default=None, help="kubeconfig context")
     p.add_argument(
         "--request-timeout",
-        type=float,
+        type=_seconds,
         default=DEFAULT_REQUEST_TIMEOUT,
         metavar="SECONDS",
         help=f"longest wait for any one answer of the API server (default {DEFAULT_REQUEST_TIMEOUT:g})",
@@ -161,14 +183,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _common(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
-    st.add_argument("--events", type=int, default=5, metavar="N", help="driver events to show (default 5)")
+    st.add_argument("--events", type=_count, default=5, metavar="N", help="driver events to show (default 5)")
     st.add_argument("--no-live", action="store_true", help="do not ask the head's Ray Jobs API (no proxy access)")
     st.set_defaults(func=cmd_status)
 
     wt = verbs.add_parser("wait", help="wait until the job completes or fails (exit 0 only on success)")
     _common(wt)
-    wt.add_argument("--timeout", type=float, default=24 * 3600.0, help="total seconds (default 86400)")
-    wt.add_argument("--poll", type=float, default=10.0, help="seconds between polls (default 10)")
+    wt.add_argument("--timeout", type=_seconds, default=24 * 3600.0, help="total seconds (default 86400)")
+    wt.add_argument("--poll", type=_seconds, default=10.0, help="seconds between polls (default 10)")
     wt.set_defaults(func=cmd_wait)
 
     for verb, fn, text in [
@@ -181,8 +203,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     dl = verbs.add_parser("delete", help="delete the RayJob, then what submit created with it (never the PVC)")
     _common(dl)
-    dl.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the RayJob to go (default 300)")
-    dl.add_argument("--poll", type=float, default=2.0, help="seconds between checks (default 2)")
+    dl.add_argument("--timeout", type=_seconds, default=300.0, help="seconds to wait for the RayJob to go (300)")
+    dl.add_argument("--poll", type=_seconds, default=2.0, help="seconds between checks (default 2)")
     dl.set_defaults(func=cmd_delete)
 
 

@@ -372,6 +372,19 @@ def test_unusable_kubeconfig_is_one_line_exit_2(tmp_path: Path, capsys, content,
     assert f"kubeconfig {kc}: " in line and expected in line, line
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [["status", "--request-timeout", "0"], ["wait", "--timeout", "-1"], ["wait", "--timeout", "nan"],
+     ["wait", "--poll", "0"], ["delete", "--timeout", "inf"], ["status", "--events", "-2"]],
+    ids=["request-timeout-0", "negative-timeout", "nan", "poll-0", "inf", "negative-events"],
+)
+def test_time_flags_must_be_positive_seconds(flags: list[str]) -> None:
+    """0 would mean "no timeout" to urllib3: a time flag that means no limit must not be accepted."""
+    proc = cli(flags[0], "demo", *flags[1:])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("error:") == 1 and f"argument {flags[1]}: " in proc.stderr, proc.stderr
+
+
 def test_the_cli_module_loads_neither_kubernetes_nor_helm() -> None:
     """`sc-app` registers `k8s` for every command: its import must stay cheap."""
     code = ("import sys, sc_app.cli; sc_app.cli.build_parser(); "
