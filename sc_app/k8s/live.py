@@ -8,8 +8,10 @@ Facts this relies on (KubeRay ``ray-operator`` @feeaf72, Ray 2.60):
 - With ``authOptions.mode: token`` the dashboard reads the token from ``Authorization: Bearer``, else from
   ``X-Ray-Authorization: Bearer``, else from a cookie (``ray/_private/authentication/http_token_authentication.py``):
   401 without a token, 403 for a wrong one. The API server authenticates the caller by the ``Authorization`` header
-  and removes it before proxying, so the token is sent as ``X-Ray-Authorization`` (what KubeRay sends too). It is the
-  ``auth_token`` key of ``authOptions.secretName`` (default: a Secret named after the RayCluster).
+  and removes it before proxying (kubernetes/kubernetes#38775), so the token is sent as ``X-Ray-Authorization``: Ray
+  added that fallback for this very path (ray-project/ray#58819) and KubeRay's dashboard client sends it through the
+  proxy (ray-project/kuberay#4213). It is the ``auth_token`` key of ``authOptions.secretName`` (default: a Secret
+  named after the RayCluster).
 - ``GET /api/jobs/<id>`` answers the job's details (JSON with ``status``, ``message``, ``start_time``...);
   ``GET /api/jobs/<id>/logs`` answers ``{"logs": "<the driver's whole output>"}`` (about 100 bytes per step).
 

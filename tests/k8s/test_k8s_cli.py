@@ -637,6 +637,8 @@ def test_live_status_of_a_real_ray_head_through_the_proxy(api, tmp_path: Path, r
     ports = {k: _free_port() for k in ("gcs", "dashboard", "client", "metrics", "nodeManager", "objectManager",
                                         "runtimeEnvAgent", "dashboardAgentGrpc", "dashboardAgentHttp")}
     base = random.randrange(30000, 60000, 200)  # Ray's worker ports: a range nobody else here is likely to use
+    while any(base <= p <= base + 150 for p in ports.values()):  # Ray refuses a component port inside the range
+        base = random.randrange(30000, 60000, 200)
     values["rayPorts"] = ports | {"minWorkerPort": base, "maxWorkerPort": base + 150}
     values["config"]["run"]["max_steps"] = 4
     release = render_release(values, name="demo", namespace="ml")
