@@ -1,9 +1,10 @@
 """SingleControllerActor: one Ray actor, one asyncio loop — rollout pumps, sampler, train pump, save.
 
 ``__init__`` does no construction of other objects: everything arrives built in one ``SingleControllerActorArgs``
-(seed flow 2). Only the connect-only data-plane client is built in ``run()`` (a live client cannot be pickled,
-so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses it
-otherwise.
+(seed flow 2). Only the connect-only data-plane client is built in ``restore()`` (a live client cannot be
+pickled, so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses
+it otherwise. The driver awaits ``restore()`` (index rebuilt from the sidecar, inventory checked), then ``run()``
+starts the pumps.
 
 Invariants:
 * commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage (read
@@ -12,7 +13,8 @@ Invariants:
   barrier window); the rest follows behind training in ``sc_app.checkpoint.save.write_bundle``, which states the
   whole save order. At most one save is in flight: the next save, the end of the run and a stop request each
   await it first;
-* the index is loaded and checked against ``list_sample_ids()`` before any pump starts.
+* the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before
+  ``run``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class SingleControllerActorArgs:
     sidecar_path: str | None = None
     data_plane_checkpoint_metadata: dict[str, Any] | None = None  # what the driver restored (flow 1 → 2)
     lease: Lease | None = None
+    lineage: str | None = None  # the checkpoint directory's lineage, recorded in every manifest
 
 
 def group_id_for(prompt_index: int) -> str:
@@ -93,8 +96,8 @@ def _versions() -> dict[str, str]:
 
 @ray.remote
 class SingleControllerActor:
-    client: DataPlaneClient  # connect-only, built by run()
-    buffer: TQReplayBuffer  # built by run() on the client
+    client: DataPlaneClient  # connect-only, built by restore()
+    buffer: TQReplayBuffer  # built by restore() on the client
 
     def __init__(self, args: SingleControllerActorArgs) -> None:
         self.args = args
@@ -113,6 +116,8 @@ class SingleControllerActor:
         self._save_io = background_executor("save-io")
         self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
         self._last_saved = self.step
+        self._failed_saves_in_a_row = 0
+        self._restored = False
         self._trace_fh: Any = None
 
     # ------------------------------------------------------------------ control surface for the driver
@@ -124,8 +129,11 @@ class SingleControllerActor:
         async with self._cond:
             self._cond.notify_all()
 
-    # ------------------------------------------------------------------ run
-    async def run(self) -> RunSummary:
+    # ------------------------------------------------------------------ restore, then run
+    async def restore(self) -> int:
+        """Connect to the data plane, rebuild the index from the sidecar (no data-plane writes) and check it
+        against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
+        the bundle cannot be resumed: the driver then falls back to an older bundle."""
         from sc_app.data_plane.transferqueue import TransferQueueDataPlane
 
         cfg = self.cfg
@@ -152,8 +160,16 @@ class SingleControllerActor:
             )
         if self.args.loader_state is not None:
             self.loader.load_state_dict(self.args.loader_state, skip=self.buffer.prompt_indices())
+        self._restored = True
+        return restored_rows
+
+    async def run(self) -> RunSummary:
+        """Run the pumps to ``run.max_steps`` or a stop request. Pre: ``restore()`` returned."""
+        if not self._restored:
+            raise RuntimeError("run() before restore(): the index must be rebuilt and checked before any pump")
+        cfg = self.cfg
         self._trace_fh = open(cfg.run.trace_file, "a") if cfg.run.trace_file else None  # noqa: SIM115
-        self._trace(ev="start", step=self.step, restored_rows=restored_rows, run_id=self.args.run_id)
+        self._trace(ev="start", step=self.step, restored_rows=self.buffer.rows, run_id=self.args.run_id)
         pumps = [asyncio.create_task(self._rollout_pump(i, w)) for i, w in enumerate(self.args.generators)]
         try:
             return await self._train_pump()
@@ -314,6 +330,7 @@ class SingleControllerActor:
             first_rewards=rewards[:5],
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
+            last_saved_step=self._last_saved,
         )
 
     # ------------------------------------------------------------------ save (flows 5 and 6)
@@ -348,6 +365,7 @@ class SingleControllerActor:
         self._progress.append(outcome)
         if isinstance(outcome, SaveRecord):
             self._last_saved = step
+            self._failed_saves_in_a_row = 0
 
     async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
@@ -367,11 +385,19 @@ class SingleControllerActor:
                 f"save of step {step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
                 "its tmp dir was removed and every older bundle is intact"
             )
+            self._failed_saves_in_a_row += 1
             log.error(msg)
+            if self._failed_saves_in_a_row >= 2:
+                log.warning(
+                    "%d saves in a row failed; the newest bundle is step_%d, %d steps behind",
+                    self._failed_saves_in_a_row,
+                    self._last_saved,
+                    step - self._last_saved,
+                )
             self._trace(ev="save_failed", step=step, error=str(exc))
             if self.cfg.checkpoint.on_save_error == "stop":
                 raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
-            return SaveFailedRecord(step, msg)
+            return SaveFailedRecord(step, msg, in_a_row=self._failed_saves_in_a_row, last_saved_step=self._last_saved)
 
     async def _save(self, released: asyncio.Event) -> SaveRecord:
         """Capture (training paused until ``released`` is set), then write behind training."""
@@ -436,6 +462,7 @@ class SingleControllerActor:
             captured = CapturedSave(
                 step=self.step,
                 run_id=self.args.run_id,
+                lineage=self.args.lineage,
                 epoch=lease.epoch if lease is not None else 0,
                 trainer_version=self.version,
                 loader_state=loader_state,

@@ -43,6 +43,8 @@ class SaveFailedRecord:
 
     step: int
     error: str
+    in_a_row: int = 1  # consecutive failed saves, this one included
+    last_saved_step: int = 0  # the step of the newest bundle this run published (or resumed from)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,12 @@ class RunSummary:
     first_rewards: list[float] = field(default_factory=list)
     last_rewards: list[float] = field(default_factory=list)
     stopped_early: bool = False
+    last_saved_step: int = 0  # the step of the newest bundle published (or resumed from) when the run ended
+
+    @property
+    def unsaved_steps(self) -> int:
+        """Steps trained that no bundle covers: a rerun would redo them."""
+        return self.final_step - self.last_saved_step
 
     @staticmethod
     def mean(values: list[float]) -> float:
@@ -84,5 +92,10 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
             f"{record.blocked_seconds * 1000:.0f} ms, window {record.window_seconds * 1000:.0f} ms)"
         )
     if isinstance(record, SaveFailedRecord):
+        if record.in_a_row > 1:
+            return (
+                f"{head}  SAVE FAILED ({record.in_a_row} in a row; newest bundle step_{record.last_saved_step}, "
+                f"{record.step - record.last_saved_step} steps behind): {record.error}"
+            )
         return f"{head}  SAVE FAILED: {record.error}"
     return f"{head}  stop requested"

@@ -20,6 +20,7 @@ from typing import Any
 
 from sc_app import torch_io
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.retention import prune
 from sc_app.checkpoint.writer import BundleWriter
 from sc_app.data_plane.client import DataPlaneSnapshot
@@ -37,6 +38,7 @@ class CapturedSave:
 
     step: int
     run_id: str
+    lineage: str | None
     epoch: int
     trainer_version: int
     loader_state: dict[str, Any]
@@ -70,7 +72,7 @@ class CapturedSave:
         self, *, group_size: int, partition: str, compat: dict[str, Any], versions: dict[str, str]
     ) -> dict[str, Any]:
         """Everything ``manifest.json`` says about the bundle besides its step and files."""
-        return {
+        record: dict[str, Any] = {
             "run_id": self.run_id,
             "epoch": self.epoch,
             "created_at": utc_stamp(),
@@ -86,6 +88,14 @@ class CapturedSave:
             "compat": compat,
             "versions": versions,
         }
+        if self.lineage is not None:
+            record["lineage"] = self.lineage
+        return record
+
+
+def _prune_held(writer: BundleWriter, keep: int, newest: Path) -> list[str]:
+    with writer.held():  # only while this run still holds the lease
+        return prune(writer.root, keep, newest_verified=newest)
 
 
 @dataclass(frozen=True)
@@ -137,8 +147,8 @@ async def write_bundle(
         raise
     await afault_point("save.done")
     try:
-        removed = await in_background(prune, writer.root, keep, newest_verified=final)
-    except OSError as exc:  # the bundle is published and verified; an old one left behind is no failed save
-        log.warning("retention could not prune %s: %s; older bundles stay", writer.root, exc)
+        removed = await in_background(_prune_held, writer, keep, final)
+    except (OSError, LeaseLost) as exc:  # the bundle is published; an old one left behind is no failed save
+        log.warning("retention did not prune %s: %s; older bundles stay", writer.root, exc)
         removed = []
     return PublishedBundle(final, int(data_plane["bytes"]), tuple(removed))

@@ -53,3 +53,52 @@ def test_cli_config_prints_resolved_yaml(tmp_path: Path) -> None:
     doc = yaml.safe_load(out.stdout)
     assert doc["checkpoint"]["save_period"] == 2
     assert doc["trainer"]["resources"] == {"trainer_node": 1.0}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--checkpoint-dir", "{file}"],
+        ["preflight", "--checkpoint-dir", "{file}"],
+        ["stop", "--checkpoint-dir", "{file}"],
+        ["stop", "--checkpoint-dir", "{missing}"],
+        ["ckpt", "list", "--checkpoint-dir", "{file}"],
+        ["ckpt", "list", "--checkpoint-dir", "{missing}"],
+        ["ckpt", "verify", "--checkpoint-dir", "{missing}"],
+        ["ckpt", "prune", "--checkpoint-dir", "{file}", "--keep", "1"],
+        ["ckpt", "prune", "--checkpoint-dir", "{missing}", "--keep", "1"],
+    ],
+)
+def test_a_checkpoint_dir_that_cannot_be_used_is_one_line(tmp_path: Path, args: list[str]) -> None:
+    file = tmp_path / "not-a-dir"
+    file.write_text("x")
+    argv = [a.format(file=file, missing=tmp_path / "absent") for a in args]
+    out = cli(*argv)
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sc-app: error:"), out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert file.read_text() == "x" and not (tmp_path / "absent").exists(), "nothing created or changed"
+
+
+@pytest.mark.parametrize("kind", ["read-only", "full"])
+def test_run_on_an_unwritable_volume_is_one_line_and_leaves_nothing(tmp_path: Path, kind: str) -> None:
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only / full tmpfs needs root (the CI machine runs as root)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    options = "ro,size=1m" if kind == "read-only" else "size=64k"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], check=True)
+    try:
+        if kind == "full":
+            (mnt / "filler").write_bytes(b"\0" * (64 * 1024))
+        before = sorted(p.name for p in mnt.iterdir())
+        out = cli("run", "--checkpoint-dir", str(mnt))
+        assert out.returncode == 2, (out.stdout, out.stderr)
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "cannot be written" in lines[0], out.stderr
+        assert sorted(p.name for p in mnt.iterdir()) == before, "no lease, no probe, no partial file left"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -185,3 +185,42 @@ def test_file_problems(tmp_path: Path) -> None:
     f.write_text("- a\n- b\n")
     msg = refused(path=f)
     assert "top level must be a mapping" in msg
+
+
+def test_error_from_a_file_names_the_file_and_key(tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("checkpoint:\n  save_period: soon\n")
+    msg = refused(path=f)
+    assert msg.startswith(f"config file {f}:") and "'checkpoint.save_period'" in msg and "--set" not in msg, msg
+
+
+def test_error_from_a_flag_names_the_flag_not_a_set(tmp_path: Path) -> None:
+    from sc_app.config import Override
+
+    f = tmp_path / "job.yaml"
+    f.write_text("checkpoint: 5\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f, [Override(f"checkpoint.dir={tmp_path}", flag=f"--checkpoint-dir {tmp_path}")])
+    assert str(info.value).startswith(f"--checkpoint-dir {tmp_path}:") and "--set" not in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [Override("run.max_steps=many", flag="--max-steps many")])
+    assert str(info.value).startswith("--max-steps many:") and "'run.max_steps'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"run:\n  max_steps: 3\n  seed: \xff\xfe\n", "not UTF-8"),
+        (b"[" * 10000, "nested too deeply"),
+    ],
+)
+def test_unreadable_file_content_is_one_line(tmp_path: Path, content: bytes, needle: str) -> None:
+    f = tmp_path / "odd.yaml"
+    f.write_bytes(content)
+    msg = refused(path=f)
+    assert str(f) in msg and needle in msg, msg
+
+
+def test_a_directory_as_config_file_is_one_line(tmp_path: Path) -> None:
+    msg = refused(path=tmp_path)
+    assert "cannot read" in msg, msg
