@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import logging
 import os
 import re
 import shlex
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from tests.support.proc import kill_session
 
 SUBNET = "10.244.0"  # /24 inside the simulated network only; .1 is the node (bridge, cluster DNS)
 HOST_DIRS_NOT_SHARED = {"proc", "sys", "dev", "tmp", "etc", "root", "home", "run", "lost+found", "old_root"}
@@ -127,23 +126,6 @@ def _run(argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, check=True, **kw)
 
 
-def _kill_session(sid: int) -> None:
-    """SIGKILL every live process of session ``sid`` (ours: started with start_new_session)."""
-    for _ in range(50):
-        members = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    if os.getsid(int(entry)) == sid:
-                        members.append(int(entry))
-        if not members:
-            return
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
 class Network:
     """The pod network: one bridge (in netns ``<tag>-net``), one veth per pod. ``dns``: name → IP for /etc/hosts."""
 
@@ -208,7 +190,7 @@ class Network:
 
     def close(self) -> None:
         if self._dns_proc is not None:
-            _kill_session(self._dns_proc.pid)
+            kill_session(self._dns_proc.pid)
             self._dns_proc.wait()
             self._dns_proc = None
         for netns in reversed(self.netns):
@@ -311,7 +293,7 @@ class Pod:
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            _kill_session(proc.pid)
+            kill_session(proc.pid)
             proc.wait()
         return Exited(rc, log_path.read_text(errors="replace"))
 
@@ -359,11 +341,11 @@ class Pod:
             out, _ = proc.communicate(timeout=timeout)
             rc: int | None = proc.returncode
         except subprocess.TimeoutExpired:
-            _kill_session(proc.pid)
+            kill_session(proc.pid)
             out, _ = proc.communicate()
             rc = None
         finally:
-            _kill_session(proc.pid)
+            kill_session(proc.pid)
         return Exited(rc, out.decode(errors="replace"))
 
     def netns_run(self, argv: Sequence[str], timeout: float) -> Exited:
@@ -410,9 +392,9 @@ class Pod:
                 os.kill(self.pid1, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)
-        _kill_session(self.proc.pid)
+        kill_session(self.proc.pid)
         for proc in self._execs:
-            _kill_session(proc.pid)
+            kill_session(proc.pid)
 
     def close(self) -> None:
         self.kill()
