@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podsim import Container, Exited, Network, Pod, Volumes, container_mounts, quantity
+from podsim import Container, Exited, Network, Pod, Termination, Volumes, container_mounts, quantity
 
 CLUSTER_DOMAIN = "cluster.local"
 DEFAULT_GCS_PORT = "6379"
@@ -313,6 +313,21 @@ class RayJobSim:
                 raise RuntimeError(f"init container {ic['name']} exited {result.rc}:\n{result.out[-3000:]}")
         self.head.start(self._ray_container(self.head, self.spec["headGroupSpec"], "head", "headgroup"))
         return done
+
+    def pod_spec(self, pod: Pod) -> Mapping[str, Any]:
+        """The rendered pod template spec ``pod`` was made from."""
+        if pod is self.head:
+            return self.spec["headGroupSpec"]["template"]["spec"]
+        if pod in self.workers:
+            return self._worker_groups()[self.workers.index(pod)]["template"]["spec"]
+        raise ValueError(f"{pod.name} is not a Ray pod of this RayJob")
+
+    def stop(self, pod: Pod) -> Termination:
+        """Stop a Ray pod as the kubelet would on eviction: the rendered ``preStop`` exec command of its Ray
+        container, then SIGTERM, SIGKILL at the rendered ``terminationGracePeriodSeconds`` (Kubernetes' default 30)."""
+        spec = self.pod_spec(pod)
+        hook = spec["containers"][0].get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+        return pod.terminate(float(spec.get("terminationGracePeriodSeconds", 30)), hook)
 
     def start_workers(self, init_timeout: float = 300) -> None:
         """Each worker pod: KubeRay's ``wait-gcs-ready`` init container (until the head's GCS answers), then Ray.

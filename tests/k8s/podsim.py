@@ -297,12 +297,22 @@ class Pod:
             proc.wait()
         return Exited(rc, log_path.read_text(errors="replace"))
 
-    def start(self, c: Container) -> None:
-        """Start the pod's main container; its argv becomes PID 1 of a new PID namespace."""
+    def start(self, c: Container, timeout: float = 60) -> None:
+        """Start the pod's main container; its argv becomes PID 1 of a new PID namespace. Returns once PID 1 runs
+        in the container's root (what "Running" means to the kubelet), so ``exec`` sees the container's mounts."""
         assert self.proc is None, f"{self.name}: already started"
         self.container = c
         self.proc = self._launch(c, self.dir / f"{c.name}.log")
         self._pid1 = None
+        root = str(self.dir / c.name / "root")
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:  # a container that already exited is left to wait()
+            with contextlib.suppress(OSError, RuntimeError):
+                if os.readlink(f"/proc/{self.pid1}/root") == root:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: container did not start in {timeout}s:\n{self.log()[-3000:]}")
+            time.sleep(0.02)
 
     @property
     def pid1(self) -> int:
