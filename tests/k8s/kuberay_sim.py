@@ -258,13 +258,17 @@ class RayJobSim:
     head: Pod | None = None
     workers: list[Pod] = field(default_factory=list)
     submitter: Pod | None = None
+    name: str = field(init=False)
+    spec: Mapping[str, Any] = field(init=False)  # rayClusterSpec
+    auth_secret: str | None = field(init=False)  # the token Secret KubeRay injects (authOptions.mode: token)
+    job_id: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.name = self.rayjob["metadata"]["name"]
         self.cluster = self.cluster or cluster_name(self.name)
         self.spec = self.rayjob["spec"]["rayClusterSpec"]
         auth = self.spec.get("authOptions") or {}
-        self.auth_secret = auth.get("secretName") if auth.get("mode") == "token" else None
+        self.auth_secret = (auth.get("secretName") or self.cluster) if auth.get("mode") == "token" else None
         self.job_id = f"{self.name}-sim01"
 
     def _pod(self, name: str, labels: Mapping[str, str]) -> Pod:

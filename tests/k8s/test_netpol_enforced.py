@@ -316,9 +316,8 @@ def test_job_completes_across_pods_under_the_chart_policy(cluster_factory: Any) 
     release = {p.ip for p in c.sim.pods}
     assert not [d for d in drops if d.source in release], f"release traffic dropped: {[str(d) for d in drops]}"
 
-    old = {pod: netpol_sim.ingress_for(PodRef(pod, NS, c.ingress[pod].pod.labels, c.ingress[pod].pod.ip),
-                                       [_old_policy()], [i.pod for i in c.ingress.values()])
-           for pod in (head.name, worker.name)}
+    everyone = [i.pod for i in c.ingress.values()]
+    old = {p: netpol_sim.ingress_for(c.ingress[p].pod, [_old_policy()], everyone) for p in (head.name, worker.name)}
     only_new = [a for a in c.attempts() if a.pod in old and a.source in release
                 and not old[a.pod].admits(a.source, a.protocol, a.port)]
     assert only_new, "the job never used a port the pre-fix policy blocked: the comparison would prove nothing"
