@@ -132,13 +132,18 @@ class LeaseRecord:
 
 
 def _process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, killed but not yet reaped, is not running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):  # no /proc (not Linux) or gone meanwhile
+        return os.path.exists(f"/proc/{pid}") or not os.path.isdir("/proc")
 
 
 def _typed(doc: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:

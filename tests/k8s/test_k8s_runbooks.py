@@ -83,8 +83,6 @@ def test_every_kubectl_logs_with_a_selector_says_tail() -> None:
     assert selector_logs_without_tail(paths) == []
 
 
-@pytest.mark.xfail(strict=True, reason="helm/sc-app/templates/NOTES.txt (chart work, not this branch) still prints "
-                                       "`kubectl logs -l ... -c preflight` without --tail=-1")
 def test_every_kubectl_logs_with_a_selector_in_the_chart_says_tail() -> None:
     assert selector_logs_without_tail(_tracked("helm")) == []
 

@@ -41,18 +41,23 @@ SAVE_PERIOD = 5
 PREEMPT_AT_STEP = 10
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """One distinct free port per name: every socket stays bound until all are picked, so none repeats."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in names]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return {name: int(sock.getsockname()[1]) for name, sock in zip(names, socks, strict=True)}
 
 
 def _values() -> dict[str, Any]:
     """ci/cpu-values.yaml with free local ports (so a concurrent Ray on this machine cannot collide)."""
     values = load_values(CHART_DIR / "ci" / "cpu-values.yaml")
+    ports = _free_ports(("gcs", "dashboard", "client", "metrics", "nodeManager", "objectManager",
+                         "runtimeEnvAgent", "dashboardAgentGrpc", "dashboardAgentHttp"))
     base = random.randrange(30000, 60000, 200)
-    ports = {k: _free_port() for k in ("gcs", "dashboard", "client", "metrics", "nodeManager", "objectManager",
-                                        "runtimeEnvAgent", "dashboardAgentGrpc", "dashboardAgentHttp")}
+    while any(base <= p <= base + 150 for p in ports.values()):  # the worker range must not hold a component port
+        base = random.randrange(30000, 60000, 200)
     ports |= {"minWorkerPort": base, "maxWorkerPort": base + 150}
     values["rayPorts"] = ports
     values["config"]["run"]["max_steps"] = MAX_STEPS
@@ -78,11 +83,20 @@ def _pids_with(marker: str) -> list[int]:
     return out
 
 
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
 class Head:
     """One Ray head started from the rendered headGroupSpec; ``kill()`` is the node loss."""
 
     def __init__(self, rayjob: dict[str, Any], env: dict[str, str], root: Path) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="scr", dir="/tmp"))  # short: Ray's socket paths have a limit
+        self.job_marker = str(root)  # the driver (a job subprocess with a session of its own) names files under it
         self.params = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
         argv = [str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats", f"--temp-dir={self.root}"]
         argv += [f"--{k}={v}" for k, v in self.params.items()]
@@ -102,12 +116,17 @@ class Head:
         raise AssertionError(f"head not ready after {timeout}s: {Path(self.log.name).read_text()[-2000:]}")
 
     def kill(self) -> None:
-        """SIGKILL the whole head: its process group and every process under its session dir (driver included)."""
+        """SIGKILL the whole head, as a lost pod: its process group, every process under its session dir, and the
+        driver (the job's entrypoint names the test's config file)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        for pid in _pids_with(str(self.root)):
+        doomed = _pids_with(str(self.root)) + _pids_with(self.job_marker)
+        for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30  # a pod is gone once its processes are: wait for them to die
+        while any(_running(pid) for pid in doomed) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self.proc.wait(timeout=30)
         self.log.close()
 
