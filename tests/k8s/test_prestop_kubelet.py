@@ -128,9 +128,9 @@ def _stop_mid_training(sim: RayJobSim, pod_kind: str, pvc: Path) -> int:
     pod = sim.head if pod_kind == "head" else sim.workers[0]
     assert pod is not None
     term = sim.stop(pod)
-    assert term.pre_stop is not None and term.pre_stop.rc == 0, f"preStop hook: rc {term.pre_stop and term.pre_stop.rc}\n" + (
-        term.pre_stop.out[-3000:] if term.pre_stop else "")
-    assert "stopped: run" in term.pre_stop.out, term.pre_stop.out
+    hook = term.pre_stop
+    assert hook is not None, "the rendered pod has no preStop hook"
+    assert hook.rc == 0 and "stopped: run" in hook.out, f"preStop hook: rc {hook.rc}\n{hook.out[-3000:]}"
     reached = _trained(pvc)
     assert _bundles(pvc) == [reached], f"expected only the stop's bundle of step {reached}: {_bundles(pvc)}"
     assert reached % 1000 != 0 and reached < MAX_STEPS, "a periodic or final bundle would prove nothing"
