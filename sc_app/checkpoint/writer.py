@@ -39,7 +39,7 @@ class BundleWriter:
         self.root = Path(root)
         self.step = step
         self.lease = lease
-        self.tmp = self.root / layout.tmp_name(step)
+        self.tmp = self.root / layout.tmp_name(step, lease.run_id if lease is not None else None)
         self.final = self.root / layout.step_name(step)
         self._hmac_key = hmac_key
         self._created = False
