@@ -120,19 +120,19 @@ class LoggedEvent:
 Logged = LoggedStep | LoggedEvent
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
     """JSON-safe: NaN and infinities become None, recursively."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {str(k): _finite(v) for k, v in value.items()}
+        return {str(k): finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
 
 
 def _dumps(obj: dict[str, Any]) -> str:
-    return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False, default=str) + "\n"
+    return json.dumps(finite(obj), separators=(",", ":"), allow_nan=False, default=str) + "\n"
 
 
 def encode_step(rec: StepRecord, stamp: Stamp, *, redone: bool) -> str:
