@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sc_app.checkpoint.inventory import ResumePlan
 from sc_app.checkpoint.lease import Lease, read_lease
+from sc_app.checkpoint.resume import ResumePlan
 from sc_app.observe.records import Event, StepRecord
 from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
 

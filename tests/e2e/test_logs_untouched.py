@@ -14,11 +14,7 @@ from pathlib import Path
 
 from sc_app.checkpoint import BundleWriter, layout, plan_resume, prune
 from sc_app.observe.records import DEFAULT_LOG_SUBDIR, LOG_FILE
-
-try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
-    from tests.test_checkpoint_format import make_bundle, make_tmp_leftover, tree
-except ImportError:
-    from test_checkpoint_format import make_bundle, make_tmp_leftover, tree  # type: ignore[no-redef]
+from tests.support.bundles import make_bundle, make_tmp_leftover, tree
 
 
 def with_logs(root: Path) -> tuple[Path, dict[str, str]]:

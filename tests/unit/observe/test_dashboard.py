@@ -15,7 +15,7 @@ import pytest
 
 from sc_app.observe.metrics import CATALOGUE, RAY_NAMESPACE
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "ops" / "grafana-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "ops" / "grafana-dashboard.json"
 PANEL_TYPES = {"row", "timeseries", "stat"}
 NAME_RE = re.compile(rf"\b{RAY_NAMESPACE}_sc_app_[a-z0-9_]+")
 KIND_OF = {name: spec for spec in CATALOGUE for name in spec.series}

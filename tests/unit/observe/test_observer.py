@@ -13,11 +13,7 @@ from sc_app.checkpoint.lease import Lease
 from sc_app.observe.observer import JobObserver, ObserveOptions
 from sc_app.observe.reader import read_history
 from sc_app.observe.records import LOG_FILE, Event, StepRecord
-
-try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
-    from tests.test_checkpoint_format import make_bundle, make_tmp_leftover
-except ImportError:
-    from test_checkpoint_format import make_bundle, make_tmp_leftover  # type: ignore[no-redef]
+from tests.support.bundles import make_bundle, make_tmp_leftover
 
 
 class Recorder:

@@ -19,16 +19,11 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from sc_app.observe.metrics import BY_NAME, CATALOGUE
-
-try:  # tests/ as a package (rootdir on sys.path) or as a plain directory (tests/ on sys.path)
-    from tests.proc_utils import REPO, kill_session
-except ImportError:
-    from proc_utils import REPO, kill_session  # type: ignore[no-redef]
+from tests.support.proc import REPO, kill_session
 
 parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client (dev extra) is not installed")
 pytestmark = pytest.mark.slow
@@ -75,7 +70,7 @@ def probe() -> Iterator[tuple[int, subprocess.Popen[str], dict]]:
     port = free_port()
     env = {**os.environ, "RAY_metrics_report_interval_ms": str(REPORT_INTERVAL_MS), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("metrics_probe.py")), str(port)],
+        [sys.executable, str(REPO / "tests" / "support" / "metrics_probe.py"), str(port)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
