@@ -39,6 +39,15 @@ class EmergencyTimeout(RuntimeError):
 
 
 @dataclass(frozen=True)
+class AttemptStarted:
+    """This attempt's identity and how it starts, reported once both the lease and the resume plan are known."""
+
+    run_id: str
+    lease: Lease | None  # None with checkpoint.enabled=false
+    plan: ResumePlan
+
+
+@dataclass(frozen=True)
 class RunResult:
     plan: ResumePlan
     summary: RunSummary  # final_step == the resumed step and nothing trained when ``already_done``
@@ -58,6 +67,7 @@ def init_ray(cfg: AppConfig) -> bool:
             namespace=cfg.ray.namespace,
             log_to_driver=verbose,
             logging_level=logging.WARNING,
+            _metrics_export_port=cfg.ray.metrics_export_port,
         )
         return True
     # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
@@ -144,6 +154,7 @@ def run_job(
     on_progress: Callable[[ProgressRecord], None] = lambda r: None,
     stop_requested: Callable[[], bool] = lambda: False,
     on_ray_ready: Callable[[], None] = lambda: None,
+    on_attempt: Callable[[AttemptStarted], None] = lambda a: None,
 ) -> RunResult:
     """Take the writer lease, plan the resume, start Ray + TransferQueue, run to ``run.max_steps``, shut down.
 
@@ -154,6 +165,7 @@ def run_job(
     lease = Lease.acquire(cfg.checkpoint.dir, run_id) if cfg.checkpoint.enabled else None
     plan = plan_for(cfg)
     on_plan(plan)
+    on_attempt(AttemptStarted(run_id, lease, plan))
     if plan.decision == "refuse":
         raise ResumeRefused(plan.reason)
     if plan.decision == "resume" and plan.step >= cfg.run.max_steps:

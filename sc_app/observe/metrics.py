@@ -25,12 +25,13 @@ marker at that moment (``useValueForTime``).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sc_app.observe.records import Event, StepRecord
+from sc_app.observe.records import Event, StepMetrics
 
 RAY_NAMESPACE = "ray"  # what Ray's exporter puts in front of every name
 
@@ -119,7 +120,9 @@ def keepalive_seconds() -> float:
 
 
 class JobMetrics:
-    """The driver's metrics for one attempt. Pre: Ray is initialised in this process."""
+    """The driver's metrics for one attempt. Pre: Ray is initialised in this process.
+
+    Thread-safe: the driver records from its poll loop while the observer's keepalive thread calls ``tick``."""
 
     def __init__(self, run_id: str, attempt: int) -> None:
         from ray.util import metrics as rm
@@ -136,6 +139,7 @@ class JobMetrics:
                 m = rm.Histogram(spec.name, spec.description, boundaries=list(spec.boundaries), tag_keys=keys)
             self._m[spec.name] = m.set_default_tags(self._tags)
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._lock = threading.Lock()  # guards _last and _refreshed
         self._keepalive_s = keepalive_seconds()
         self._refreshed = time.monotonic()
         self._set("sc_app_attempt", attempt)
@@ -144,8 +148,9 @@ class JobMetrics:
     def _set(self, name: str, value: float | None, **tags: str) -> None:
         if value is None or not math.isfinite(value):
             return
-        self._m[name].set(float(value), tags=tags or None)
-        self._last[(name, tuple(sorted(tags.items())))] = float(value)
+        with self._lock:
+            self._m[name].set(float(value), tags=tags or None)
+            self._last[(name, tuple(sorted(tags.items())))] = float(value)
 
     def _inc(self, name: str, value: float = 1.0) -> None:
         if value > 0:
@@ -156,7 +161,7 @@ class JobMetrics:
             self._m[name].observe(value)
 
     # ------------------------------------------------------------------ what the driver sees
-    def step(self, rec: StepRecord, commit_waits: Sequence[float] = ()) -> None:
+    def step(self, rec: StepMetrics, commit_waits: Sequence[float] = ()) -> None:
         self._set("sc_app_step", rec.step)
         self._inc("sc_app_train_steps")
         self._observe("sc_app_step_seconds", rec.step_seconds)
@@ -199,8 +204,9 @@ class JobMetrics:
 
     def tick(self) -> None:
         """Re-record every gauge's last value once ``keepalive_s`` passed, so Ray's agent keeps serving it."""
-        if time.monotonic() - self._refreshed < self._keepalive_s:
-            return
-        self._refreshed = time.monotonic()
-        for (name, tags), value in self._last.items():
-            self._m[name].set(value, tags=dict(tags) or None)
+        with self._lock:
+            if time.monotonic() - self._refreshed < self._keepalive_s:
+                return
+            self._refreshed = time.monotonic()
+            for (name, tags), value in self._last.items():
+                self._m[name].set(value, tags=dict(tags) or None)

@@ -83,9 +83,9 @@ class RunHistory:
 
 
 def log_file(where: str | Path) -> Path:
-    """``metrics.jsonl`` of a log directory (or the file itself)."""
+    """``metrics.jsonl`` of a log directory, or ``where`` itself when it is a file."""
     p = Path(where)
-    return p / LOG_FILE if p.is_dir() else p
+    return p if p.is_file() else p / LOG_FILE
 
 
 def read_history(where: str | Path) -> RunHistory:
@@ -93,7 +93,7 @@ def read_history(where: str | Path) -> RunHistory:
     path = log_file(where)
     try:
         fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise RunLogMissing(f"no run log at {path}") from None
     history = RunHistory(path)
     with fh:

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
+from sc_app.progress import StepRecord
+
 SCHEMA_VERSION = 1
 LOG_FILE = "metrics.jsonl"
 DEFAULT_LOG_SUBDIR = "logs"  # run.log_dir defaults to <checkpoint.dir>/logs
@@ -47,8 +49,9 @@ _HEAD = ("v", "kind", "t", "run_id", "attempt")
 
 
 @dataclass(frozen=True)
-class StepRecord:
-    """One train step as the driver saw it."""
+class StepMetrics:
+    """The figures of one train step that a run-log line carries (and the metrics record): the controller's
+    ``progress.StepRecord``, its commit waits summarised."""
 
     step: int
     reward_mean: float
@@ -58,9 +61,33 @@ class StepRecord:
     staleness: float
     rows_held: int
     step_seconds: float
-    weights_version: int
+    weights_version: int | None
     commit_wait_p99_s: float | None = None
     commit_wait_max_s: float | None = None
+
+    @classmethod
+    def of(cls, rec: StepRecord) -> StepMetrics:
+        waits = sorted(rec.commit_waits)
+        return cls(
+            step=rec.step,
+            reward_mean=rec.reward,
+            reward_min=rec.reward_min,
+            reward_max=rec.reward_max,
+            loss=rec.loss,
+            staleness=rec.staleness,
+            rows_held=rec.rows_held,
+            step_seconds=rec.step_seconds,
+            weights_version=rec.weights_version,
+            commit_wait_p99_s=nearest_rank(waits, 0.99),
+            commit_wait_max_s=waits[-1] if waits else None,
+        )
+
+
+def nearest_rank(ordered: list[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted ``ordered`` by the nearest-rank method (an observed value); None when empty."""
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 @dataclass(frozen=True)
@@ -91,7 +118,7 @@ class Stamp:
 @dataclass(frozen=True)
 class LoggedStep:
     stamp: Stamp
-    record: StepRecord
+    record: StepMetrics
     redone: bool
 
     @property
@@ -135,7 +162,7 @@ def _dumps(obj: dict[str, Any]) -> str:
     return json.dumps(finite(obj), separators=(",", ":"), allow_nan=False, default=str) + "\n"
 
 
-def encode_step(rec: StepRecord, stamp: Stamp, *, redone: bool) -> str:
+def encode_step(rec: StepMetrics, stamp: Stamp, *, redone: bool) -> str:
     """One ``metrics.jsonl`` line (with its newline) for a train step."""
     head = {"v": SCHEMA_VERSION, "kind": "step", **asdict(stamp)}
     body = asdict(rec)
@@ -149,8 +176,8 @@ def encode_event(ev: Event, stamp: Stamp) -> str:
     return _dumps({**head, "event": ev.name, "step": ev.step, **dict(ev.data)})
 
 
-_STEP_FIELDS = {f.name for f in fields(StepRecord)}
-_STEP_REQUIRED = {f.name for f in fields(StepRecord) if f.default is MISSING}
+_STEP_FIELDS = {f.name for f in fields(StepMetrics)}
+_STEP_REQUIRED = {f.name for f in fields(StepMetrics) if f.default is MISSING}
 
 
 class RecordError(ValueError):
@@ -173,9 +200,11 @@ def decode(line: str) -> Logged:
             values = {k: obj[k] if k in _STEP_REQUIRED else obj.get(k) for k in _STEP_FIELDS}
             for k in ("reward_mean", "reward_min", "reward_max", "loss", "staleness", "step_seconds"):
                 values[k] = math.nan if values[k] is None else float(values[k])
-            for k in ("step", "rows_held", "weights_version"):
+            for k in ("step", "rows_held"):
                 values[k] = int(values[k])
-            rec = StepRecord(**values)
+            if values["weights_version"] is not None:
+                values["weights_version"] = int(values["weights_version"])
+            rec = StepMetrics(**values)
             return LoggedStep(stamp, rec, bool(obj.get("redone", False)))
         if obj["kind"] == "event":
             data = {k: v for k, v in obj.items() if k not in {*_HEAD, "event", "step"}}

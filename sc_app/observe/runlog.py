@@ -42,7 +42,7 @@ from sc_app.observe.records import (
     LoggedEvent,
     LoggedStep,
     Stamp,
-    StepRecord,
+    StepMetrics,
     encode_event,
     encode_step,
 )
@@ -173,7 +173,7 @@ def _fsync(fh: TextIO) -> None:
 class _Pending:
     kind: str  # "step" | "event"
     t: float
-    item: StepRecord | Event
+    item: StepMetrics | Event
 
 
 @dataclass
@@ -203,7 +203,7 @@ class RunLogWriter:
         self._thread.start()
         return self
 
-    def step(self, rec: StepRecord) -> bool:
+    def step(self, rec: StepMetrics) -> bool:
         """Queue a train step; False when the buffer was full and it was dropped (and counted)."""
         return self._put(_Pending("step", time.time(), rec), self.opts.capacity)
 
@@ -351,7 +351,7 @@ class RunLogWriter:
             lines.append(encode_event(note, self._stamp(time.time())))
         for p in batch:
             stamp = self._stamp(p.t)
-            if isinstance(p.item, StepRecord):
+            if isinstance(p.item, StepMetrics):
                 item = LoggedStep(stamp, p.item, redone=p.item.step <= self.prior.high_water)
                 lines.append(encode_step(item.record, stamp, redone=item.redone))
             else:

@@ -15,7 +15,7 @@ import time
 import ray
 
 from sc_app.observe.metrics import JobMetrics
-from sc_app.observe.records import Event, StepRecord
+from sc_app.observe.records import Event, StepMetrics
 
 
 def main(port: int) -> None:
@@ -32,7 +32,7 @@ def main(port: int) -> None:
     waits = [0.00002, 0.0003, 0.002]
     for step in (11, 12, 13):
         m.step(
-            StepRecord(
+            StepMetrics(
                 step=step,
                 reward_mean=0.5 + step / 100,
                 reward_min=0.25,

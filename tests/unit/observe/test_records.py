@@ -14,17 +14,19 @@ from sc_app.observe.records import (
     LoggedStep,
     RecordError,
     Stamp,
-    StepRecord,
+    StepMetrics,
     decode,
     encode_event,
     encode_step,
+    nearest_rank,
 )
+from sc_app.progress import StepRecord
 
 STAMP = Stamp(t=1700000000.5, run_id="abc123", attempt=3)
 
 
 def test_a_step_round_trips_and_its_line_is_plain_json() -> None:
-    rec = StepRecord(
+    rec = StepMetrics(
         step=7,
         reward_mean=0.5,
         reward_min=0.0,
@@ -74,3 +76,25 @@ def test_events_are_named_from_one_list_and_cannot_shadow_the_head() -> None:
 def test_unreadable_lines_are_refused_with_the_reason(line: str, problem: str) -> None:
     with pytest.raises(RecordError, match=problem):
         decode(line)
+
+
+def test_step_figures_summarise_the_controllers_record() -> None:
+    waits = tuple(0.001 * n for n in range(1, 201))  # 200 commit waits: the p99 is the 198th smallest
+    rec = StepRecord(
+        9, 0.25, -0.5, 1.0, 48, 0.3, reward_min=0.0, reward_max=0.75, weights_version=9, commit_waits=waits
+    )
+    m = StepMetrics.of(rec)
+    assert (m.step, m.reward_mean, m.reward_min, m.reward_max, m.loss) == (9, 0.25, 0.0, 0.75, -0.5)
+    assert (m.staleness, m.rows_held, m.step_seconds, m.weights_version) == (1.0, 48, 0.3, 9)
+    assert m.commit_wait_p99_s == pytest.approx(0.198) and m.commit_wait_max_s == pytest.approx(0.2)
+    bare = StepMetrics.of(StepRecord(1, 0.5, 0.0, 0.0, 0, 0.1))  # a record without the optional figures
+    assert bare.commit_wait_p99_s is None and bare.commit_wait_max_s is None and bare.weights_version is None
+    back = decode(encode_step(bare, STAMP, redone=False))
+    assert isinstance(back, LoggedStep) and back.record.weights_version is None and math.isnan(back.record.reward_min)
+
+
+def test_nearest_rank_is_an_observed_value() -> None:
+    assert nearest_rank([], 0.99) is None
+    assert nearest_rank([0.5], 0.99) == 0.5
+    assert nearest_rank([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+    assert nearest_rank([float(n) for n in range(1, 101)], 0.99) == 99.0

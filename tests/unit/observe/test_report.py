@@ -15,14 +15,14 @@ import pytest
 from matplotlib.figure import Figure
 
 from sc_app.observe.reader import RunHistory, read_history
-from sc_app.observe.records import Event, StepRecord
+from sc_app.observe.records import Event, StepMetrics
 from sc_app.observe.report import FIGURES, SUMMARY_FILE, build_figures, summarize, summary_json, write_report
 from sc_app.observe.runlog import RunLogOptions, RunLogWriter
 
 
-def rec(step: int, attempt: int) -> StepRecord:
+def rec(step: int, attempt: int) -> StepMetrics:
     r = min(1.0, step / 20) + 0.01 * attempt
-    return StepRecord(step, r, r - 0.2, r + 0.2, -r / 10, 1.0, 64 - step % 8, 0.05 + step / 1000, step)
+    return StepMetrics(step, r, r - 0.2, r + 0.2, -r / 10, 1.0, 64 - step % 8, 0.05 + step / 1000, step)
 
 
 def save(step: int, name: str = "save") -> Event:

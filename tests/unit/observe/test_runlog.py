@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sc_app.observe.reader import RunLogMissing, read_history
-from sc_app.observe.records import LOG_FILE, Event, StepRecord
+from sc_app.observe.records import LOG_FILE, Event, StepMetrics
 from sc_app.observe.runlog import EVENT_RESERVE, RunLogOptions, RunLogWriter, scan_prior
 
 
@@ -28,9 +28,9 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-def rec(step: int, reward: float | None = None) -> StepRecord:
+def rec(step: int, reward: float | None = None) -> StepMetrics:
     r = step / 100 if reward is None else reward
-    return StepRecord(
+    return StepMetrics(
         step=step,
         reward_mean=r,
         reward_min=r - 0.1,
