@@ -15,8 +15,8 @@ Invariants:
   the log before this attempt — a torn line counts — found by reading the file backwards to the previous ``start``
   event, which records the high-water mark before it). The same rule purges the older points in TensorBoard.
 * Everything touching the volume runs in the writer thread, at background priority: opening, scanning, writing,
-  TensorBoard, fsync (every ``fsync_interval_s`` and at close). ``close(timeout)`` waits at most ``timeout`` for
-  it and reports what was still unwritten.
+  TensorBoard (flushed with every batch, like the JSONL lines), fsync (every ``fsync_interval_s`` and at close).
+  ``close(timeout)`` waits at most ``timeout`` for it and reports what was still unwritten.
 """
 
 from __future__ import annotations
@@ -374,6 +374,8 @@ class RunLogWriter:
                     tb.step(item)
                 else:
                     tb.event(item)
+            if logged:
+                tb.flush()  # as durable as the JSONL lines: a SIGKILL loses no point metrics.jsonl kept
             return tb
         except Exception as exc:  # a broken event file must not stop the JSONL log
             log.warning("run log %s: TensorBoard writing stopped (%s: %s)", self.opts.log_dir, type(exc).__name__, exc)

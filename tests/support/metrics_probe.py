@@ -1,6 +1,6 @@
-"""A driver process that records sc-app's job metrics on a real local Ray, for ``test_observe_metrics.py``.
+"""A driver that records sc-app's job metrics on a real local Ray (``tests/integration/observe/test_metrics.py``).
 
-``python tests/metrics_probe.py PORT`` starts an embedded Ray whose metrics export port is PORT, records a fixed
+``python tests/support/metrics_probe.py PORT`` starts an embedded Ray whose metrics export port is PORT, records a fixed
 scenario through ``JobMetrics`` (what the driver records during a run), prints one JSON line with what it
 recorded, then keeps the gauges alive with ``tick()`` until its stdin closes.
 """

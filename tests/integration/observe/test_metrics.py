@@ -1,6 +1,6 @@
 """sc-app's job metrics on the real metrics export endpoint of a real Ray, parsed with ``prometheus_client``.
 
-``tests/metrics_probe.py`` is a driver: it starts an embedded Ray with a metrics export port and records a fixed
+``tests/support/metrics_probe.py`` is a driver: it starts an embedded Ray with a metrics export port and records a fixed
 scenario through ``JobMetrics``. The test scrapes ``http://127.0.0.1:PORT/metrics`` — Ray's own exporter, fed by
 Ray's metrics agent — until every metric of the catalogue is there, checks each value against what was recorded,
 then waits several report intervals without new records: the gauges must still be served (Ray's agent drops a
@@ -13,40 +13,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from sc_app.observe.metrics import BY_NAME, CATALOGUE
 from tests.support.proc import REPO, kill_session
+from tests.support.prometheus import free_port, one, scrape, try_scrape
 
-parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client (dev extra) is not installed")
+pytest.importorskip("prometheus_client.parser", reason="prometheus_client (dev extra) is not installed")
 pytestmark = pytest.mark.slow
 
 REPORT_INTERVAL_MS = 2000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """sample name -> [(labels, value)] of the sc_app metrics on the endpoint."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in parser.text_string_to_metric_families(body):
-        if "sc_app_" not in family.name:
-            continue
-        for s in family.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
-    return out
 
 
 def wait_for_all(port: int, proc: subprocess.Popen[str], timeout: float) -> dict[str, list[tuple[dict, float]]]:
@@ -55,10 +36,7 @@ def wait_for_all(port: int, proc: subprocess.Popen[str], timeout: float) -> dict
     got: dict[str, list[tuple[dict, float]]] = {}
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the probe driver exited early"
-        try:
-            got = scrape(port)
-        except OSError:
-            got = {}
+        got = try_scrape(port)
         if wanted <= set(got):
             return got
         time.sleep(0.5)
@@ -81,7 +59,7 @@ def probe() -> Iterator[tuple[int, subprocess.Popen[str], dict]]:
     try:
         assert proc.stdout is not None
         recorded = json.loads(proc.stdout.readline() or "{}")
-        assert recorded, "the probe driver did not start (see tests/metrics_probe.py)"
+        assert recorded, "the probe driver did not start (see tests/support/metrics_probe.py)"
         yield port, proc, recorded
     finally:
         if proc.stdin:
@@ -89,12 +67,6 @@ def probe() -> Iterator[tuple[int, subprocess.Popen[str], dict]]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=60)
         kill_session(proc.pid)
-
-
-def one(got: dict, name: str, **labels: str) -> float:
-    rows = [v for lab, v in got[name] if all(lab.get(k) == want for k, want in labels.items())]
-    assert len(rows) == 1, f"{name}{labels}: {got[name]}"
-    return rows[0]
 
 
 def test_the_driver_metrics_are_served_on_rays_export_port_and_stay_there(probe: tuple) -> None:
