@@ -1,4 +1,4 @@
-"""``sc-app``: run the job, check checkpoints before a driver starts, and operate on bundles.
+"""``sc-app``: run the job, check checkpoints before a driver starts, operate on bundles, and plot a run's log.
 
 Exit codes: 0 ok; 1 the job failed; 2 bad input (config, flags, bundles that must not be resumed);
 3 superseded by a newer run on the same checkpoint dir; 143 stopped on SIGTERM after the emergency checkpoint.
