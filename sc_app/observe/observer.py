@@ -270,11 +270,10 @@ def where_lines(cfg: AppConfig, observer: JobObserver) -> list[str]:
     if path is None:
         return []
     log_dir = Path(path).parent
-    source = (
-        f"--log-dir {shlex.quote(str(log_dir))}"
-        if cfg.run.log_dir
-        else (f"--checkpoint-dir {shlex.quote(cfg.checkpoint.dir)}")
-    )
+    if cfg.run.log_dir:
+        source = f"--log-dir {shlex.quote(str(log_dir))}"
+    else:
+        source = f"--checkpoint-dir {shlex.quote(cfg.checkpoint.dir)}"
     return [
         f"run log: {path} (TensorBoard: tensorboard --logdir {shlex.quote(str(log_dir))})",
         f"plots and summary: sc-app report {source}",

@@ -11,7 +11,7 @@ from pathlib import Path
 from sc_app.checkpoint import plan_resume
 from sc_app.checkpoint.lease import Lease
 from sc_app.config import load_config
-from sc_app.observe.observer import JobObserver, ObserveOptions
+from sc_app.observe.observer import JobObserver, ObserveOptions, where_lines
 from sc_app.observe.reader import read_history
 from sc_app.observe.records import LOG_FILE, Event, StepMetrics
 from sc_app.progress import SaveFailedRecord, SaveRecord, StepRecord, StopRecord
@@ -190,3 +190,19 @@ def test_records_lost_on_a_stalled_volume_reach_the_metrics(tmp_path: Path) -> N
     assert result is not None and result.unwritten == 0
     assert any('"event":"dropped"' in line and '"steps":25' in line for line in drained)
     assert '"event":"exit"' in drained[-1]
+
+
+def test_the_last_lines_name_the_log_and_the_report_command(tmp_path: Path) -> None:
+    plan = plan_resume(tmp_path / "ckpt", tidy=True)
+    default = load_config(overrides=[f"checkpoint.dir={tmp_path}/ckpt dir"])
+    obs = JobObserver(ObserveOptions.of(default)).started("r", None, plan)
+    log_line, report_line = where_lines(default, obs)
+    assert log_line.startswith(f"run log: {tmp_path}/ckpt dir/logs/metrics.jsonl")
+    assert report_line == f"plots and summary: sc-app report --checkpoint-dir '{tmp_path}/ckpt dir'"
+    obs.finish(0)
+    custom = load_config(overrides=[f"run.log_dir={tmp_path}/mine"])
+    obs = JobObserver(ObserveOptions.of(custom)).started("r", None, plan)
+    assert where_lines(custom, obs)[1] == f"plots and summary: sc-app report --log-dir {tmp_path}/mine"
+    obs.finish(0)
+    off = load_config(overrides=["run.log_enabled=false"])
+    assert where_lines(off, JobObserver(ObserveOptions.of(off)).started("r", None, plan)) == []
