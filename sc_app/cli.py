@@ -1,4 +1,4 @@
-"""``sc-app``: run the job, check checkpoints before a driver starts, and operate on bundles.
+"""``sc-app``: run the job, check checkpoints before a driver starts, operate on bundles, and plot a run's log.
 
 Exit codes: 0 ok; 1 the job failed; 2 bad input (config, flags, bundles that must not be resumed);
 3 superseded by a newer run on the same checkpoint dir; 143 stopped on SIGTERM after the emergency checkpoint.
@@ -11,14 +11,18 @@ import argparse
 import json
 import logging
 import signal
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sc_app import __version__
 from sc_app.checkpoint.lease import LeaseError
 from sc_app.checkpoint.lineage import LineageError
 from sc_app.config import AppConfig, ConfigError, Override, dump_config, load_config
 from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_SUPERSEDED, fail
+
+if TYPE_CHECKING:
+    from sc_app.observe.observer import JobObserver
 
 log = logging.getLogger("sc_app")
 
@@ -53,6 +57,21 @@ def _resolve(args: argparse.Namespace) -> AppConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _resolve(args)
     logging.basicConfig(level=cfg.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sc_app.observe.observer import JobObserver, ObserveOptions, where_lines
+
+    observer = JobObserver(ObserveOptions.of(cfg))  # opens the run log once run_job reports the attempt
+    code = EXIT_FAILED
+    try:
+        code = _run(cfg, observer)
+        return code
+    finally:
+        in_flight = sys.exc_info()[1]  # e.g. KeyboardInterrupt, or a bug: the exit event still says what ended it
+        observer.finish(code, f"{type(in_flight).__name__}: {in_flight}" if in_flight else "")
+        for line in where_lines(cfg, observer):
+            print(line, flush=True)
+
+
+def _run(cfg: AppConfig, observer: JobObserver) -> int:
     from sc_app.checkpoint import ResumePlan
     from sc_app.checkpoint.lease import LeaseLost
     from sc_app.controller import InventoryMismatch, SaveFailed
@@ -81,6 +100,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def on_progress(record: ProgressRecord) -> None:
         print(format_line(record, cfg.run.max_steps), flush=True)
+        observer.progress(record)
+
+    def on_ray_ready() -> None:
+        install_handlers()
+        observer.ray_ready()
+
+    def failed(message: str, code: int = EXIT_BAD_INPUT) -> int:
+        observer.failed(message)
+        return fail(message, code)
 
     print(
         f"sc-app {__version__}: max_steps={cfg.run.max_steps} checkpoint.dir={cfg.checkpoint.dir} "
@@ -93,21 +121,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             on_plan=on_plan,
             on_progress=on_progress,
             stop_requested=lambda: stop["requested"],
-            on_ray_ready=install_handlers,
+            on_ray_ready=on_ray_ready,
+            on_attempt=lambda a: observer.started(a.run_id, a.lease, a.plan),
         )
-    except (ResumeRefused, CheckpointDirUnusable) as exc:
-        return fail(f"{exc}")
+    except (ResumeRefused, CheckpointDirUnusable, LeaseError, LineageError) as exc:
+        return failed(f"{exc}")
     except LeaseLost as exc:
-        return fail(f"superseded: {exc}", EXIT_SUPERSEDED)
+        return failed(f"superseded: {exc}", EXIT_SUPERSEDED)
     except (SaveFailed, InventoryMismatch, EmergencyTimeout, JobFailed) as exc:
-        return fail(str(exc), EXIT_FAILED)
+        return failed(str(exc), EXIT_FAILED)
     summary = result.summary
     if result.outcome == "already_done":
         print(f"done: step {summary.final_step} already reached run.max_steps={cfg.run.max_steps}; nothing to train")
         return EXIT_OK
     if result.outcome == "unsaved":
         newest = f"step_{summary.last_saved_step}" if summary.last_saved_step else "none"
-        return fail(
+        return failed(
             f"trained to step {summary.final_step} but {summary.unsaved_steps} steps are not covered by a bundle "
             f"(saves failed; newest bundle: {newest}); free space on {cfg.checkpoint.dir} and rerun to resume",
             EXIT_FAILED,
@@ -314,6 +343,39 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------------------------- report
+def cmd_report(args: argparse.Namespace) -> int:
+    from sc_app.observe.reader import RunLogMissing, read_history
+    from sc_app.observe.records import DEFAULT_LOG_SUBDIR
+    from sc_app.observe.report import summary_json, write_report
+
+    log_dir = Path(args.log_dir) if args.log_dir else Path(args.checkpoint_dir) / DEFAULT_LOG_SUBDIR
+    try:
+        history = read_history(log_dir)
+    except RunLogMissing as exc:
+        hint = "" if args.log_dir else " (for a run with its own run.log_dir pass --log-dir DIR)"
+        return fail(f"{exc}: nothing to report; run `sc-app run` on this checkpoint dir first{hint}")
+    except OSError as exc:
+        return fail(f"cannot read the run log in {log_dir}: {exc.strerror or exc}; check the path and permissions")
+    if not history.steps and not history.events and history.skipped:
+        return fail(f"{history.path} holds no run-log record ({history.skipped} unreadable lines); is it a run log?")
+    out = Path(args.out) if args.out else log_dir / "report"
+    try:
+        summary = write_report(history, out)
+    except OSError as exc:
+        return fail(f"cannot write the report into {out}: {exc.strerror or exc}; pass a writable --out DIR")
+    if args.json:
+        print(summary_json(summary))
+        return EXIT_OK
+    print(
+        f"steps {summary.first_step} -> {summary.last_step} over {len(summary.attempts)} attempt(s), "
+        f"{summary.redone_lines} redone, {len(summary.missing_steps)} missing; {summary.saves} bundles published"
+    )
+    for name, path in summary.files.items():
+        print(f"wrote {name}: {path}")
+    return EXIT_OK
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     print(dump_config(_resolve(args)), end="")
     return EXIT_OK
@@ -380,6 +442,19 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--keep", type=int, required=True)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_ckpt_prune)
+
+    rp = sub.add_parser(
+        "report",
+        help="plots (PNG) and a Markdown summary from the run log",
+        description="Read the run log (metrics.jsonl, every attempt) and write reward/loss, step-time and save "
+        "plots plus report.md. Needs no cluster.",
+    )
+    src = rp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint-dir", metavar="DIR", help="the run's checkpoint.dir (its log is DIR/logs)")
+    src.add_argument("--log-dir", metavar="DIR", help="the run's run.log_dir, when it was set")
+    rp.add_argument("--out", metavar="DIR", help="where to write (default: <log dir>/report)")
+    rp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    rp.set_defaults(func=cmd_report)
 
     cf = sub.add_parser("config", help="print the resolved config as YAML")
     _config_args(cf)

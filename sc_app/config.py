@@ -33,6 +33,22 @@ class RunConfig(_Section):
     seed: int = Field(0, description="Seeds the prompt stream, model init and sampling.")
     trace_file: str | None = Field(None, description="Optional JSONL trace of issued prompts and trained steps.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_dir: str | None = Field(
+        None,
+        description="Run log: metrics.jsonl (one line per step and per event, appended by every attempt) and "
+        "TensorBoard event files. Default <checkpoint.dir>/logs: on the checkpoint volume, so it survives retries.",
+    )
+    log_enabled: bool = Field(True, description="Write the run log; off: only the printed progress lines.")
+    log_buffer: int = Field(
+        10_000,
+        ge=1,
+        description="Run-log records held while the log volume is slower than training; past that, new steps are "
+        "dropped, counted, and the count logged (training never waits for the log).",
+    )
+    tensorboard: bool = Field(True, description="Write TensorBoard event files beside metrics.jsonl.")
+    metrics_enabled: bool = Field(
+        True, description="Record Prometheus metrics through Ray's metrics pipeline (ray.util.metrics)."
+    )
 
 
 class RayConfig(_Section):
@@ -41,6 +57,13 @@ class RayConfig(_Section):
     )
     num_cpus: int = Field(8, ge=1, description="Logical CPUs of the embedded local Ray (not physical cores).")
     namespace: str = "sc_app"
+    metrics_export_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Embedded Ray only: serve Prometheus metrics on this port (None: a free port Ray picks). "
+        "On a cluster the port is `ray start --metrics-export-port` (8080 in the chart).",
+    )
 
 
 class DataPlaneConfig(_Section):
@@ -137,6 +160,12 @@ class AppConfig(_Section):
         if seq > self.model.max_seq_len:
             raise ValueError(
                 f"task.prompt_len + task.response_len = {seq} exceeds model.max_seq_len = {self.model.max_seq_len}"
+            )
+        if self.ray.address is not None and self.ray.metrics_export_port is not None:
+            raise ValueError(
+                f"ray.metrics_export_port applies to the embedded Ray only, but ray.address={self.ray.address!r}: "
+                "a cluster's port is set by `ray start --metrics-export-port` (the chart's rayPorts.metrics); "
+                "unset ray.metrics_export_port"
             )
         if self.ray.address is None:
             need = self.cpus_required()

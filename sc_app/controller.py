@@ -303,7 +303,8 @@ class SingleControllerActor:
             await self._drop(groups)
             weights = self.args.trainers[0].get_weights.remote()
             await asyncio.gather(*[w.set_weights.remote(weights, self.version) for w in self.args.generators])
-            mean_reward = float(rows["reward"].mean())
+            reward = rows["reward"]
+            mean_reward = float(reward.mean())
             rewards.append(mean_reward)
             self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
             self._progress.append(
@@ -314,6 +315,10 @@ class SingleControllerActor:
                     staleness=staleness,
                     rows_held=self.buffer.rows,
                     step_seconds=time.perf_counter() - started,
+                    reward_min=float(reward.min()),
+                    reward_max=float(reward.max()),
+                    weights_version=self.version,
+                    commit_waits=self.barrier.stats.drain_mutation_waits(),
                 )
             )
             if cfg.checkpoint.enabled and self._save_due(self.step):
@@ -322,7 +327,7 @@ class SingleControllerActor:
         await self._collect_save(wait=True)
         if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
             self._progress.append(StopRecord(self.step))
-            await self._start_save()
+            await self._start_save(emergency=True)
             await self._collect_save(wait=True)
         return RunSummary(
             final_step=self.step,
@@ -337,14 +342,15 @@ class SingleControllerActor:
     def _save_due(self, step: int) -> bool:
         return step % self.cfg.checkpoint.save_period == 0 or step == self.cfg.run.max_steps
 
-    async def _start_save(self) -> None:
-        """Cut a bundle of the current step; returns once its window closed (or the save already ended).
+    async def _start_save(self, *, emergency: bool = False) -> None:
+        """Cut a bundle of the current step (``emergency``: on a stop request); returns once its window closed (or
+        the save already ended).
 
         Pre: called from the train pump only. Post: the previous save has finished and been reported; the new
         one's policy, loader place and captured rows are fixed, the rest runs in ``self._pending_save``."""
         await self._collect_save(wait=True)
         released = asyncio.Event()
-        task = asyncio.create_task(self._save_or_report(self.step, released))
+        task = asyncio.create_task(self._save_or_report(self.step, released, emergency))
         self._pending_save = (self.step, task)
         waiter = asyncio.ensure_future(released.wait())
         try:
@@ -371,13 +377,15 @@ class SingleControllerActor:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
         return await run_blocking(self._save_io, fn, *args, **kwargs)
 
-    async def _save_or_report(self, step: int, released: asyncio.Event) -> SaveRecord | SaveFailedRecord:
+    async def _save_or_report(
+        self, step: int, released: asyncio.Event, emergency: bool = False
+    ) -> SaveRecord | SaveFailedRecord:
         """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
 
         ``LeaseLost`` always propagates: a superseded run must stop, not keep training.
         """
         try:
-            return await self._save(released)
+            return await self._save(released, emergency)
         except LeaseLost:
             raise
         except OSError as exc:
@@ -399,7 +407,7 @@ class SingleControllerActor:
                 raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
             return SaveFailedRecord(step, msg, in_a_row=self._failed_saves_in_a_row, last_saved_step=self._last_saved)
 
-    async def _save(self, released: asyncio.Event) -> SaveRecord:
+    async def _save(self, released: asyncio.Event, emergency: bool = False) -> SaveRecord:
         """Capture (training paused until ``released`` is set), then write behind training."""
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -433,6 +441,7 @@ class SingleControllerActor:
             groups=captured.groups,
             data_plane_bytes=published.data_plane_bytes,
             pruned=published.pruned,
+            emergency=emergency,
         )
 
     async def _capture(self, writer: BundleWriter) -> tuple[CapturedSave, DataPlaneSnapshot, float]:

@@ -52,6 +52,15 @@ Outcome = Literal["done", "stopped", "already_done", "unsaved"]
 
 
 @dataclass(frozen=True)
+class AttemptStarted:
+    """This attempt's identity and how it starts, reported once both the lease and the resume plan are known."""
+
+    run_id: str
+    lease: Lease | None  # None with checkpoint.enabled=false, and for a run refused (or done) before taking it
+    plan: ResumePlan
+
+
+@dataclass(frozen=True)
 class RunResult:
     """How the run ended: ``done`` (max_steps reached, its bundle published), ``stopped`` (on request, the current
     step's bundle published — or nothing trained yet), ``already_done`` (the newest bundle already reached
@@ -96,6 +105,7 @@ def _init_ray(cfg: AppConfig) -> bool:
             namespace=cfg.ray.namespace,
             log_to_driver=verbose,
             logging_level=logging.WARNING,
+            _metrics_export_port=cfg.ray.metrics_export_port,
         )
         return True
     # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
@@ -212,6 +222,7 @@ def run_job(
     on_progress: Callable[[ProgressRecord], None] = lambda r: None,
     stop_requested: Callable[[], bool] = lambda: False,
     on_ray_ready: Callable[[], None] = lambda: None,
+    on_attempt: Callable[[AttemptStarted], None] = lambda a: None,
 ) -> RunResult:
     """Plan the resume, take the writer lease, tidy, start Ray + TransferQueue, run to ``run.max_steps``, shut down.
 
@@ -227,18 +238,23 @@ def run_job(
         raise CheckpointDirUnusable(problem)
     read_lease(root)  # a malformed LEASE is refused here (LeaseError), before anything else happens
     lineage = read_lineage(root)
+    run_id = uuid.uuid4().hex[:12]
     plan = plan_for(cfg, tidy=False)
-    if plan.decision == "refuse" or (plan.decision == "resume" and plan.step >= cfg.run.max_steps):
+
+    def announce(plan: ResumePlan, lease: Lease | None) -> None:
         on_plan(plan)
+        on_attempt(AttemptStarted(run_id, lease, plan))
+
+    if plan.decision == "refuse" or (plan.decision == "resume" and plan.step >= cfg.run.max_steps):
+        announce(plan, None)
         if plan.decision == "refuse":
             raise ResumeRefused(plan.reason)
         return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "already_done")
     if stop_requested():
-        on_plan(plan)
+        announce(plan, None)
         return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "stopped")
-    run_id = uuid.uuid4().hex[:12]
     if not cfg.checkpoint.enabled:
-        on_plan(plan)
+        announce(plan, None)
         return _train(cfg, plan, run_id, None, None, started, on_plan, on_progress, stop_requested, on_ray_ready)
     try:
         lease = Lease.acquire(root, run_id, ttl_s=cfg.checkpoint.lease_ttl_s)
@@ -250,7 +266,7 @@ def run_job(
         adopt = plan.reports[-1].manifest.doc.get("lineage") if plan.reports and plan.reports[-1].manifest else None
         lineage = ensure_lineage(root, adopt=adopt if isinstance(adopt, str) else None)
         plan = plan_for(cfg, tidy=True)  # again, as the holder: now it may move leftovers and bad bundles aside
-        on_plan(plan)
+        announce(plan, lease)
         if plan.decision == "refuse":
             outcome = "refused"
             raise ResumeRefused(plan.reason)

@@ -8,6 +8,7 @@ lines — change them together).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -21,6 +22,11 @@ class StepRecord:
     staleness: float  # mean weights versions between generation and training of the trained groups
     rows_held: int  # rows in TransferQueue after the step
     step_seconds: float
+    reward_min: float = math.nan  # lowest and highest reward of the step's rows
+    reward_max: float = math.nan
+    weights_version: int | None = None  # the trainer's weights version after the step
+    commit_waits: tuple[float, ...] = ()  # seconds each data-plane commit/drop since the previous step waited at the
+    # checkpoint barrier (drained from ``BarrierStats`` with every step)
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class SaveRecord:
     groups: int
     data_plane_bytes: int
     pruned: tuple[str, ...] = ()
+    emergency: bool = False  # the bundle cut on a stop request (SIGTERM), not a periodic or final one
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ rendered Secret) → ``ray job submit`` the rendered entrypoint (what the K8sJob
 exists, SIGKILL every process of that head (the preemption) → a fresh head, preflight again, submit again (the
 ``backoffLimit`` retry) → it resumes from the newest complete bundle and finishes. The only translation is the
 volume: the mount path and the ConfigMap's file are mapped to temp dirs.
+
+While the retry trains, the head's metrics export port (the chart's ``rayPorts.metrics``, what the PodMonitor
+scrapes) is scraped and parsed with ``prometheus_client``: the driver's sc-app metrics must be there. Afterwards the
+run log on the volume must hold both attempts.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ import yaml
 from k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
 from test_k8s_runbooks import run_local_commands
 
+from sc_app.observe.reader import read_history
+from tests.support.prometheus import one, try_scrape
+
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -39,6 +46,7 @@ BIN = Path(sys.executable).parent
 MAX_STEPS = 60
 SAVE_PERIOD = 5
 PREEMPT_AT_STEP = 10
+REPORT_INTERVAL_MS = "1000"  # RAY_metrics_report_interval_ms on the heads: the retry's metrics show within seconds
 
 
 def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
@@ -170,7 +178,8 @@ def test_rendered_rayjob_resumes_after_head_loss(tmp_path: Path, heads: list[Hea
     # What KubeRay injects from authOptions + the rendered Secret, on every Ray container and the submitter.
     token = base64.b64decode(secret["data"]["auth_token"]).decode()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": str(tmp_path / "home"),
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "PYTHONUNBUFFERED": "1",
+           "RAY_metrics_report_interval_ms": REPORT_INTERVAL_MS}
     for e in head_spec["containers"][0].get("env", []):
         if "value" in e:
             env[e["name"]] = mapped(e["value"])
@@ -212,14 +221,39 @@ def test_rendered_rayjob_resumes_after_head_loss(tmp_path: Path, heads: list[Hea
     assert not (ckpt / f"tmp_step_{before[-1] + SAVE_PERIOD}").exists(), "preflight must move leftovers aside"
     head = start_head()
     submit = [str(BIN / "ray"), "job", "submit", "--address", head.address]
-    done = subprocess.run([*submit, "--submission-id", "attempt-2", "--", *entrypoint], env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-3000:]
+    job_log = tmp_path / "attempt-2.log"
+    with job_log.open("w") as sink:
+        job = subprocess.Popen([*submit, "--submission-id", "attempt-2", "--", *entrypoint], env=env,
+                               stdout=sink, stderr=subprocess.STDOUT)
+    scraped: dict[str, Any] = {}
+    deadline = time.monotonic() + 300
+    while job.poll() is None:  # scrape the head's metrics export port while the retry trains
+        assert time.monotonic() < deadline, f"attempt 2 did not finish in 300s: {job_log.read_text()[-3000:]}"
+        got = try_scrape(int(head.params["metrics-export-port"]))
+        if "ray_sc_app_step" in got:
+            scraped = got
+        time.sleep(0.3)
+    out = job_log.read_text()
+    assert job.returncode == 0, out[-3000:]
     assert f"resuming from {ckpt / f'step_{before[-1]}'}" in out, out[-3000:]
     assert f"done: step {MAX_STEPS}" in out, out[-3000:]
     assert _steps(ckpt)[-1] == MAX_STEPS
     head.kill()
+
+    # The retry's driver recorded sc-app's metrics; the head's export port served them, in Prometheus' format.
+    assert scraped, "no sc_app metric on the head's metrics export port while attempt 2 trained"
+    assert one(scraped, "ray_sc_app_attempt") == 2
+    assert one(scraped, "ray_sc_app_resumes_total") == 1
+    assert before[-1] <= one(scraped, "ray_sc_app_step") <= MAX_STEPS
+    assert one(scraped, "ray_sc_app_step_seconds_count") >= 1
+    # The run log on the volume survived the head's loss: every step once or more, the retry's resume recorded.
+    history = read_history(ckpt / "logs")
+    assert [s.step for s in history.effective_steps()] == list(range(1, MAX_STEPS + 1))
+    assert [(e.step, e.data["bundle"]) for e in history.events_named("resume")] == [(before[-1], f"step_{before[-1]}")]
+    first, retry = history.attempts()
+    # the lost head: no exit line, or the driver outlived its actors for a moment and logged the failure
+    assert first.exit_code in (None, 1) and retry.exit_code == 0
+    assert {lab["run_id"] for lab, _ in scraped["ray_sc_app_step"]} == {retry.run_id}
 
     # The runbook's local commands against these real bundles (verify, list, preflight --dry-run, submit --dry-run).
     run_local_commands(ckpt)

@@ -126,6 +126,9 @@ def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
         ("grpo.num_generations_per_prompt=1", "grpo.num_generations_per_prompt"),
         ("run.max_steps.x=1", "run.max_steps"),
         ("checkpoint=3", "checkpoint"),
+        ("run.log_buffer=0", "run.log_buffer"),
+        ("run.log_enabled=sometimes", "run.log_enabled"),
+        ("ray.metrics_export_port=70000", "ray.metrics_export_port"),
     ],
 )
 def test_wrong_type_or_range_is_named(override: str, key: str) -> None:
@@ -147,6 +150,12 @@ def test_storage_units_that_cannot_be_scheduled() -> None:
     # workers count too: they compete for the same logical CPUs
     msg = refused("trainer.num_workers=4", "generation.num_workers=3")
     assert "ray.num_cpus" in msg
+
+
+def test_metrics_export_port_is_for_the_embedded_ray_only() -> None:
+    assert load_config(None, ["ray.metrics_export_port=9100"]).ray.metrics_export_port == 9100
+    msg = refused("ray.address=auto", "ray.metrics_export_port=9100")
+    assert "ray.metrics_export_port" in msg and "--metrics-export-port" in msg, msg
 
 
 def test_sequence_longer_than_model_context() -> None:
