@@ -44,7 +44,15 @@ from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSna
 from sc_app.faults import afault_point
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
-from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
+from sc_app.progress import (
+    ProgressRecord,
+    RunSummary,
+    SaveFailedRecord,
+    SaveRecord,
+    StepRecord,
+    StopRecord,
+    step_summary,
+)
 from sc_app.replay_buffer import Group, TQReplayBuffer
 
 log = logging.getLogger(__name__)
@@ -117,6 +125,7 @@ class SingleControllerActor:
         self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
         self._last_saved = self.step
         self._failed_saves_in_a_row = 0
+        self._unsaved_steps: list[StepRecord] = []  # steps since the newest published bundle: the next one keeps them
         self._restored = False
         self._trace_fh: Any = None
 
@@ -307,7 +316,7 @@ class SingleControllerActor:
             mean_reward = float(reward.mean())
             rewards.append(mean_reward)
             self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
-            self._progress.append(
+            self._record_step(
                 StepRecord(
                     step=self.step,
                     reward=mean_reward,
@@ -337,6 +346,10 @@ class SingleControllerActor:
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
             last_saved_step=self._last_saved,
         )
+
+    def _record_step(self, record: StepRecord) -> None:
+        self._progress.append(record)
+        self._unsaved_steps.append(record)
 
     # ------------------------------------------------------------------ save (flows 5 and 6)
     def _save_due(self, step: int) -> bool:
@@ -372,6 +385,7 @@ class SingleControllerActor:
         if isinstance(outcome, SaveRecord):
             self._last_saved = step
             self._failed_saves_in_a_row = 0
+            self._unsaved_steps = [r for r in self._unsaved_steps if r.step > step]
 
     async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
@@ -476,6 +490,7 @@ class SingleControllerActor:
                 trainer_version=self.version,
                 loader_state=loader_state,
                 replay_index=replay_index,
+                steps=tuple(step_summary(r) for r in self._unsaved_steps if r.step <= self.step),
             )
             snapshot = await self.client.save_checkpoint(
                 writer.data_plane_dir,

@@ -43,6 +43,7 @@ class CapturedSave:
     trainer_version: int
     loader_state: dict[str, Any]
     replay_index: dict[str, Any]  # TQReplayBuffer.metadata_state_dict(): the sidecar
+    steps: tuple[dict[str, Any], ...] = ()  # the steps since the previous published bundle (run-log recovery)
 
     @property
     def digest(self) -> str:
@@ -90,6 +91,8 @@ class CapturedSave:
         }
         if self.lineage is not None:
             record["lineage"] = self.lineage
+        if self.steps:
+            record["steps"] = list(self.steps)
         return record
 
 

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_apiserver import FakeApiServer, FakeRayJobsApi, auth_secret, write_kubeconfig
-from k8s_helpers import CHART_DIR, REPO_ROOT
+
+from tests.k8s.fake_apiserver import FakeApiServer, FakeRayJobsApi, auth_secret, write_kubeconfig
+from tests.k8s.k8s_helpers import CHART_DIR, REPO_ROOT
 
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
