@@ -306,7 +306,7 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     root = _checkpoint_root(args, must_exist=True)
     not_names = [b for b in args.bundle if layout.parse_step(b) is None]
     if not_names:
-        return fail(f"{not_names[0]!r} is not a bundle name: name bundles step_N, the way `sc-app ckpt list` shows them")
+        return fail(f"{not_names[0]!r} is not a bundle name: name bundles step_N, as `sc-app ckpt list` shows them")
     named = [root / b for b in args.bundle]
     absent = [p.name for p in named if not (p.exists() or p.is_symlink())]
     if absent:
