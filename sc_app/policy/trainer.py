@@ -21,6 +21,7 @@ from sc_app import torch_io
 from sc_app.background import lower_current_thread_priority
 from sc_app.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE
 from sc_app.config import AppConfig
+from sc_app.faults import fault_point
 from sc_app.policy.grpo import clipped_pg_loss
 from sc_app.policy.model import TinyCausalLM, response_logprobs
 from sc_app.policy.state_schema import PolicyTemplate, check_model_state, check_optimizer_state, new_optimizer
@@ -141,6 +142,7 @@ class TrainerWorker:
         """Restore weights + optimizer from a *verified* bundle (``weights_only=True``), each file checked by the
         validator verification used (``sc_app.policy.state_schema``); returns the version."""
         d = Path(policy_dir)
+        fault_point(f"restore.policy.{d.parent.name}")
         template = PolicyTemplate.of(self.model, self.optimizer)
         state = check_model_state(torch_io.load(d / MODEL_FILE, map_location=self.device), template)
         optimizer = check_optimizer_state(torch_io.load(d / OPTIMIZER_FILE, map_location=self.device), template)
