@@ -21,8 +21,10 @@ from sc_app import torch_io
 from sc_app.background import lower_current_thread_priority
 from sc_app.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE
 from sc_app.config import AppConfig
+from sc_app.faults import fault_point
 from sc_app.policy.grpo import clipped_pg_loss
 from sc_app.policy.model import TinyCausalLM, response_logprobs
+from sc_app.policy.state_schema import PolicyTemplate, check_model_state, check_optimizer_state, new_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ class TrainerWorker:
         self.model = TinyCausalLM(self.cfg.model)
         self.device = torch.device("cuda" if torch.cuda.is_available() and self.cfg.trainer.num_gpus > 0 else "cpu")
         self.model.to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.cfg.grpo.learning_rate)
+        self.optimizer = new_optimizer(self.model.parameters(), lr=self.cfg.grpo.learning_rate)
         self.version = 0
         self._dp: Any = None
         self._captured: tuple[dict[str, Any], dict[str, Any]] | None = None
@@ -137,10 +139,14 @@ class TrainerWorker:
         return [MODEL_FILE, OPTIMIZER_FILE]
 
     def load(self, policy_dir: str) -> int:
-        """Restore weights + optimizer from a *verified* bundle (``weights_only=True``); returns the version."""
+        """Restore weights + optimizer from a *verified* bundle (``weights_only=True``), each file checked by the
+        validator verification used (``sc_app.policy.state_schema``); returns the version."""
         d = Path(policy_dir)
-        state = torch_io.load(d / MODEL_FILE, map_location=self.device)
+        fault_point(f"restore.policy.{d.parent.name}")
+        template = PolicyTemplate.of(self.model, self.optimizer)
+        state = check_model_state(torch_io.load(d / MODEL_FILE, map_location=self.device), template)
+        optimizer = check_optimizer_state(torch_io.load(d / OPTIMIZER_FILE, map_location=self.device), template)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(torch_io.load(d / OPTIMIZER_FILE, map_location=self.device))
+        self.optimizer.load_state_dict(optimizer)
         self.version = int(state["version"])
         return self.version
