@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sc_app import __version__
 from sc_app.checkpoint.lease import LeaseError
-from sc_app.checkpoint.lineage import LineageError
+from sc_app.checkpoint.lineage import LineageError, read_lineage
 from sc_app.config import AppConfig, ConfigError, Override, dump_config, load_config
 from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_SUPERSEDED, fail
 
@@ -198,6 +198,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     elif root.is_dir() and (problem := volume.unwritable(root)):
         why_read_only = problem
 
+    lineage = read_lineage(root) if root.is_dir() else None
+
     def decide(tidy: bool) -> Any:
         return plan_resume(
             root,
@@ -205,6 +207,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             hmac_key=hmac_key_from_env(),
             expected_compat=compat_of(cfg) if cfg else None,
             tidy=tidy,
+            expected_lineage=lineage,
         )
 
     if why_read_only is None and root.is_dir():
@@ -283,7 +286,11 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
         entries, leftover_dirs = layout.step_entries(root), layout.tmp_dirs(root)
     except OSError as exc:
         return fail(f"cannot list --checkpoint-dir {root}: {exc.strerror or exc}")
-    rows = [verify_bundle(p, deep=False, hmac_key=hmac_key_from_env()).as_dict() for _, p in entries]
+    lineage = read_lineage(root)
+    rows = [
+        verify_bundle(p, deep=False, hmac_key=hmac_key_from_env(), expected_lineage=lineage).as_dict()
+        for _, p in entries
+    ]
     leftovers = [p.name for p in leftover_dirs]
     if args.json:
         print(json.dumps({"bundles": rows, "incomplete": leftovers}, indent=2))
@@ -317,7 +324,8 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
         return fail(f"cannot list --checkpoint-dir {root}: {exc.strerror or exc}")
     if not targets:
         return fail(f"no step_N bundle in {root}")
-    reports = [verify_bundle(p, hmac_key=hmac_key_from_env()) for p in targets]
+    lineage = read_lineage(root)
+    reports = [verify_bundle(p, hmac_key=hmac_key_from_env(), expected_lineage=lineage) for p in targets]
     # a bundle the live writer's retention removed while it was being read is gone, not bad
     gone = {r.name for r in reports if not r.ok and not (r.path.exists() or r.path.is_symlink())}
     if args.json:
@@ -347,7 +355,7 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
     with dir_lock(root):
         if live_holder(root) is not None:
             return fail(f"a run took the lease of {root} just now; rerun when it has stopped")
-        removed = prune(root, args.keep, hmac_key=hmac_key_from_env())
+        removed = prune(root, args.keep, hmac_key=hmac_key_from_env(), expected_lineage=read_lineage(root))
     if args.json:
         print(json.dumps({"removed": removed}))
     else:

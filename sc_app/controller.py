@@ -426,6 +426,8 @@ class SingleControllerActor:
         cfg = self.cfg
         t0 = time.perf_counter()
         writer = BundleWriter(cfg.checkpoint.dir, self.step, hmac_key=hmac_key_from_env(), lease=self.args.lease)
+        if cfg.data_plane.snapshot == "native":  # TransferQueue's own save writes into tmp_step_N/ in the window
+            await self._in_background(writer.begin)
         captured, snapshot, window = await self._capture(writer)
         blocked = time.perf_counter() - t0
         released.set()  # the train pump goes on; drops of captured groups wait for thaw()

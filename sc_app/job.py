@@ -121,9 +121,11 @@ def _init_ray(cfg: AppConfig) -> bool:
     return False
 
 
-def plan_for(cfg: AppConfig, *, tidy: bool, unrestorable: dict[str, str] | None = None) -> ResumePlan:
+def plan_for(
+    cfg: AppConfig, *, tidy: bool, lineage: str | None, unrestorable: dict[str, str] | None = None
+) -> ResumePlan:
     """The resume decision for ``cfg``'s checkpoint dir (the same one ``sc-app preflight`` prints). ``tidy`` only
-    while holding the directory's lease."""
+    while holding the directory's lease; ``lineage``: the directory's (bundles of another are never resumed)."""
     return plan_resume(
         cfg.checkpoint.dir,
         policy=cfg.checkpoint.on_corrupt,
@@ -131,6 +133,7 @@ def plan_for(cfg: AppConfig, *, tidy: bool, unrestorable: dict[str, str] | None 
         expected_compat=compat_of(cfg),
         tidy=tidy,
         unrestorable=unrestorable,
+        expected_lineage=lineage,
     )
 
 
@@ -153,7 +156,7 @@ def start_controller(
         except RestoreFailed as exc:
             log.warning("%s", exc)
             unrestorable[exc.bundle.name] = str(exc)
-            plan = plan_for(cfg, tidy=lease is not None, unrestorable=unrestorable)
+            plan = plan_for(cfg, tidy=lease is not None, lineage=lineage, unrestorable=unrestorable)
             on_plan(plan)
             if plan.decision != "resume":
                 raise ResumeRefused(plan.reason) from None
@@ -239,7 +242,7 @@ def run_job(
     read_lease(root)  # a malformed LEASE is refused here (LeaseError), before anything else happens
     lineage = read_lineage(root)
     run_id = uuid.uuid4().hex[:12]
-    plan = plan_for(cfg, tidy=False)
+    plan = plan_for(cfg, tidy=False, lineage=lineage)
 
     def announce(plan: ResumePlan, lease: Lease | None) -> None:
         on_plan(plan)
@@ -265,7 +268,7 @@ def run_job(
     try:
         adopt = plan.reports[-1].manifest.doc.get("lineage") if plan.reports and plan.reports[-1].manifest else None
         lineage = ensure_lineage(root, adopt=adopt if isinstance(adopt, str) else None)
-        plan = plan_for(cfg, tidy=True)  # again, as the holder: now it may move leftovers and bad bundles aside
+        plan = plan_for(cfg, tidy=True, lineage=lineage)  # as the holder: now it may move leftovers aside
         announce(plan, lease)
         if plan.decision == "refuse":
             outcome = "refused"

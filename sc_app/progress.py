@@ -9,7 +9,7 @@ lines — change them together).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,24 @@ class StepRecord:
     # checkpoint barrier (drained from ``BarrierStats`` with every step)
 
 
+KEPT_STEP_FIELDS = (  # what a bundle keeps of each step it covers (the manifest's schema names the same keys)
+    "step",
+    "reward",
+    "loss",
+    "staleness",
+    "rows_held",
+    "step_seconds",
+    "reward_min",
+    "reward_max",
+    "weights_version",
+)
+
+
 def step_summary(record: StepRecord) -> dict[str, float | int | None]:
-    """What a bundle keeps of one step it covers (no per-commit waits): JSON numbers, non-finite ones as null."""
+    """What a bundle keeps of one step it covers: JSON numbers, non-finite ones as null."""
     out: dict[str, float | int | None] = {}
-    for key, value in asdict(record).items():
-        if key == "commit_waits":
-            continue
+    for key in KEPT_STEP_FIELDS:
+        value = getattr(record, key)
         out[key] = None if isinstance(value, float) and not math.isfinite(value) else value
     return out
 

@@ -112,6 +112,20 @@ class LoaderRecord(StrictModel):
     reissue: NonNegInt
 
 
+class KeptStep(StrictModel):
+    """One train step the bundle covers, kept for the run log (``progress.step_summary``): null for non-finite."""
+
+    step: PosInt
+    reward: float | None = None
+    loss: float | None = None
+    staleness: float | None = None
+    rows_held: NonNegInt | None = None
+    step_seconds: float | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    weights_version: int | None = None
+
+
 class Signature(StrictModel):
     alg: Literal["hmac-sha256"]
     value: str
@@ -136,6 +150,7 @@ class ManifestDoc(StrictModel):
     loader: LoaderRecord | None = None
     lineage: Name | None = None
     policy_format: Name | None = None
+    steps: list[KeptStep] = []  # the steps since the previous bundle (run-log recovery); absent in older bundles
     signature: Signature | None = None
 
 

@@ -96,9 +96,9 @@ class CapturedSave:
         return record
 
 
-def _prune_held(writer: BundleWriter, keep: int, newest: Path) -> list[str]:
+def _prune_held(writer: BundleWriter, keep: int, newest: Path, lineage: str | None) -> list[str]:
     with writer.held():  # only while this run still holds the lease
-        return prune(writer.root, keep, newest_verified=newest)
+        return prune(writer.root, keep, newest_verified=newest, expected_lineage=lineage)
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ async def write_bundle(
         raise
     await afault_point("save.done")
     try:
-        removed = await in_background(_prune_held, writer, keep, final)
+        removed = await in_background(_prune_held, writer, keep, final, captured.lineage)
     except (OSError, LeaseLost) as exc:  # the bundle is published; an old one left behind is no failed save
         log.warning("retention did not prune %s: %s; older bundles stay", writer.root, exc)
         removed = []

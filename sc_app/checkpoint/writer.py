@@ -67,6 +67,9 @@ class BundleWriter:
         return self.lease.held() if self.lease is not None else nullcontext()
 
     def begin(self) -> BundleWriter:
+        """Make ``tmp_step_N`` (under the lease); a no-op when this writer already made it."""
+        if self._created:
+            return self
         self.root.mkdir(parents=True, exist_ok=True)
         with self.held():
             self._begin_locked()

@@ -346,3 +346,35 @@ def test_strict_refuses_a_bundle_that_does_not_restore_and_moves_nothing(ckpt: P
     assert {k: v for k, v in after.items() if k.startswith("step_")} == {
         k: v for k, v in before.items() if k.startswith("step_")
     }, "strict moves no bundle"
+
+
+def test_a_bundle_of_another_lineage_is_never_resumed_nor_costs_an_own_bundle(ckpt: Path) -> None:
+    """A bundle copied in from another job (another lineage), newer than every own bundle: the run resumes its own
+    newest bundle, and retention neither counts nor deletes anything because of the stranger."""
+    lineage = json.loads((ckpt / "LINEAGE").read_text())["lineage"]
+    stranger = ckpt / "step_100"
+    shutil.copytree(ckpt / "step_4", stranger)
+    meta_path = stranger / "data_plane" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["user_metadata"]["step"] = 100  # what the other job's data plane would record
+    meta_path.write_text(json.dumps(meta))
+    reseal(stranger, lambda doc: doc.update(step=100, lineage="another-job"))
+    assert verify_bundle(stranger).ok, "valid on its own: only the lineage tells it apart"
+    res = sc_app(
+        "run",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        "8",
+        "--set",
+        "checkpoint.save_period=2",
+        "--set",
+        "checkpoint.keep=2",
+    )
+    assert res.rc == 0, res.out[-3000:]
+    assert f"resuming from {ckpt / 'step_4'} (step 4)" in res.out and "another-job" in res.out, res.out[-3000:]
+    own = sorted(int(p.name[5:]) for p in ckpt.glob("step_*") if p.name[5:].isdigit())
+    assert own == [6, 8], own  # keep=2 of its own; the stranger was set aside, not deleted, not counted
+    moved = [p for p in (ckpt / "quarantine").glob("step_100.*") if p.is_dir()]
+    assert len(moved) == 1, "the stranger is moved aside, never deleted"
+    assert json.loads((ckpt / "LINEAGE").read_text())["lineage"] == lineage
