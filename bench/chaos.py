@@ -152,10 +152,9 @@ def one_iteration(i: int, rng: random.Random, root: Path, work: Path) -> tuple[s
             problems.append(f"no bundle of the step it stopped at ({stopped_at.group(1)}): {steps(root)}")
         elif not stopped_at and "nothing trained since the newest bundle" not in out:
             problems.append("exit 143 without saying which bundle covers the step it stopped at")
-    for step in saved_steps(log)[-KEEP:]:
-        if end == "sigkill" and step == saved_steps(log)[-1]:
-            continue  # the kill may land between the line and a later prune; newer ones are checked below
-        if step not in steps(root):
+    kept_from = min(steps(root)[-KEEP:], default=0)  # retention keeps the newest KEEP bundles on disk
+    for step in saved_steps(log):
+        if step >= kept_from and step not in steps(root):
             problems.append(f"step_{step} was published and is gone")
     for step in steps(root):
         report = verify_bundle(root / f"step_{step}")
