@@ -647,7 +647,7 @@ def test_chart_metadata() -> None:
 
 def test_no_test_reads_outside_the_checkout() -> None:
     """A plain clone runs every chart test: the CRDs are vendored and no test file reaches for ../shared."""
-    from k8s_helpers import CRD_DIR
+    from tests.k8s.k8s_helpers import CRD_DIR
 
     assert CRD_DIR.is_relative_to(REPO_ROOT)
     reaching_out = re.compile(r"""parents?(\[\d\])?\s*/\s*["']shared["']|\.\./shared""")

@@ -154,7 +154,7 @@ def calls(env: dict[str, str]) -> list[dict]:
 
 
 def _rayjob(extra: dict | None = None) -> dict:
-    from k8s_helpers import by_kind, load_values, objects, render
+    from tests.k8s.k8s_helpers import by_kind, load_values, objects, render
 
     values = load_values(REPO_ROOT / "helm" / "sc-app" / "ci" / "cpu-values.yaml")
     values["checkpoint"]["mountPath"] = "/data/ckpt"  # not the default: nothing may assume /checkpoints
@@ -191,7 +191,7 @@ def restricted_violations(pod: dict) -> list[str]:
 
 
 def test_ckpt_shell_pod_is_admitted_and_verifies_signatures(tmp_path: Path) -> None:
-    from k8s_helpers import validate_core_object
+    from tests.k8s.k8s_helpers import validate_core_object
 
     from sc_app.checkpoint.manifest import HMAC_ENV
 
