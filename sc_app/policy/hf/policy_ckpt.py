@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from sc_app.checkpoint.fsio import sha256_file, write_durable
+from sc_app.checkpoint.fsio import write_durable
 
 FORMAT = "sc_app.hf_policy"
 FORMAT_VERSION = 1
@@ -97,6 +97,12 @@ class CaptureBuffers:
         self._next = 0
         self._writing: set[int] = set()
 
+    def warm(self, model: Any, optimizer: Any) -> None:
+        """Stage into both buffers once, so their memory is allocated before the first save needs it."""
+        msd, osd = get_state_dict(model, optimizer)
+        for stager in self._stagers:
+            stager.stage({"model": msd, "optimizer": osd})
+
     def capture(self, model: Any, optimizer: Any, meta: dict[str, Any]) -> tuple[int, CapturedPolicy]:
         slot = self._next
         if slot in self._writing:
@@ -130,6 +136,68 @@ def policy_meta(version: int, strategy: str, world_size: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ write
+class _HashingStream(io.RawIOBase):
+    """Append-only writer that hashes every byte on its way to the file (DCP writes each file front to back)."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        n = self._raw.write(b)
+        self.sha.update(memoryview(b)[:n])
+        self.size += n
+        return n
+
+    def tell(self) -> int:
+        return self.size
+
+    def seek(self, *args: Any) -> int:
+        raise io.UnsupportedOperation("a hashed policy file is written front to back")
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        # DCP fsyncs ``fileno()`` right after ``pickle.dump`` of the metadata, without a flush: flush here, or
+        # the buffered tail would not be on disk when the fsync returns
+        self._raw.flush()
+        return int(self._raw.fileno())
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, recording the sha256 and size of every file this process writes (and following
+    DCP's rename of ``.metadata.tmp``), so nothing is read back to be hashed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: dict[str, FileRecord] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | Any, mode: str) -> Iterator[io.IOBase]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        p = Path(path)
+        with p.open("wb") as raw:
+            stream = _HashingStream(raw)
+            yield stream
+            stream.flush()
+        self.records[p.name] = FileRecord(stream.sha.hexdigest(), stream.size)
+
+    def rename(self, path: str | Any, new_path: str | Any) -> None:
+        super().rename(path, new_path)
+        record = self.records.pop(Path(path).name, None)
+        if record is not None:
+            self.records[Path(new_path).name] = record
+
+
 def write(
     captured: CapturedPolicy,
     policy_dir: str | Path,
@@ -141,24 +209,24 @@ def write(
     """Collective over ``process_group`` (every rank calls it with the same ``policy_dir``, which must exist).
 
     Post: this rank's shard files (and on rank 0 ``.metadata`` and ``hf/``) are complete and fsynced; the
-    returned records hash exactly what is on disk."""
+    returned records are the sha256 and size of exactly the bytes written (checked against the file sizes)."""
     t0 = time.perf_counter()
     out = Path(policy_dir)
     writer = FileSystemWriter(out, sync_files=True, overwrite=False)
+    fs = _HashingFileSystem()
+    writer.fs = fs
     with _dcp_call():
         dcp.save(captured.state, storage_writer=writer, process_group=process_group, no_dist=not dist.is_initialized())
-    files: dict[str, FileRecord] = {}
-    for shard in sorted(out.glob(f"__{rank}_*.distcp")):  # FileSystemWriter names rank r's files __r_<n>.distcp
-        digest, size = sha256_file(shard)
-        files[shard.name] = FileRecord(digest, size)
-    if rank == 0:
-        digest, size = sha256_file(out / METADATA_FILE)
-        files[METADATA_FILE] = FileRecord(digest, size)
-        if model_files:
-            (out / MODEL_FILES_DIR).mkdir(exist_ok=True)
-            for name, data in sorted(model_files.items()):
-                write_durable(out / MODEL_FILES_DIR / name, data)
-                files[f"{MODEL_FILES_DIR}/{name}"] = FileRecord(hashlib.sha256(data).hexdigest(), len(data))
+    files = dict(fs.records)
+    if rank == 0 and model_files:
+        (out / MODEL_FILES_DIR).mkdir(exist_ok=True)
+        for name, data in sorted(model_files.items()):
+            write_durable(out / MODEL_FILES_DIR / name, data)
+            files[f"{MODEL_FILES_DIR}/{name}"] = FileRecord(hashlib.sha256(data).hexdigest(), len(data))
+    for name, record in files.items():
+        size = (out / name).stat().st_size
+        if size != record.size:
+            raise OSError(f"{out / name}: {size} bytes on disk, {record.size} written")
     return PolicyWrite(files, sum(r.size for r in files.values()), time.perf_counter() - t0)
 
 

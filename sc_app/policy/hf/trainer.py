@@ -43,6 +43,7 @@ class TrainerSettings:
     micro_batch_rows: int = 0  # 0: the whole shard in one forward/backward
     max_grad_norm: float | None = None
     clip: float = 0.2
+    warm_capture_buffers: bool = True  # allocate the save's CPU copies after the first step, not at the first save
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class HFTrainer:
         self.buffers = policy_ckpt.CaptureBuffers(device)
         self.version = 0
         self._captured: tuple[int, policy_ckpt.CapturedPolicy] | None = None
+        self._warm = False
 
     @property
     def hf_model(self) -> Any:
@@ -150,6 +152,9 @@ class HFTrainer:
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         self.optimizer.step()
         self.version = version
+        if s.warm_capture_buffers and not self._warm:  # the optimizer state exists only after a first step
+            self.buffers.warm(self.model, self.optimizer)
+            self._warm = True
         return StepStats(loss=total, rows=n, tokens=int(mask.sum()), grad_norm=grad_norm)
 
     def _no_sync(self, skip_sync: bool) -> Any:
