@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sc_app.progress import SaveRecord, StepRecord
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -196,7 +198,8 @@ class Bench:
 
         from sc_app.barrier import DataPlaneCheckpointBarrier
         from sc_app.data_plane.client import CapturedRows
-        from sc_app.data_plane.streamed import iter_groups, load_streamed
+        from sc_app.data_plane.streamed import load_streamed
+        from sc_app.data_plane.streamed_format import iter_groups
         from sc_app.replay_buffer import TQReplayBuffer
 
         client = self.client()
@@ -543,7 +546,7 @@ class Bench:
             trains = [e for e in res["trace"] if e.get("ev") == "train"]
             check(len(trains) == steps, f"{mode} run trained {len(trains)} of {steps} steps")
             span = trains[-1]["t"] - trains[warm - 1]["t"]
-            saves = [r["saved"] for r in res["records"] if "saved" in r]
+            saves = [r for r in res["records"] if isinstance(r, SaveRecord)]
             cost = save_cost(res["records"], res["trace"], warm)
             if mode == "on":
                 want = steps // DEFAULT_SAVE_PERIOD + (steps % DEFAULT_SAVE_PERIOD != 0)
@@ -553,11 +556,11 @@ class Bench:
                 {
                     "steps_s": (steps - warm) / span,
                     "step_s": statistics.median(
-                        r["step_seconds"] for r in res["records"] if "step_seconds" in r and r["step"] > warm
+                        r.step_seconds for r in res["records"] if isinstance(r, StepRecord) and r.step > warm
                     ),
-                    "save_s": [s["seconds"] for s in saves],
-                    "blocked_s": [s["blocked_seconds"] for s in saves],
-                    "window_ms": [s["window_seconds"] * 1e3 for s in saves],
+                    "save_s": [s.seconds for s in saves],
+                    "blocked_s": [s.blocked_seconds for s in saves],
+                    "window_ms": [s.window_seconds * 1e3 for s in saves],
                     "save_cost_s": cost,
                     "span_s": span,
                     "first_step_s": res["first_step_s"],
@@ -606,7 +609,7 @@ class Bench:
                 shutil.copytree(last_on_dir, rd)
                 res = self._run_controller(self._cfg(rd, steps=steps + 1, enabled=False, partition="e2e"))
                 check(res["decision"] == "resume", "resume run did not resume")
-                check(res["records"][0]["step"] == steps + 1, "resume did not continue from the bundle's step")
+                check(res["records"][0].step == steps + 1, "resume did not continue from the bundle's step")
                 resume.append(res["first_step_s"])
                 resume_work.append(res["trainer_load_s"] + res["data_plane_restore_s"] + res["actor_to_first_step_s"])
                 shutil.rmtree(rd, ignore_errors=True)
@@ -626,7 +629,7 @@ class Bench:
         raw_path.unlink()
         drop_cache(files_under(padded))
         res = self._run_controller(self._cfg(padded, steps=steps + 1, enabled=False, partition="e2e"))
-        check(res["decision"] == "resume" and res["records"][0]["step"] == steps + 1, "padded resume")
+        check(res["decision"] == "resume" and res["records"][0].step == steps + 1, "padded resume")
         big_res: dict[str, Any] = {
             "data_plane_mib": bundle_bytes / MiB,
             "first_step_s": res["first_step_s"],
@@ -657,23 +660,23 @@ class Bench:
         self.results["end_to_end"] = e2e
 
 
-def save_cost(records: list[dict[str, Any]], trace: list[dict[str, Any]], warm: int) -> float:
+def save_cost(records: list[Any], trace: list[dict[str, Any]], warm: int) -> float:
     """Seconds a run lost to saving: the time training was paused for each save (``blocked_seconds``) plus,
     for the steps a save touched — the step it was cut at (the trainer copies its state inside it) and those
     that ran while its background write was in flight — their excess over the *mean* of the steps no save
     touched (signed, so noise cancels; not the median: step times are right-skewed, and against the median
     an ordinary step counts as slowed down)."""
-    step_s = {r["step"]: r["step_seconds"] for r in records if "step_seconds" in r and r["step"] > warm}
+    step_s = {r.step: r.step_seconds for r in records if isinstance(r, StepRecord) and r.step > warm}
     trained_at = {e["step"]: e["t"] for e in trace if e.get("ev") == "train"}
     saved_at = {e["step"]: e["t"] for e in trace if e.get("ev") == "save"}
     overlapped: set[int] = set()
     paused = 0.0
     for r in records:
-        if "saved" not in r:
+        if not isinstance(r, SaveRecord):
             continue
-        step, s = r["step"], r["saved"]
-        paused += s["blocked_seconds"]
-        begin = trained_at.get(step, 0.0) + s["blocked_seconds"]
+        step = r.step
+        paused += r.blocked_seconds
+        begin = trained_at.get(step, 0.0) + r.blocked_seconds
         end = saved_at.get(step, begin)
         overlapped |= {n for n, t in trained_at.items() if n in step_s and t > begin and t - step_s[n] < end}
         overlapped |= {step} & set(step_s)
@@ -690,9 +693,9 @@ def pad_bundle(src: Path, dst_root: Path, data_plane_bytes: int) -> int:
     import torch
 
     from sc_app.checkpoint import layout
-    from sc_app.checkpoint.fsio import sha256_file
     from sc_app.checkpoint.manifest import render
-    from sc_app.data_plane.streamed import _PartWriter, iter_groups, read_metadata
+    from sc_app.data_plane.streamed_format import PartWriter, iter_groups, read_metadata
+    from sc_app.durable_io import sha256_file
 
     _, bundle = layout.step_dirs(src)[0]
     dst = dst_root / bundle.name
@@ -705,11 +708,11 @@ def pad_bundle(src: Path, dst_root: Path, data_plane_bytes: int) -> int:
     for p in list(dp.iterdir()):
         if p.name != "metadata.json":
             p.unlink()
-    writer = _PartWriter(dp, 64 * MiB)
-    for g in groups:
-        fields = g.fields.clone()
-        fields["pad"] = torch.full((len(g.ids), per_row), 7, dtype=torch.uint8)
-        writer.append(g.group, g.ids, g.tags, fields)
+    writer = PartWriter(dp, 64 * MiB)
+    for group in groups:
+        data = group.data.clone()
+        data["pad"] = torch.full((len(group.ids), per_row), 7, dtype=torch.uint8)
+        writer.append(group.group, group.ids, group.tags, data)
     writer.finish()
     (dp / "metadata.json").write_text(json.dumps({**doc, "parts": writer.parts, "bytes": writer.bytes}, indent=1))
     manifest = json.loads((dst / layout.MANIFEST_FILE).read_text())

@@ -28,12 +28,6 @@ class BarrierStats:
     mutation_waits: list[float] = field(default_factory=list)
     checkpoint_windows: list[float] = field(default_factory=list)
 
-    def reset(self) -> None:
-        self.mutations = 0
-        self.checkpoints = 0
-        self.mutation_waits.clear()
-        self.checkpoint_windows.clear()
-
 
 class DataPlaneCheckpointBarrier:
     """Readers-writer style gate: mutations share it, a checkpoint takes it exclusively."""

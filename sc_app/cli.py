@@ -54,7 +54,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sc_app.checkpoint import ResumePlan
     from sc_app.checkpoint.lease import LeaseLost
     from sc_app.controller import InventoryMismatch, SaveFailed
-    from sc_app.driver import EmergencyTimeout, JobFailed, ResumeRefused, run_job
+    from sc_app.driver import ResumeRefused
+    from sc_app.job import EmergencyTimeout, JobFailed, run_job
+    from sc_app.progress import ProgressRecord, RunSummary, format_line
 
     stop = {"requested": False}
 
@@ -75,24 +77,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         elif plan.decision == "fresh":
             print(f"starting fresh: {plan.reason}", flush=True)
 
-    def on_progress(r: dict[str, Any]) -> None:
-        head = f"step {r['step']:>4}/{cfg.run.max_steps}"
-        if "reward" in r:
-            line = (
-                f"{head}  reward {r['reward']:.3f}  loss {r['loss']:+.4f}  "
-                f"staleness {r['staleness']:.2f}  rows_in_tq {r['rows_held']:>4}  {r['step_seconds']:.2f}s"
-            )
-        elif "saved" in r:
-            s = r["saved"]
-            line = (
-                f"{head}  saved {s['bundle']} ({s['seconds']:.2f}s, training paused "
-                f"{s['blocked_seconds'] * 1000:.0f} ms, window {s['window_seconds'] * 1000:.0f} ms)"
-            )
-        elif "save_error" in r:
-            line = f"{head}  SAVE FAILED: {r['save_error']['error']}"
-        else:
-            line = f"{head}  stop requested"
-        print(line, flush=True)
+    def on_progress(record: ProgressRecord) -> None:
+        print(format_line(record, cfg.run.max_steps), flush=True)
 
     print(
         f"sc-app {__version__}: max_steps={cfg.run.max_steps} checkpoint.dir={cfg.checkpoint.dir} "
@@ -113,20 +99,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         return fail(f"superseded: {exc}", EXIT_SUPERSEDED)
     except (SaveFailed, InventoryMismatch, EmergencyTimeout, JobFailed) as exc:
         return fail(str(exc), EXIT_FAILED)
-    s = result.summary
-    if s.get("already_done"):
-        print(f"done: step {s['final_step']} already reached run.max_steps={cfg.run.max_steps}; nothing to train")
+    summary = result.summary
+    if result.already_done:
+        print(f"done: step {summary.final_step} already reached run.max_steps={cfg.run.max_steps}; nothing to train")
         return EXIT_OK
-    if s.get("stopped_early"):
+    if summary.stopped_early:
         print(
-            f"stopped: step {s['final_step']} saved on request after {result.seconds:.1f}s; a rerun resumes from it",
+            f"stopped: step {summary.final_step} saved on request after {result.seconds:.1f}s; "
+            "a rerun resumes from it",
             flush=True,
         )
         return EXIT_STOPPED
-    first, last = s.get("first_rewards") or [0.0], s.get("last_rewards") or [0.0]
     print(
-        f"done: step {s['final_step']} in {result.seconds:.1f}s; mean reward {sum(first) / len(first):.3f} "
-        f"(first steps) -> {sum(last) / len(last):.3f} (last steps)",
+        f"done: step {summary.final_step} in {result.seconds:.1f}s; mean reward "
+        f"{RunSummary.mean(summary.first_rewards):.3f} (first steps) -> "
+        f"{RunSummary.mean(summary.last_rewards):.3f} (last steps)",
         flush=True,
     )
     return EXIT_OK

@@ -1,21 +1,17 @@
-"""SingleControllerActor: one Ray actor, one asyncio loop — rollout pump, sampler, train pump, save.
+"""SingleControllerActor: one Ray actor, one asyncio loop — rollout pumps, sampler, train pump, save.
 
-``__init__`` does no construction: everything arrives built in one ``SingleControllerActorArgs`` (seed flow 2);
-the data-plane client is connect-only and only ``run()`` builds it (a live client cannot be pickled), after the
-driver sealed the restore decision — the shared guard refuses it otherwise.
+``__init__`` does no construction of other objects: everything arrives built in one ``SingleControllerActorArgs``
+(seed flow 2). Only the connect-only data-plane client is built in ``run()`` (a live client cannot be pickled,
+so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses it
+otherwise.
 
 Invariants:
-* commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage
-  (read rows back, write advantages onto the same rows) takes no barrier slot and never changes which rows
-  exist; while a snapshot still reads captured rows it may add a field to them but not rewrite one
-  (``TQReplayBuffer.write_fields``);
-* save order (seed): policy → loader → [window: index → list_sample_ids == index → data-plane capture] →
-  data-plane bytes → sidecar → manifest → fsync → rename; nothing is resumable until the rename. What fixes the
-  bundle's content is captured in exactly that order while training is paused (the trainer copies weights +
-  optimizer, the loader place is noted, the window captures the rows and freezes them); ``tmp_step_N/`` (with
-  the lease check) and every file are written from those copies after the window, behind training;
-* at most one save is in flight: the next save, the end of the run and a stop request each await it first, and
-  its ``thaw()`` has cleared the rows dropped meanwhile before any later window;
+* commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage (read
+  rows back, write advantages onto the same rows) takes no barrier slot and never changes which rows exist;
+* a save pauses training only while its content is fixed (``_capture``: trainer state copy, loader place, the
+  barrier window); the rest follows behind training in ``sc_app.checkpoint.save.write_bundle``, which states the
+  whole save order. At most one save is in flight: the next save, the end of the run and a stop request each
+  await it first;
 * the index is loaded and checked against ``list_sample_ids()`` before any pump starts.
 """
 
@@ -25,7 +21,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +32,17 @@ from tensordict import TensorDict
 from sc_app import __version__
 from sc_app.background import background_executor, run_blocking
 from sc_app.barrier import DataPlaneCheckpointBarrier
-from sc_app.checkpoint import BundleWriter, hmac_key_from_env, layout, prune, torch_io
+from sc_app.checkpoint import BundleWriter, hmac_key_from_env
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.lease import Lease, LeaseLost
+from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
-from sc_app.data_plane.client import CapturedRows
+from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
+from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
 from sc_app.replay_buffer import Group, TQReplayBuffer
 
 log = logging.getLogger(__name__)
@@ -75,9 +73,7 @@ class SingleControllerActorArgs:
     loader_state: dict[str, Any] | None = None
     sidecar_path: str | None = None
     data_plane_checkpoint_metadata: dict[str, Any] | None = None  # what the driver restored (flow 1 → 2)
-    resumed_from: str | None = None
     lease: Lease | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def group_id_for(prompt_index: int) -> str:
@@ -97,32 +93,45 @@ def _versions() -> dict[str, str]:
 
 @ray.remote
 class SingleControllerActor:
+    client: DataPlaneClient  # connect-only, built by run()
+    buffer: TQReplayBuffer  # built by run() on the client
+
     def __init__(self, args: SingleControllerActorArgs) -> None:
         self.args = args
         self.cfg = AppConfig.model_validate_json(args.cfg_json)
-        self._progress: list[dict[str, Any]] = []
+        self.barrier = DataPlaneCheckpointBarrier()
+        self.loader = PromptLoader()
+        self.version = args.start_version
+        self.step = args.start_step
+        self._progress: list[ProgressRecord] = []
         self._stop_requested = False
+        self._cond = asyncio.Condition()  # wakes pumps and the sampler: buffer space, new groups, stop
+        self._inflight = 0  # prompts taken by a rollout pump whose groups are not committed yet
+        self._rollout_error: BaseException | None = None
+        self._stopping = False
+        self._pending_save: tuple[int, asyncio.Task[SaveRecord | SaveFailedRecord]] | None = None
+        self._save_io = background_executor("save-io")
+        self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
+        self._last_saved = self.step
+        self._trace_fh: Any = None
 
     # ------------------------------------------------------------------ control surface for the driver
-    def progress(self, since: int) -> list[dict[str, Any]]:
+    def progress(self, since: int) -> list[ProgressRecord]:
         return self._progress[since:]
 
     async def request_stop(self) -> None:
         self._stop_requested = True
-        cond = getattr(self, "_cond", None)
-        if cond is not None:
-            async with cond:
-                cond.notify_all()
+        async with self._cond:
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ run
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> RunSummary:
         from sc_app.data_plane.transferqueue import TransferQueueDataPlane
 
         cfg = self.cfg
         self.client = TransferQueueDataPlane(
             bootstrap=False, namespace=cfg.ray.namespace, snapshot=cfg.data_plane.snapshot
         )
-        self.barrier = DataPlaneCheckpointBarrier()
         self.buffer = TQReplayBuffer(
             self.client,
             self.barrier,
@@ -141,19 +150,8 @@ class SingleControllerActor:
             raise InventoryMismatch(
                 f"data plane holds {len(stored)} rows but the replay index lists {self.buffer.rows}; refusing to start"
             )
-        self.loader = PromptLoader()
         if self.args.loader_state is not None:
             self.loader.load_state_dict(self.args.loader_state, skip=self.buffer.prompt_indices())
-        self.version = self.args.start_version
-        self.step = self.args.start_step
-        self._cond = asyncio.Condition()
-        self._inflight = 0
-        self._rollout_error: BaseException | None = None
-        self._stopping = False
-        self._pending_save: tuple[int, asyncio.Task[dict[str, Any]]] | None = None
-        self._save_io = background_executor("save-io")
-        self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
-        self._last_saved = self.step
         self._trace_fh = open(cfg.run.trace_file, "a") if cfg.run.trace_file else None  # noqa: SIM115
         self._trace(ev="start", step=self.step, restored_rows=restored_rows, run_id=self.args.run_id)
         pumps = [asyncio.create_task(self._rollout_pump(i, w)) for i, w in enumerate(self.args.generators)]
@@ -185,8 +183,9 @@ class SingleControllerActor:
         return len(self.buffer) + self._inflight + batch <= self.cfg.grpo.max_groups_buffered
 
     async def _rollout_pump(self, worker_index: int, worker: Any) -> None:
-        g = self.cfg.grpo
-        batch = max(1, g.prompts_per_step // 2)
+        grpo = self.cfg.grpo
+        group_size = grpo.num_generations_per_prompt
+        batch = max(1, grpo.prompts_per_step // 2)
         try:
             while not self._stopping:
                 async with self._cond:
@@ -199,16 +198,16 @@ class SingleControllerActor:
                 try:
                     out = await worker.generate.remote(idxs)
                     for j, idx in enumerate(idxs):
-                        rows = slice(j * g.num_generations_per_prompt, (j + 1) * g.num_generations_per_prompt)
-                        fields = TensorDict(
+                        span = slice(j * group_size, (j + 1) * group_size)
+                        data = TensorDict(
                             {
-                                "tokens": out["tokens"][rows],
-                                "logprobs": out["logprobs"][rows],
-                                "reward": out["rewards"][rows],
+                                "tokens": out["tokens"][span],
+                                "logprobs": out["logprobs"][span],
+                                "reward": out["rewards"][span],
                             },
-                            batch_size=g.num_generations_per_prompt,
+                            batch_size=group_size,
                         )
-                        await self.buffer.commit(group_id_for(idx), idx, int(out["version"]), fields)
+                        await self.buffer.commit(group_id_for(idx), idx, int(out["version"]), data)
                         self.loader.settled(idx)
                         async with self._cond:
                             self._inflight -= 1
@@ -227,7 +226,7 @@ class SingleControllerActor:
 
     async def _drop(self, groups: list[Group]) -> None:
         """Clear groups through the barrier, then wake the rollout pumps waiting for buffer space."""
-        await self.buffer.drop([grp.group_id for grp in groups])
+        await self.buffer.drop([group.group_id for group in groups])
         async with self._cond:
             self._cond.notify_all()
 
@@ -235,10 +234,10 @@ class SingleControllerActor:
     async def _sample(self, n: int) -> list[Group]:
         max_stale = self.cfg.grpo.max_staleness
         while True:
-            stale = [grp for grp in self.buffer.groups() if self.version - grp.version > max_stale]
+            stale = [group for group in self.buffer.groups() if self.version - group.version > max_stale]
             if stale:
                 await self._drop(stale)
-                self._trace(ev="drop_stale", prompts=[grp.prompt_index for grp in stale])
+                self._trace(ev="drop_stale", prompts=[group.prompt_index for group in stale])
             fresh = self.buffer.groups()
             if len(fresh) >= n:
                 return fresh[:n]
@@ -257,7 +256,7 @@ class SingleControllerActor:
                 )
 
     # ------------------------------------------------------------------ train pump
-    async def _train_pump(self) -> dict[str, Any]:
+    async def _train_pump(self) -> RunSummary:
         cfg = self.cfg
         partition = cfg.data_plane.partition
         rewards: list[float] = []
@@ -267,13 +266,13 @@ class SingleControllerActor:
                 groups = await self._sample(cfg.grpo.prompts_per_step)
             except _StopNow:
                 break
-            ids = [sid for grp in groups for sid in grp.sample_ids]
-            staleness = sum(self.version - grp.version for grp in groups) / len(groups)
+            ids = [sid for group in groups for sid in group.sample_ids]
+            staleness = sum(self.version - group.version for group in groups) / len(groups)
             # advantage stage (flow 4): read rows back, overwrite one field on the same rows; no barrier slot
-            td = await self.client.get_samples(partition, ids, ["reward"])
-            adv = group_advantages(td["reward"], cfg.grpo.num_generations_per_prompt)
+            rows = await self.client.get_samples(partition, ids, ["reward"])
+            adv = group_advantages(rows["reward"], cfg.grpo.num_generations_per_prompt)
             await self.buffer.write_fields(
-                [grp.group_id for grp in groups], TensorDict({"advantage": adv}, batch_size=len(ids))
+                [group.group_id for group in groups], TensorDict({"advantage": adv}, batch_size=len(ids))
             )
             next_version = self.version + 1
             # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
@@ -288,33 +287,34 @@ class SingleControllerActor:
             await self._drop(groups)
             weights = self.args.trainers[0].get_weights.remote()
             await asyncio.gather(*[w.set_weights.remote(weights, self.version) for w in self.args.generators])
-            mean_reward = float(td["reward"].mean())
+            mean_reward = float(rows["reward"].mean())
             rewards.append(mean_reward)
-            self._trace(ev="train", step=self.step, prompts=[grp.prompt_index for grp in groups])
-            record: dict[str, Any] = {
-                "step": self.step,
-                "reward": mean_reward,
-                "loss": sum(r["loss"] for r in results) / len(results),
-                "staleness": staleness,
-                "rows_held": self.buffer.rows,
-                "step_seconds": time.perf_counter() - started,
-            }
-            self._progress.append(record)
+            self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
+            self._progress.append(
+                StepRecord(
+                    step=self.step,
+                    reward=mean_reward,
+                    loss=sum(r["loss"] for r in results) / len(results),
+                    staleness=staleness,
+                    rows_held=self.buffer.rows,
+                    step_seconds=time.perf_counter() - started,
+                )
+            )
             if cfg.checkpoint.enabled and self._save_due(self.step):
                 await self._start_save()
             await self._collect_save(wait=False)
         await self._collect_save(wait=True)
         if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
-            self._progress.append({"step": self.step, "stop": True})
+            self._progress.append(StopRecord(self.step))
             await self._start_save()
             await self._collect_save(wait=True)
-        return {
-            "final_step": self.step,
-            "version": self.version,
-            "first_rewards": rewards[:5],
-            "last_rewards": rewards[-5:],
-            "stopped_early": self._stop_requested and self.step < cfg.run.max_steps,
-        }
+        return RunSummary(
+            final_step=self.step,
+            version=self.version,
+            first_rewards=rewards[:5],
+            last_rewards=rewards[-5:],
+            stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
+        )
 
     # ------------------------------------------------------------------ save (flows 5 and 6)
     def _save_due(self, step: int) -> bool:
@@ -345,16 +345,15 @@ class SingleControllerActor:
             return
         self._pending_save = None
         outcome = await task
-        ok = "bundle" in outcome
-        self._progress.append({"step": step, "saved" if ok else "save_error": outcome})
-        if ok:
+        self._progress.append(outcome)
+        if isinstance(outcome, SaveRecord):
             self._last_saved = step
 
     async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
         return await run_blocking(self._save_io, fn, *args, **kwargs)
 
-    async def _save_or_report(self, step: int, released: asyncio.Event) -> dict[str, Any]:
+    async def _save_or_report(self, step: int, released: asyncio.Event) -> SaveRecord | SaveFailedRecord:
         """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
 
         ``LeaseLost`` always propagates: a superseded run must stop, not keep training.
@@ -372,114 +371,91 @@ class SingleControllerActor:
             self._trace(ev="save_failed", step=step, error=str(exc))
             if self.cfg.checkpoint.on_save_error == "stop":
                 raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
-            return {"error": msg}
+            return SaveFailedRecord(step, msg)
 
-    async def _save(self, released: asyncio.Event) -> dict[str, Any]:
-        """Seed order. Until ``released`` is set training is paused, and only what fixes the bundle's content
-        happens: the trainer copies weights + optimizer, the loader place is noted, and the window captures and
-        checks the index and freezes the captured rows. Everything that touches the disk comes after, behind
-        training: tmp dir (lease check) → policy + loader files → data-plane bytes → thaw → sidecar → manifest
-        → fsync → rename → prune."""
+    async def _save(self, released: asyncio.Event) -> SaveRecord:
+        """Capture (training paused until ``released`` is set), then write behind training."""
         cfg = self.cfg
-        root = Path(cfg.checkpoint.dir)
         t0 = time.perf_counter()
-        step = self.step  # the train pump moves on once ``released`` is set
-        lease = self.args.lease
+        writer = BundleWriter(cfg.checkpoint.dir, self.step, hmac_key=hmac_key_from_env(), lease=self.args.lease)
+        captured, snapshot, window = await self._capture(writer)
+        blocked = time.perf_counter() - t0
+        released.set()  # the train pump goes on; drops of captured groups wait for thaw()
+        published = await write_bundle(
+            captured,
+            snapshot,
+            writer,
+            write_policy=self._write_policy,
+            thaw=self.buffer.thaw,
+            manifest_record=captured.manifest_record(
+                group_size=cfg.grpo.num_generations_per_prompt,
+                partition=cfg.data_plane.partition,
+                compat=compat_of(cfg),
+                versions=_versions(),
+            ),
+            keep=cfg.checkpoint.keep,
+            in_background=self._in_background,
+            executor=self._save_io,
+        )
+        self._trace(ev="save", step=captured.step, digest=captured.digest, groups=captured.groups)
+        return SaveRecord(
+            step=captured.step,
+            bundle=published.path.name,
+            seconds=time.perf_counter() - t0,
+            blocked_seconds=blocked,
+            window_seconds=window,
+            groups=captured.groups,
+            data_plane_bytes=published.data_plane_bytes,
+            pruned=published.pruned,
+        )
+
+    async def _capture(self, writer: BundleWriter) -> tuple[CapturedSave, DataPlaneSnapshot, float]:
+        """Fix the bundle's content in the seed's order: the trainer's state copy (already taken inside the step a
+        save is due at; taken now for a stop request), the loader place, then the barrier window — the index,
+        ``list_samples()`` must equal it, the data-plane capture, and the freeze of the captured rows.
+        Returns the capture, the data plane's snapshot of the captured rows and the window's seconds."""
+        cfg = self.cfg
         trainer = self.args.trainers[0]
-        writer = BundleWriter(root, step, hmac_key=hmac_key_from_env(), lease=lease)
-        # ---- training paused: capture (the trainer already copied its state if this step was due for a save)
         captured_version = self._captured_version
         if captured_version != self.version:  # e.g. a stop request: copy now
             captured_version = await trainer.capture_state.remote()
         if captured_version != self.version:
             raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {self.version}")
-        loader_state = self.loader.state_dict()  # note the loader place (a fresh dict: plain ints and lists)
+        loader_state = self.loader.state_dict()  # a fresh dict of plain ints and lists
+        lease = self.args.lease
         async with self.barrier.checkpoint():
-            w0 = time.perf_counter()
+            opened = time.perf_counter()
             await afault_point("save.window")
-            meta = self.buffer.metadata_state_dict()
+            replay_index = self.buffer.metadata_state_dict()
             listed = await self.client.list_samples(cfg.data_plane.partition)
             stored = set(listed)
             if stored != self.buffer.sample_ids():
                 raise InventoryMismatch(
-                    f"step {step}: data plane holds {len(stored)} rows, index lists {self.buffer.rows}"
+                    f"step {self.step}: data plane holds {len(stored)} rows, index lists {self.buffer.rows}"
                 )
-            captured = {  # everything the bundle records about itself, captured once, in the window
-                "step": step,
-                "epoch": lease.epoch if lease is not None else 0,
-                "trainer_version": self.version,
-                "loader": {"next_index": loader_state["next_index"], "reissue": len(loader_state["reissue"])},
-                "digest": meta["digest"],
-                "groups": len(meta["groups"]),
-            }
+            captured = CapturedSave(
+                step=self.step,
+                run_id=self.args.run_id,
+                epoch=lease.epoch if lease is not None else 0,
+                trainer_version=self.version,
+                loader_state=loader_state,
+                replay_index=replay_index,
+            )
             snapshot = await self.client.save_checkpoint(
                 writer.data_plane_dir,
-                {**captured, "mode": "authoritative", "run_id": self.args.run_id},
+                captured.data_plane_metadata(),
                 cfg.data_plane.partition,
-                CapturedRows(sorted(stored), fields=self.buffer.fields_by_group(), tags=listed),
+                CapturedRows(sorted(stored), field_names=self.buffer.field_names_by_group(), tags=listed),
             )
-            window = time.perf_counter() - w0
-            self.buffer.freeze(stored)  # captured rows may not change until the snapshot is written
-        blocked = time.perf_counter() - t0
-        released.set()  # the train pump goes on; drops of captured groups wait for thaw()
-        # ---- behind training: write
-        policy_written: Any = None
+            window = time.perf_counter() - opened
+            self.buffer.freeze(stored)  # TQReplayBuffer.freeze: what the snapshot reads stays as captured
+        return captured, snapshot, window
+
+    async def _write_policy(self, policy_dir: Path) -> None:
+        """The trainer writes the state it copied in the window (on its io thread); an I/O error stays one."""
         try:
-            try:
-                await afault_point("save.begin")
-                await self._in_background(writer.begin)  # makes tmp_step_N/; checks the lease under the dir lock
-                policy_written = trainer.write_captured.remote(str(writer.policy_dir))
-                try:
-                    await policy_written
-                except ray.exceptions.RayTaskError as exc:
-                    if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
-                        raise exc.cause from None
-                    raise
-                await afault_point("save.policy")
-                await self._in_background(torch_io.save, loader_state, writer.loader_path)
-                await afault_point("save.loader")
-                data_plane = await snapshot.write(executor=self._save_io)
-            finally:
-                await self.buffer.thaw()
-            await afault_point("save.snapshot")
-            await self._in_background(torch_io.save, meta, writer.sidecar_path)
-            await afault_point("save.sidecar")
-            fields = {
-                "run_id": self.args.run_id,
-                "epoch": captured["epoch"],
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "trainer_version": captured["trainer_version"],
-                "loader": captured["loader"],
-                "replay": {
-                    "digest": captured["digest"],
-                    "groups": captured["groups"],
-                    "rows": captured["groups"] * cfg.grpo.num_generations_per_prompt,
-                    "partition": cfg.data_plane.partition,
-                    "group_size": cfg.grpo.num_generations_per_prompt,
-                },
-                "compat": compat_of(cfg),
-                "versions": _versions(),
-            }
-            known = {f"{layout.DATA_PLANE_DIR}/{name}": h for name, h in data_plane.get("files", {}).items()}
-            final = await self._in_background(writer.commit, fields, known)
-        except BaseException:
-            if policy_written is not None:  # let the trainer's write end before its directory goes
-                await asyncio.gather(policy_written, return_exceptions=True)
-            await self._in_background(writer.abort)
+            await self.args.trainers[0].write_captured.remote(str(policy_dir))
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
+                raise exc.cause from None
             raise
-        await afault_point("save.done")
-        try:
-            removed = await self._in_background(prune, root, cfg.checkpoint.keep, newest_verified=final)
-        except OSError as exc:  # the bundle is published and verified; an old one left behind is no failed save
-            log.warning("retention could not prune %s: %s; older bundles stay", root, exc)
-            removed = []
-        self._trace(ev="save", step=step, digest=captured["digest"], groups=captured["groups"])
-        return {
-            "bundle": final.name,
-            "seconds": time.perf_counter() - t0,
-            "blocked_seconds": blocked,
-            "window_seconds": window,
-            "groups": captured["groups"],
-            "data_plane_bytes": data_plane["bytes"],
-            "pruned": removed,
-        }

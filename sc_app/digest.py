@@ -41,3 +41,8 @@ def index_digest(groups: Mapping[str, Mapping[str, Any]], *, partition: str, gro
         "groups": [[gid, dict(groups[gid])] for gid in sorted(groups)],
     }
     return hashlib.sha256(canonical_bytes(payload)).hexdigest()
+
+
+def sidecar_digest(sidecar: Mapping[str, Any]) -> str:
+    """Digest recomputed from a replay sidecar's own groups (what its stored ``digest`` must equal)."""
+    return index_digest(sidecar["groups"], partition=sidecar["partition"], group_size=sidecar["group_size"])

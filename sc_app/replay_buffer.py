@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sc_app.barrier import DataPlaneCheckpointBarrier
-from sc_app.digest import index_digest
+from sc_app.digest import sidecar_digest
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -49,11 +49,6 @@ def sample_ids_for(group_id: str, group_size: int) -> list[str]:
     return [f"{group_id}:{i}" for i in range(group_size)]
 
 
-def sidecar_digest(sidecar: dict[str, Any]) -> str:
-    """Digest recomputed from a sidecar's own groups (what the stored ``digest`` must equal)."""
-    return index_digest(sidecar["groups"], partition=sidecar["partition"], group_size=sidecar["group_size"])
-
-
 def _check_record(gid: Any, rec: Any) -> None:
     """One sidecar group record has the shape ``Group.as_record()`` writes, or the sidecar is refused."""
     if not isinstance(gid, str):
@@ -77,7 +72,7 @@ class TQReplayBuffer:
         self.partition = partition
         self.group_size = group_size
         self._groups: dict[str, Group] = {}
-        self._fields: dict[str, frozenset[str] | None] = {}  # group id → field names its rows hold (None: unknown)
+        self._field_names: dict[str, frozenset[str] | None] = {}  # group id → field names its rows hold (None: unknown)
         self._frozen: dict[str, frozenset[str] | None] = {}  # group id → fields a snapshot is still reading
         self._deferred_clears: list[str] = []  # rows of frozen groups already dropped from the index
         self._thawed = asyncio.Event()
@@ -96,23 +91,23 @@ class TQReplayBuffer:
         return list(self._groups.values())
 
     def sample_ids(self) -> set[str]:
-        return {sid for g in self._groups.values() for sid in g.sample_ids}
+        return {sid for group in self._groups.values() for sid in group.sample_ids}
 
     def prompt_indices(self) -> set[int]:
-        return {g.prompt_index for g in self._groups.values()}
+        return {group.prompt_index for group in self._groups.values()}
 
     # -- mutations (seed flow 3): inside the barrier ------------------------------------------------------
-    async def commit(self, group_id: str, prompt_index: int, version: int, fields: TensorDict) -> Group:
+    async def commit(self, group_id: str, prompt_index: int, version: int, data: TensorDict) -> Group:
         if group_id in self._groups:
             raise ValueError(f"group {group_id} is already committed")
-        if fields.batch_size[0] != self.group_size:
-            raise ValueError(f"group {group_id} has {fields.batch_size[0]} rows, expected {self.group_size}")
+        if data.batch_size[0] != self.group_size:
+            raise ValueError(f"group {group_id} has {data.batch_size[0]} rows, expected {self.group_size}")
         group = Group(group_id, tuple(sample_ids_for(group_id, self.group_size)), prompt_index, version)
         tags = [{"group": group_id, "version": version}] * self.group_size
         async with self.barrier.mutation():
-            await self.client.put_samples(self.partition, list(group.sample_ids), fields, tags)
+            await self.client.put_samples(self.partition, list(group.sample_ids), data, tags)
             self._groups[group_id] = group
-            self._fields[group_id] = frozenset(str(k) for k in fields.keys())  # noqa: SIM118
+            self._field_names[group_id] = frozenset(str(k) for k in data.keys())  # noqa: SIM118
         return group
 
     async def drop(self, group_ids: Iterable[str]) -> None:
@@ -123,27 +118,27 @@ class TQReplayBuffer:
         async with self.barrier.mutation():
             # decided once, with no await before it is recorded: thaw() may run at any await
             now: list[str] = []
-            for g in groups:
-                (self._deferred_clears if g.group_id in self._frozen else now).extend(g.sample_ids)
+            for group in groups:
+                (self._deferred_clears if group.group_id in self._frozen else now).extend(group.sample_ids)
             if now:
                 await self.client.clear_samples(self.partition, now)
-            for g in groups:
-                del self._groups[g.group_id]
-                self._fields.pop(g.group_id, None)
+            for group in groups:
+                del self._groups[group.group_id]
+                self._field_names.pop(group.group_id, None)
 
     # -- the advantage stage (seed flow 4): no barrier slot --------------------------------------------------
-    async def write_fields(self, group_ids: list[str], fields: TensorDict) -> None:
-        """Put ``fields`` onto every row of these groups (rows in group order). Takes no barrier slot: it never
-        changes which rows exist. Overwriting a field a snapshot is still reading waits for ``thaw()``."""
+    async def write_fields(self, group_ids: list[str], data: TensorDict) -> None:
+        """Put ``data``'s fields onto every row of these groups (rows in group order). Takes no barrier slot: it
+        never changes which rows exist. Overwriting a field a snapshot is still reading waits for ``thaw()``."""
         groups = [self._groups[gid] for gid in group_ids]
-        names = frozenset(str(k) for k in fields.keys())  # noqa: SIM118
-        while any(self._overlaps_frozen(g.group_id, names) for g in groups):
+        names = frozenset(str(k) for k in data.keys())  # noqa: SIM118
+        while any(self._overlaps_frozen(group.group_id, names) for group in groups):
             await self._thawed.wait()
-        ids = [sid for g in groups for sid in g.sample_ids]
-        await self.client.put_samples(self.partition, ids, fields)
-        for g in groups:
-            known = self._fields.get(g.group_id)
-            self._fields[g.group_id] = None if known is None else known | names
+        ids = [sid for group in groups for sid in group.sample_ids]
+        await self.client.put_samples(self.partition, ids, data)
+        for group in groups:
+            held = self._field_names.get(group.group_id)
+            self._field_names[group.group_id] = None if held is None else held | names
 
     def _overlaps_frozen(self, group_id: str, names: frozenset[str]) -> bool:
         if group_id not in self._frozen:
@@ -152,20 +147,23 @@ class TQReplayBuffer:
         return held is None or bool(held & names)
 
     # -- checkpoint: the snapshot's read phase ----------------------------------------------------------------
-    def fields_by_group(self) -> dict[str, list[str] | None]:
+    def field_names_by_group(self) -> dict[str, list[str] | None]:
         """Field names each group's rows hold now (what a snapshot captured in this window must read);
         ``None`` for a group restored from a bundle, whose fields the index does not record."""
         out: dict[str, list[str] | None] = {}
         for gid in self._groups:
-            known = self._fields.get(gid)
-            out[gid] = None if known is None else sorted(known)
+            held = self._field_names.get(gid)
+            out[gid] = None if held is None else sorted(held)
         return out
 
     def freeze(self, sample_ids: Iterable[str]) -> None:
-        """Until ``thaw()``, the rows of these groups and the fields they hold now stay exactly as they are."""
+        """Until ``thaw()``, the rows of these groups and the fields they hold now stay exactly as they are (the
+        freeze, as the module docstring states it)."""
         wanted = set(sample_ids)
         self._frozen = {
-            gid: self._fields.get(gid) for gid, g in self._groups.items() if wanted.intersection(g.sample_ids)
+            gid: self._field_names.get(gid)
+            for gid, group in self._groups.items()
+            if wanted.intersection(group.sample_ids)
         }
         self._thawed.clear()
 
@@ -186,7 +184,7 @@ class TQReplayBuffer:
 
     # -- checkpoint -----------------------------------------------------------------------------------------
     def metadata_state_dict(self) -> dict[str, Any]:
-        groups = {gid: g.as_record() for gid, g in self._groups.items()}
+        groups = {gid: group.as_record() for gid, group in self._groups.items()}
         sd: dict[str, Any] = {
             "schema_version": SIDECAR_SCHEMA_VERSION,
             "partition": self.partition,
@@ -230,4 +228,4 @@ class TQReplayBuffer:
         if recomputed != expected_digest:
             raise SidecarError(f"sidecar digest {recomputed[:12]}… != data-plane digest {expected_digest[:12]}…")
         self._groups = rebuilt
-        self._fields = dict.fromkeys(rebuilt)
+        self._field_names = dict.fromkeys(rebuilt)

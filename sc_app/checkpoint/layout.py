@@ -1,19 +1,23 @@
 """Names and paths of the bundle layout (DESIGN.md "Contract: the bundle on disk"). Pure.
 
-<root>/step_<N>/           complete and resumable; only ever created by renaming tmp_step_<N>/
-    policy/                trainer weights + optimizer
-    train_dataloader.pt    loader position
-    data_plane/            written by the data plane's own snapshot
-    replay_buffer_metadata.pt   which rows form which group (no tensors)
-    manifest.json          written last: step, digest, sha256 + size of every file
-<root>/tmp_step_<N>/       in progress or abandoned: never resumed
-<root>/quarantine/         bundles and leftovers moved aside, each with a .reason.txt; never deleted by sc-app
+<root>/step_<N>/               complete and resumable; only ever created by renaming tmp_step_<N>/
+    policy/                    model.pt (weights + version), optimizer.pt
+    train_dataloader.pt        loader position
+    data_plane/                the data plane's own snapshot; its metadata.json is written last
+    replay_buffer_metadata.pt  which rows form which group (no tensors)
+    manifest.json              written last: step, digest, sha256 + size of every file
+<root>/tmp_step_<N>/           in progress or abandoned: never resumed
+<root>/quarantine/             bundles and leftovers moved aside, each with a .reason.txt; never deleted by sc-app
+<root>/pins/step_<N>           a bundle retention must keep
+<root>/LEASE                   the current writer (see ``sc_app.checkpoint.lease``)
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from sc_app.data_plane.client import METADATA_FILE
 
 STEP_PREFIX = "step_"
 TMP_PREFIX = "tmp_step_"
@@ -25,6 +29,9 @@ DATA_PLANE_DIR = "data_plane"
 SIDECAR_FILE = "replay_buffer_metadata.pt"
 MANIFEST_FILE = "manifest.json"
 REQUIRED_ENTRIES = (POLICY_DIR, LOADER_FILE, DATA_PLANE_DIR, SIDECAR_FILE)
+MODEL_FILE = "model.pt"  # inside policy/
+OPTIMIZER_FILE = "optimizer.pt"  # inside policy/
+DATA_PLANE_METADATA = METADATA_FILE  # inside data_plane/: the data-plane client's contract, whichever format wrote it
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_RE = re.compile(r"^tmp_step_(\d+)$")

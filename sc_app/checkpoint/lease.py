@@ -15,14 +15,13 @@ import fcntl
 import json
 import os
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sc_app.checkpoint.fsio import write_durable
+from sc_app.durable_io import utc_stamp, write_durable
 
 LEASE_FILE = "LEASE"
 LOCK_FILE = ".lease.lock"
@@ -70,7 +69,7 @@ class Lease:
                 "epoch": epoch,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
-                "acquired_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "acquired_at": utc_stamp(),
                 "previous": current or None,
             }
             write_durable(root / LEASE_FILE, (json.dumps(record, indent=2) + "\n").encode())

@@ -14,10 +14,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sc_app.checkpoint import layout
-from sc_app.checkpoint.fsio import sha256_file
 from sc_app.checkpoint.manifest import Manifest, ManifestError, read_manifest
-
-DATA_PLANE_METADATA = "metadata.json"
+from sc_app.digest import sidecar_digest
+from sc_app.durable_io import sha256_file
 
 
 @dataclass
@@ -63,7 +62,7 @@ def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any]) -> 
 
 
 def data_plane_digest(bundle: Path) -> str | None:
-    meta = bundle / layout.DATA_PLANE_DIR / DATA_PLANE_METADATA
+    meta = bundle / layout.DATA_PLANE_DIR / layout.DATA_PLANE_METADATA
     doc = json.loads(meta.read_text())
     user = doc.get("user_metadata") if isinstance(doc, dict) else None
     if not isinstance(user, dict):
@@ -73,9 +72,9 @@ def data_plane_digest(bundle: Path) -> str | None:
 
 def read_sidecar(path: Path) -> dict[str, Any]:
     """Load the replay sidecar with ``weights_only=True`` (plain containers only)."""
-    import torch  # deferred: the rest of this module stays torch-free
+    from sc_app import torch_io  # deferred: the rest of this module stays torch-free
 
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+    obj = torch_io.load(path)
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: sidecar is not a mapping")
     return obj
@@ -136,7 +135,7 @@ def verify_bundle(
         report.problems.extend(compat_problems(manifest.compat, expected_compat))
     if not deep or report.problems:
         return report
-    dp_meta = f"{layout.DATA_PLANE_DIR}/{DATA_PLANE_METADATA}"
+    dp_meta = f"{layout.DATA_PLANE_DIR}/{layout.DATA_PLANE_METADATA}"
     if dp_meta in hashed_ok:
         try:
             dp_digest = data_plane_digest(path)
@@ -150,8 +149,6 @@ def verify_bundle(
     else:
         report.problems.append(f"{path / dp_meta}: missing from the bundle")
     if layout.SIDECAR_FILE in hashed_ok:
-        from sc_app.replay_buffer import sidecar_digest
-
         try:
             sidecar = read_sidecar(path / layout.SIDECAR_FILE)
             recorded, recomputed = sidecar.get("digest"), sidecar_digest(sidecar)

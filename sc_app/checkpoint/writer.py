@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sc_app.checkpoint import layout
-from sc_app.checkpoint.fsio import fsync_dir, fsync_tree_dirs, hash_and_fsync, move_aside, write_durable
 from sc_app.checkpoint.manifest import render
+from sc_app.checkpoint.quarantine import move_aside
+from sc_app.durable_io import fsync_dir, fsync_tree_dirs, hash_and_fsync, write_durable
 from sc_app.faults import fault_point
 
 if TYPE_CHECKING:
@@ -79,13 +80,14 @@ class BundleWriter:
         self.policy_dir.mkdir()
         fsync_dir(self.root)
 
-    def commit(self, fields: dict[str, Any], known: dict[str, dict[str, Any]] | None = None) -> Path:
-        """Hash + fsync every file, write the manifest last, fsync dirs, rename. Returns ``step_N/``.
+    def commit(self, record: dict[str, Any], prehashed: dict[str, dict[str, Any]] | None = None) -> Path:
+        """Hash + fsync every file, write the manifest (``record`` + step + files) last, fsync dirs, rename.
+        Returns ``step_N/``.
 
-        ``known``: bundle-relative path → ``{"sha256", "size"}`` of files whose writer already fsynced them and
+        ``prehashed``: bundle-relative path → ``{"sha256", "size"}`` of files whose writer already fsynced them and
         hashed exactly the bytes it wrote (the streamed data plane); they are not read again. Their size on disk
         must still match, else the commit fails."""
-        known = known or {}
+        prehashed = prehashed or {}
         files: dict[str, dict[str, Any]] = {}
         for dirpath, _, names in os.walk(self.tmp):
             for name in names:
@@ -93,18 +95,18 @@ class BundleWriter:
                 rel = p.relative_to(self.tmp).as_posix()
                 if rel == layout.MANIFEST_FILE:
                     continue
-                if rel in known:
+                if rel in prehashed:
                     size = p.stat().st_size
-                    if size != known[rel]["size"]:
-                        raise OSError(f"{p}: {size} bytes on disk, its writer wrote {known[rel]['size']}")
-                    files[rel] = {"sha256": known[rel]["sha256"], "size": size}
+                    if size != prehashed[rel]["size"]:
+                        raise OSError(f"{p}: {size} bytes on disk, its writer wrote {prehashed[rel]['size']}")
+                    files[rel] = {"sha256": prehashed[rel]["sha256"], "size": size}
                     continue
                 digest, size = hash_and_fsync(p)
                 files[rel] = {"sha256": digest, "size": size}
         missing = [e for e in layout.REQUIRED_ENTRIES if not (self.tmp / e).exists()]
         if missing:
             raise FileNotFoundError(f"{self.tmp}: bundle incomplete, missing {', '.join(missing)}")
-        doc = {**fields, "step": self.step, "files": dict(sorted(files.items()))}
+        doc = {**record, "step": self.step, "files": dict(sorted(files.items()))}
         fault_point("save.manifest")
         write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
         fault_point("save.fsync")

@@ -5,7 +5,7 @@ Invariants every adapter keeps:
   no read or write through this client **or any other client in any process** (``RestoreRefused``).
 * A connect-only client may not be built before the restore decision is sealed (``RestoreOrderError``):
   this is the seed's "restore happens before the connect-only client exists", asserted rather than assumed.
-* ``put_samples`` on existing ids overwrites the given fields only; it never changes which rows exist.
+* ``put_samples`` on existing ids overwrites the fields ``data`` holds only; it never changes which rows exist.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
+
+
+METADATA_FILE = "metadata.json"  # what ``save_checkpoint`` writes last into its directory, with ``user_metadata``
 
 
 class RestoreRefused(RuntimeError):
@@ -35,7 +38,7 @@ class CapturedRows:
     each row's tags as listed in the window. A deferred writer reads exactly this state back."""
 
     sample_ids: list[str]
-    fields: dict[str, list[str] | None] | None = None
+    field_names: dict[str, list[str] | None] | None = None
     tags: dict[str, dict[str, Any]] | None = None
 
 
@@ -53,12 +56,14 @@ class DataPlaneClient(ABC):
 
     @abstractmethod
     async def put_samples(
-        self, partition: str, sample_ids: list[str], fields: TensorDict, tags: list[dict[str, Any]] | None = None
+        self, partition: str, sample_ids: list[str], data: TensorDict, tags: list[dict[str, Any]] | None = None
     ) -> None: ...
 
     @abstractmethod
-    async def get_samples(self, partition: str, sample_ids: list[str], fields: list[str] | None = None) -> TensorDict:
-        """Rows in the order asked, as dense tensors (one per field)."""
+    async def get_samples(
+        self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
+    ) -> TensorDict:
+        """Rows in the order asked, as dense tensors (one per field; ``field_names`` None: every field)."""
 
     @abstractmethod
     async def clear_samples(self, partition: str, sample_ids: list[str]) -> None: ...
@@ -72,16 +77,14 @@ class DataPlaneClient(ABC):
 
     @abstractmethod
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], partition: str, rows: CapturedRows
+        self, directory: Path, metadata: dict[str, Any], partition: str, captured: CapturedRows
     ) -> DataPlaneSnapshot:
-        """Capture ``rows`` of ``partition`` (exactly what the replay index lists) for ``directory``.
+        """Capture the ``captured`` rows of ``partition`` (exactly what the replay index lists) for ``directory``.
 
         Called inside the barrier's exclusive window. Returns a snapshot whose ``write()`` the caller awaits
         *after* the window closes; an adapter may do all the I/O here (then ``write()`` is a no-op) or only
-        record what to copy. Pre for the deferred case:
-        until ``write()`` returns, no captured row is cleared and no captured field rewritten (the replay
-        buffer's ``freeze()``/``thaw()`` guarantees it). ``metadata`` (incl. ``digest``) ends up in
-        ``directory/metadata.json`` under ``user_metadata``.
+        record what to copy — then the caller keeps the freeze (``sc_app/replay_buffer.py``) until ``write()``
+        returns. ``metadata`` (incl. ``digest``) ends up in ``directory/METADATA_FILE`` under ``user_metadata``.
         """
 
     @abstractmethod

@@ -6,7 +6,7 @@ methods one at a time, so check-and-set here is atomic across processes.
 
 State machine: OPEN (untouched) -> RESTORING -> SEALED, or OPEN -> touched -> SEALED.
 * ``begin_restore`` succeeds only when nothing has touched the data plane and it is not sealed.
-* ``require_sealed`` succeeds only after ``seal``; connect-only clients call it before their first use.
+* ``sealed()`` is None until ``seal``; a connect-only client refuses to exist while it is (``RestoreOrderError``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.data_plane.client import (
+    METADATA_FILE,
     CapturedRows,
     DataPlaneClient,
     DataPlaneSnapshot,
@@ -31,7 +32,8 @@ from sc_app.data_plane.client import (
     RestoreRefused,
 )
 from sc_app.data_plane.guard import get_guard
-from sc_app.data_plane.streamed import StreamedSnapshot, is_streamed, load_streamed
+from sc_app.data_plane.streamed import StreamedSnapshot, load_streamed
+from sc_app.data_plane.streamed_format import is_streamed
 
 log = logging.getLogger(__name__)
 
@@ -114,53 +116,59 @@ class TransferQueueDataPlane(DataPlaneClient):
             tq.init()  # attaches to the running TransferQueue
 
     # -- touch bookkeeping: one Ray call per client lifetime, not per row --------------------------------
-    def _mark(self, op: str) -> None:
+    def _report_touch(self, op: str) -> None:
         if not self._touched:
             self._touched = True
             ray.get(self._guard.touch.remote(self.client_id, op))
 
-    async def _amark(self, op: str) -> None:
+    async def _report_touch_async(self, op: str) -> None:
         if not self._touched:
             self._touched = True
             await self._guard.touch.remote(self.client_id, op)
 
     # -- data ops -----------------------------------------------------------------------------------------
     async def put_samples(
-        self, partition: str, sample_ids: list[str], fields: TensorDict, tags: list[dict[str, Any]] | None = None
+        self, partition: str, sample_ids: list[str], data: TensorDict, tags: list[dict[str, Any]] | None = None
     ) -> None:
-        await self._amark("put_samples")
-        await self._tq.async_kv_batch_put(keys=list(sample_ids), partition_id=partition, fields=fields, tags=tags)
+        await self._report_touch_async("put_samples")
+        await self._tq.async_kv_batch_put(keys=list(sample_ids), partition_id=partition, fields=data, tags=tags)
 
-    async def get_samples(self, partition: str, sample_ids: list[str], fields: list[str] | None = None) -> TensorDict:
-        await self._amark("get_samples")
-        td = await self._tq.async_kv_batch_get(keys=list(sample_ids), partition_id=partition, select_fields=fields)
-        return dense(td)
+    async def get_samples(
+        self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
+    ) -> TensorDict:
+        await self._report_touch_async("get_samples")
+        rows = await self._tq.async_kv_batch_get(
+            keys=list(sample_ids), partition_id=partition, select_fields=field_names
+        )
+        return dense(rows)
 
-    def get_samples_sync(self, partition: str, sample_ids: list[str], fields: list[str] | None = None) -> TensorDict:
-        self._mark("get_samples")
-        return dense(self._tq.kv_batch_get(keys=list(sample_ids), partition_id=partition, select_fields=fields))
+    def get_samples_sync(
+        self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
+    ) -> TensorDict:
+        self._report_touch("get_samples")
+        return dense(self._tq.kv_batch_get(keys=list(sample_ids), partition_id=partition, select_fields=field_names))
 
     async def clear_samples(self, partition: str, sample_ids: list[str]) -> None:
-        await self._amark("clear_samples")
+        await self._report_touch_async("clear_samples")
         await self._tq.async_kv_clear(keys=list(sample_ids), partition_id=partition)
 
     async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:
-        await self._amark("list_sample_ids")
+        await self._report_touch_async("list_sample_ids")
         listing = await self._tq.async_kv_list(partition_id=partition)
         return {sid: dict(tags or {}) for sid, tags in listing.get(partition, {}).items()}
 
     async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], partition: str, rows: CapturedRows
+        self, directory: Path, metadata: dict[str, Any], partition: str, captured: CapturedRows
     ) -> DataPlaneSnapshot:
         """``streamed``: record the rows only (bytes are copied by ``write()``, after the window).
         ``native``: TransferQueue's own snapshot, all bytes written here, inside the caller's window."""
-        await self._amark("save_checkpoint")
+        await self._report_touch_async("save_checkpoint")
         if self.snapshot == "streamed":
-            return StreamedSnapshot.capture(self._tq, Path(directory), metadata, partition, rows)
+            return StreamedSnapshot.capture(self._tq, Path(directory), metadata, partition, captured)
         started = time.perf_counter()
         # TransferQueue's save is synchronous (its client runs its own loop); keep our loop responsive.
         await asyncio.to_thread(self._tq.save_checkpoint, str(directory), metadata=metadata)
-        return WrittenSnapshot(Path(directory), len(rows.sample_ids), time.perf_counter() - started)
+        return WrittenSnapshot(Path(directory), len(captured.sample_ids), time.perf_counter() - started)
 
     # -- restore (bootstrap only) ---------------------------------------------------------------------------
     def _require_clean_for_load(self) -> None:
@@ -185,7 +193,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         if is_streamed(Path(directory)):
             return dict(load_streamed(self._tq, Path(directory)).get("user_metadata", {}))
         self._tq.load_checkpoint(str(directory))
-        with open(Path(directory) / "metadata.json") as f:
+        with open(Path(directory) / METADATA_FILE) as f:
             return dict(json.load(f).get("user_metadata", {}))
 
     def seal(self, info: dict[str, Any]) -> None:

@@ -32,9 +32,9 @@ class GenerationWorker:
         Returns tokens [N, P+R], logprobs [N, R] of the sampled tokens, rewards [N], and the weights version.
         """
         cfg = self.cfg
-        g = cfg.grpo.num_generations_per_prompt
+        group_size = cfg.grpo.num_generations_per_prompt
         prompts = torch.stack([prompt_tokens(cfg.run.seed, i, cfg.task, cfg.model) for i in prompt_indices])
-        tokens = prompts.repeat_interleave(g, dim=0)
+        tokens = prompts.repeat_interleave(group_size, dim=0)
         logps = []
         for _ in range(cfg.task.response_len):
             logits = self.model(tokens)[:, -1, :] / cfg.grpo.temperature
@@ -46,6 +46,6 @@ class GenerationWorker:
         return {
             "tokens": tokens,
             "logprobs": torch.cat(logps, dim=1),
-            "rewards": reward(prompts.repeat_interleave(g, dim=0), responses),
+            "rewards": reward(prompts.repeat_interleave(group_size, dim=0), responses),
             "version": self.version,
         }

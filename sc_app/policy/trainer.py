@@ -17,16 +17,14 @@ from typing import Any
 import ray
 import torch
 
+from sc_app import torch_io
 from sc_app.background import lower_current_thread_priority
-from sc_app.checkpoint import torch_io
+from sc_app.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE
 from sc_app.config import AppConfig
 from sc_app.policy.grpo import clipped_pg_loss
 from sc_app.policy.model import TinyCausalLM, response_logprobs
 
 log = logging.getLogger(__name__)
-
-MODEL_FILE = "model.pt"
-OPTIMIZER_FILE = "optimizer.pt"
 
 
 def _free_port() -> int:
@@ -141,11 +139,8 @@ class TrainerWorker:
     def load(self, policy_dir: str) -> int:
         """Restore weights + optimizer from a *verified* bundle (``weights_only=True``); returns the version."""
         d = Path(policy_dir)
-        state = torch.load(d / MODEL_FILE, map_location=self.device, weights_only=True)
+        state = torch_io.load(d / MODEL_FILE, map_location=self.device)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
+        self.optimizer.load_state_dict(torch_io.load(d / OPTIMIZER_FILE, map_location=self.device))
         self.version = int(state["version"])
         return self.version
-
-    def model_shape(self) -> dict[str, int]:
-        return self.cfg.model.model_dump()

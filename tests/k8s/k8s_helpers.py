@@ -1,7 +1,8 @@
 """Shared helpers for the Kubernetes-kit tests: render the chart with the real Helm engine, validate objects.
 
 Invariants: rendering never contacts a cluster (``lookup`` returns nothing); CRD validation is strict (unknown fields
-fail, like a structural schema with pruning turned into an error) and applies schema defaults before ``required``.
+fail, like a structural schema with pruning turned into an error) and applies schema defaults before ``required``;
+the CRDs come from ``tests/k8s/crds/`` in this repository (SOURCE.txt there), never from outside the checkout.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "helm" / "sc-app"
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*.yaml"))
-CRD_DIR = REPO_ROOT.parent / "shared" / "kuberay-crds"
+CRD_DIR = Path(__file__).resolve().parent / "crds"
+# The chart's minimum KubeRay (Chart.yaml annotation sc-app/kuberay-operator) and the newest release.
+KUBERAY_MIN = "v1.6.0"
+KUBERAY_VERSIONS = (KUBERAY_MIN, "v1.7.0")
+PROMETHEUS_OPERATOR = "v0.93.0"
+_CRD_FILES = {
+    ("ray.io/v1", "RayJob"): "ray.io_rayjobs.yaml",
+    ("ray.io/v1", "RayCluster"): "ray.io_rayclusters.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+}
 K8S_VERSION = "1.31.0"
 SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "SidecarMode", "InteractiveMode"}
 BASE_VALUES: dict[str, Any] = {"image": {"tag": "0.1.0"}}
@@ -63,19 +73,32 @@ def _strictify(node: Any) -> Any:
     return out
 
 
-@functools.cache
-def crd_schema(kind: str) -> dict[str, Any]:
-    """The strict openAPIV3Schema of ray.io/v1 ``kind`` from ../shared/kuberay-crds."""
-    fname = {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}[kind]
-    crd = yaml.safe_load((CRD_DIR / fname).read_text())
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return _strictify(version["schema"]["openAPIV3Schema"])
+def crd_path(api_version: str, kind: str, kuberay: str = KUBERAY_VERSIONS[-1]) -> Path:
+    """The vendored CRD file of ``kind`` (ray.io kinds at KubeRay release ``kuberay``)."""
+    group = api_version.split("/")[0]
+    folder = f"kuberay-{kuberay}" if group == "ray.io" else f"prometheus-operator-{PROMETHEUS_OPERATOR}"
+    return CRD_DIR / folder / _CRD_FILES[(api_version, kind)]
 
 
 @functools.cache
-def _validator(kind: str) -> jsonschema.Draft7Validator:
+def load_crd(path: Path) -> dict[str, Any]:
+    """A vendored CRD, parsed once per test session (they are large)."""
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@functools.cache
+def crd_schema(api_version: str, kind: str, kuberay: str = KUBERAY_VERSIONS[-1]) -> dict[str, Any]:
+    """The strict openAPIV3Schema of ``kind`` at ``api_version`` from the vendored CRD."""
+    crd = load_crd(crd_path(api_version, kind, kuberay))
+    version = api_version.split("/")[1]
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    return _strictify(served["schema"]["openAPIV3Schema"])
+
+
+@functools.cache
+def _validator(api_version: str, kind: str, kuberay: str) -> jsonschema.Draft7Validator:
     """One compiled validator per kind (the CRD schemas are large; checking the schema itself once is enough)."""
-    schema = crd_schema(kind)
+    schema = crd_schema(api_version, kind, kuberay)
     jsonschema.Draft7Validator.check_schema(schema)
     return jsonschema.Draft7Validator(schema)
 
@@ -98,16 +121,23 @@ def apply_defaults(instance: Any, schema: dict[str, Any]) -> Any:
     return instance
 
 
-def validate_crd_object(obj: dict[str, Any]) -> None:
-    """Raise ``jsonschema.ValidationError`` unless ``obj`` is a valid ray.io/v1 RayJob/RayCluster."""
-    assert obj["apiVersion"] == "ray.io/v1", obj["apiVersion"]
-    schema = crd_schema(obj["kind"])
+def is_custom(obj: dict[str, Any]) -> bool:
+    """True for the kinds validated against a vendored CRD rather than Kubernetes' own OpenAPI."""
+    return (obj.get("apiVersion"), obj.get("kind")) in _CRD_FILES
+
+
+def validate_crd_object(obj: dict[str, Any], kuberay: str = KUBERAY_VERSIONS[-1]) -> None:
+    """Raise ``jsonschema.ValidationError`` unless ``obj`` is valid against its vendored CRD (strict, defaults
+    applied); ray.io kinds against the CRDs of KubeRay release ``kuberay``."""
+    api_version, kind = obj["apiVersion"], obj["kind"]
+    assert (api_version, kind) in _CRD_FILES, f"no vendored CRD for {api_version} {kind}"
+    schema = crd_schema(api_version, kind, kuberay)
     # metadata is validated by the API server's ObjectMeta, not the CRD schema: check it as core metadata.
     body = apply_defaults(copy.deepcopy(obj), schema)
-    error = jsonschema.exceptions.best_match(_validator(obj["kind"]).iter_errors(body))
+    error = jsonschema.exceptions.best_match(_validator(api_version, kind, kuberay).iter_errors(body))
     if error is not None:
         raise error
-    if obj["kind"] == "RayJob":
+    if kind == "RayJob":
         mode = obj["spec"].get("submissionMode", "K8sJobMode")
         if mode not in SUBMISSION_MODES:
             raise jsonschema.ValidationError(f"spec.submissionMode {mode!r} not in {sorted(SUBMISSION_MODES)}")
@@ -131,3 +161,17 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cluster_spec(obj: dict[str, Any]) -> dict[str, Any]:
     return obj["spec"]["rayClusterSpec"] if obj["kind"] == "RayJob" else obj["spec"]
+
+
+def render_live(api_server: str, values: dict[str, Any] | None = None, *, name: str = "demo", namespace: str = "ml",
+                upgrade: bool = True) -> dict[str, str]:
+    """Render like ``helm upgrade``/``install`` does: cluster-aware, so ``lookup`` reads ``api_server``."""
+    import helm_python
+
+    chart = helm_python.Chart.load(CHART_DIR)
+    config = helm_python.Config(kube_apiserver=api_server, kube_token="test", namespace=namespace)
+    try:
+        return config.render(chart, values or {}, name=name, namespace=namespace, is_upgrade=upgrade,
+                             is_install=not upgrade)
+    finally:
+        config.close()

@@ -32,6 +32,12 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
+{{/* Labels of the RayJob/RayCluster object itself: the chart's plus `labels` (queue names for Kueue, KAI...). */}}
+{{- define "sc-app.objectLabels" -}}
+{{- $labels := merge (include "sc-app.labels" . | fromYaml) (deepCopy (default (dict) .Values.labels)) -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
 {{- define "sc-app.podLabels" -}}
 {{ include "sc-app.selectorLabels" . }}
 {{- with .Values.podLabels }}
@@ -67,7 +73,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-ray-auth" (include "sc-app.fullname" .)) .Values.rayAuth.existingSecret -}}
 {{- end -}}
 
-{{- define "sc-app.configPath" -}}/etc/sc-app/config.yaml{{- end -}}
+{{/* Where the ConfigMap is mounted; the one place that names it. */}}
+{{- define "sc-app.configDir" -}}/etc/sc-app{{- end -}}
+
+{{- define "sc-app.configPath" -}}{{ include "sc-app.configDir" . }}/config.yaml{{- end -}}
 
 {{/* The entrypoint, one string (RayJob.spec.entrypoint is run by a shell on the head). */}}
 {{- define "sc-app.entrypoint" -}}
@@ -76,9 +85,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- join " " $args -}}
 {{- end -}}
 
-{{/* The sc-app config as mounted: user config with checkpoint.dir and ray.address forced. */}}
+{{/* Directory of the policy model inside the pods ("" when model.source is unset). */}}
+{{- define "sc-app.modelPath" -}}
+{{- $m := .Values.model -}}
+{{- if eq $m.source "claim" -}}
+{{- printf "%s/%s" (trimSuffix "/" $m.mountPath) (trimPrefix "/" $m.path) | trimSuffix "/" -}}
+{{- else if eq $m.source "image" -}}
+{{- $m.path -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The sc-app config as mounted: user config with checkpoint.dir, ray.address (and model.path) forced. */}}
 {{- define "sc-app.config" -}}
 {{- $forced := dict "checkpoint" (dict "dir" .Values.checkpoint.mountPath) "ray" (dict "address" "auto") -}}
+{{- with include "sc-app.modelPath" . }}{{ $_ := set $forced "model" (dict "path" .) }}{{ end -}}
 {{- $cfg := mustMergeOverwrite (deepCopy (default (dict) .Values.config)) $forced -}}
 {{- toYaml $cfg -}}
 {{- end -}}
@@ -96,49 +116,86 @@ min-worker-port: {{ $p.minWorkerPort | quote }}
 max-worker-port: {{ $p.maxWorkerPort | quote }}
 {{- end -}}
 
-{{/* Env shared by every sc-app container (Ray containers and preflight). */}}
+{{/*
+Env of an sc-app container: the HMAC key, the release's extraEnv, then the group's.
+Called with (dict "root" $ "group" <head or worker group values>).
+*/}}
 {{- define "sc-app.env" -}}
-- name: SC_APP_CHECKPOINT_DIR
-  value: {{ .Values.checkpoint.mountPath | quote }}
-{{- if .Values.checkpoint.hmac.existingSecret }}
+{{- $v := .root.Values -}}
+{{- if $v.checkpoint.hmac.existingSecret }}
 - name: SC_APP_CHECKPOINT_HMAC_KEY
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.checkpoint.hmac.existingSecret }}
-      key: {{ .Values.checkpoint.hmac.secretKey }}
+      name: {{ $v.checkpoint.hmac.existingSecret }}
+      key: {{ $v.checkpoint.hmac.secretKey }}
 {{- end }}
-{{- with .Values.extraEnv }}
+{{- with $v.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- with .group.extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
 
-{{- define "sc-app.volumes" -}}
-- name: checkpoints
-  persistentVolumeClaim:
-    claimName: {{ include "sc-app.claimName" . }}
-- name: ray-tmp
-  emptyDir: {}
-- name: dshm
-  emptyDir:
-    medium: Memory
-    sizeLimit: {{ .Values.shmSize }}
+{{/* The release's extraEnvFrom, then the group's (same argument as sc-app.env). */}}
+{{- define "sc-app.envFrom" -}}
+{{- with .root.Values.extraEnvFrom }}
+{{ toYaml . }}
+{{- end }}
+{{- with .group.extraEnvFrom }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
-{{- define "sc-app.volumeMounts" -}}
-- name: checkpoints
-  mountPath: {{ .Values.checkpoint.mountPath }}
-- name: ray-tmp
-  mountPath: /tmp/ray
-- name: dshm
-  mountPath: /dev/shm
+{{/*
+/dev/shm size of a group: its shmSize, else its container's memory limit, else its request, else "" (no limit).
+That is what KubeRay injects when the pod has no /dev/shm of its own (pod.go makeEmptyDirVolume).
+*/}}
+{{- define "sc-app.shmSize" -}}
+{{- $res := default (dict) .resources -}}
+{{- $limits := default (dict) $res.limits -}}
+{{- $requests := default (dict) $res.requests -}}
+{{- coalesce .shmSize $limits.memory $requests.memory | default "" -}}
 {{- end -}}
 
-{{/* Number of pods that mount the checkpoint claim at the most (head + every worker replica). */}}
+{{/*
+GPUs Ray advertises on one pod of a group, the way KubeRay derives num-gpus: rayStartParams num-gpus when set,
+else the first (sorted) resource limit whose name ends in "gpu" (e.g. nvidia.com/gpu) or is an NVIDIA MIG slice.
+*/}}
+{{- define "sc-app.podGpus" -}}
+{{- $params := default (dict) .rayStartParams -}}
+{{- $res := default (dict) .resources -}}
+{{- $limits := default (dict) $res.limits -}}
+{{- $gpus := 0.0 -}}
+{{- if hasKey $params "num-gpus" -}}
+{{- $gpus = index $params "num-gpus" | float64 -}}
+{{- else -}}
+{{- range $name := keys $limits | sortAlpha -}}
+{{- $n := index $limits $name | float64 -}}
+{{- if and (eq $gpus 0.0) (gt $n 0.0) (or (hasSuffix "gpu" $name) (hasPrefix "nvidia.com/mig-" $name)) -}}
+{{- $gpus = $n -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $gpus -}}
+{{- end -}}
+
+{{/* Number of pods that mount the checkpoint claim (head + every worker replica). */}}
 {{- define "sc-app.mountingPods" -}}
 {{- $n := 1 -}}
 {{- range .Values.workerGroups -}}
-{{- $max := .maxReplicas | default .replicas | int -}}
-{{- $n = add $n $max -}}
+{{- $n = add $n (int .replicas) -}}
 {{- end -}}
 {{- $n -}}
+{{- end -}}
+
+{{/*
+spec.suspend of the RayJob: job.suspend, or true when the live RayJob is suspended (`sc-app k8s suspend`, Kueue
+holding it in a queue), so `helm upgrade` never resumes a job by surprise. Without cluster access (helm template,
+GitOps) `lookup` finds nothing and job.suspend is rendered as given.
+*/}}
+{{- define "sc-app.suspend" -}}
+{{- $live := lookup "ray.io/v1" "RayJob" .Release.Namespace (include "sc-app.fullname" .) -}}
+{{- $liveSuspended := eq (toString (dig "spec" "suspend" false $live)) "true" -}}
+{{- or .Values.job.suspend $liveSuspended -}}
 {{- end -}}

@@ -2,17 +2,19 @@
 rayClusterSpec shared by the RayJob and the standalone RayCluster.
 Invariants: head and every worker mount the same claim at checkpoint.mountPath; the head's preflight
 initContainer (same image, same mount) runs before the head's Ray container, so the restore decision is
-taken before any driver exists; every pod carries the release's selector labels (NetworkPolicy).
+taken before any driver exists; every pod carries the release's selector labels (NetworkPolicy); every Ray
+container stops the run through its preStop hook before the kubelet's SIGTERM (sc-app.podTemplate).
 */}}
 {{- define "sc-app.rayClusterSpec" -}}
 {{- $root := . -}}
-{{- $image := include "sc-app.image" . -}}
 rayVersion: {{ .Values.rayVersion | quote }}
 {{- if .Values.rayAuth.enabled }}
 authOptions:
   mode: token
   secretName: {{ include "sc-app.authSecretName" . }}
 {{- end }}
+# Fixed-size groups (replicas = min = max): see workerGroups[].replicas in values.yaml.
+enableInTreeAutoscaling: false
 headGroupSpec:
   rayStartParams:
     {{- $head := merge (dict "port" (toString .Values.rayPorts.gcs) "dashboard-port" (toString .Values.rayPorts.dashboard) "ray-client-server-port" (toString .Values.rayPorts.client)) (include "sc-app.portParams" . | fromYaml) (deepCopy .Values.head.rayStartParams) }}
@@ -20,150 +22,198 @@ headGroupSpec:
     {{ $k }}: {{ $val | toString | quote }}
     {{- end }}
   template:
-    metadata:
-      labels:
-        {{- include "sc-app.podLabels" . | nindent 8 }}
-        sc-app/role: head
-      {{- with .Values.podAnnotations }}
-      annotations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-    spec:
-      serviceAccountName: {{ include "sc-app.serviceAccountName" . }}
-      automountServiceAccountToken: {{ .Values.serviceAccount.automountToken }}
-      securityContext:
-        {{- toYaml .Values.podSecurityContext | nindent 8 }}
-      terminationGracePeriodSeconds: {{ .Values.head.terminationGracePeriodSeconds }}
-      {{- with .Values.head.priorityClassName }}
-      priorityClassName: {{ . }}
-      {{- end }}
-      {{- with .Values.imagePullSecrets }}
-      imagePullSecrets:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with .Values.head.nodeSelector }}
-      nodeSelector:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with .Values.head.tolerations }}
-      tolerations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with .Values.head.affinity }}
-      affinity:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      initContainers:
-        - name: preflight
-          image: {{ $image }}
-          imagePullPolicy: {{ .Values.image.pullPolicy }}
-          # JSON on stdout: `sc-app k8s status` reads the resume decision from this container's log.
-          command:
-            - sc-app
-            - preflight
-            - --checkpoint-dir
-            - {{ .Values.checkpoint.mountPath | quote }}
-            - --config
-            - {{ include "sc-app.configPath" . | quote }}
-            - --json
-          env:
-            {{- include "sc-app.env" . | nindent 12 }}
-          resources:
-            {{- toYaml .Values.head.preflightResources | nindent 12 }}
-          securityContext:
-            {{- toYaml .Values.containerSecurityContext | nindent 12 }}
-          volumeMounts:
-            - name: checkpoints
-              mountPath: {{ .Values.checkpoint.mountPath }}
-            - name: config
-              mountPath: /etc/sc-app
-              readOnly: true
-      containers:
-        - name: ray-head
-          image: {{ $image }}
-          imagePullPolicy: {{ .Values.image.pullPolicy }}
-          env:
-            {{- include "sc-app.env" . | nindent 12 }}
-          ports:
-            - {name: gcs-server, containerPort: {{ .Values.rayPorts.gcs }}}
-            - {name: dashboard, containerPort: {{ .Values.rayPorts.dashboard }}}
-            - {name: client, containerPort: {{ .Values.rayPorts.client }}}
-            - {name: metrics, containerPort: {{ .Values.rayPorts.metrics }}}
-          resources:
-            {{- toYaml .Values.head.resources | nindent 12 }}
-          securityContext:
-            {{- toYaml .Values.containerSecurityContext | nindent 12 }}
-          volumeMounts:
-            {{- include "sc-app.volumeMounts" . | nindent 12 }}
-            - name: config
-              mountPath: /etc/sc-app
-              readOnly: true
-      volumes:
-        {{- include "sc-app.volumes" . | nindent 8 }}
-        - name: config
-          configMap:
-            name: {{ include "sc-app.fullname" . }}-config
+    {{- include "sc-app.podTemplate" (dict "root" . "group" .Values.head "role" "head") | nindent 4 }}
 {{- if .Values.workerGroups }}
 workerGroupSpecs:
 {{- range .Values.workerGroups }}
   - groupName: {{ .name }}
     replicas: {{ .replicas }}
-    minReplicas: {{ .minReplicas | default .replicas }}
-    maxReplicas: {{ .maxReplicas | default .replicas }}
+    minReplicas: {{ .replicas }}
+    maxReplicas: {{ .replicas }}
     rayStartParams:
       {{- $w := merge (include "sc-app.portParams" $root | fromYaml) (deepCopy (default (dict) .rayStartParams)) }}
       {{- range $k, $val := $w }}
       {{ $k }}: {{ $val | toString | quote }}
       {{- end }}
     template:
-      metadata:
-        labels:
-          {{- include "sc-app.podLabels" $root | nindent 10 }}
-          sc-app/role: worker
-          sc-app/worker-group: {{ .name }}
-        {{- with $root.Values.podAnnotations }}
-        annotations:
-          {{- toYaml . | nindent 10 }}
-        {{- end }}
-      spec:
-        serviceAccountName: {{ include "sc-app.serviceAccountName" $root }}
-        automountServiceAccountToken: {{ $root.Values.serviceAccount.automountToken }}
-        securityContext:
-          {{- toYaml $root.Values.podSecurityContext | nindent 10 }}
-        terminationGracePeriodSeconds: {{ .terminationGracePeriodSeconds }}
-        {{- with .priorityClassName }}
-        priorityClassName: {{ . }}
-        {{- end }}
-        {{- with $root.Values.imagePullSecrets }}
-        imagePullSecrets:
-          {{- toYaml . | nindent 10 }}
-        {{- end }}
-        {{- with .nodeSelector }}
-        nodeSelector:
-          {{- toYaml . | nindent 10 }}
-        {{- end }}
-        {{- with .tolerations }}
-        tolerations:
-          {{- toYaml . | nindent 10 }}
-        {{- end }}
-        {{- with .affinity }}
-        affinity:
-          {{- toYaml . | nindent 10 }}
-        {{- end }}
-        containers:
-          - name: ray-worker
-            image: {{ $image }}
-            imagePullPolicy: {{ $root.Values.image.pullPolicy }}
-            env:
-              {{- include "sc-app.env" $root | nindent 14 }}
-            resources:
-              {{- toYaml .resources | nindent 14 }}
-            securityContext:
-              {{- toYaml $root.Values.containerSecurityContext | nindent 14 }}
-            volumeMounts:
-              {{- include "sc-app.volumeMounts" $root | nindent 14 }}
-        volumes:
-          {{- include "sc-app.volumes" $root | nindent 10 }}
+      {{- include "sc-app.podTemplate" (dict "root" $root "group" . "role" "worker") | nindent 6 }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/*
+The PodTemplateSpec of the head and of every worker group: one definition, so they cannot drift.
+Called with (dict "root" $ "group" <head or workerGroups[i] values> "role" "head"|"worker").
+Only the head has the preflight initContainer and the head ports; everything else is the same.
+*/}}
+{{- define "sc-app.podTemplate" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $g := .group -}}
+{{- $head := eq .role "head" -}}
+{{- $envArgs := dict "root" $root "group" $g -}}
+{{- $env := include "sc-app.env" $envArgs -}}
+{{- $envFrom := include "sc-app.envFrom" $envArgs -}}
+{{- $shm := include "sc-app.shmSize" $g -}}
+{{- $annotations := merge (deepCopy (default (dict) $g.podAnnotations)) (deepCopy (default (dict) $v.podAnnotations)) -}}
+metadata:
+  labels:
+    {{- include "sc-app.podLabels" $root | nindent 4 }}
+    {{- with $g.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    sc-app/role: {{ .role }}
+    {{- if not $head }}
+    sc-app/worker-group: {{ $g.name }}
+    {{- end }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  serviceAccountName: {{ include "sc-app.serviceAccountName" $root }}
+  automountServiceAccountToken: {{ $v.serviceAccount.automountToken }}
+  securityContext:
+    {{- toYaml $v.podSecurityContext | nindent 4 }}
+  terminationGracePeriodSeconds: {{ $g.terminationGracePeriodSeconds }}
+  {{- with $g.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $g.schedulerName }}
+  schedulerName: {{ . }}
+  {{- end }}
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $g.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $g.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $g.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $head }}
+  initContainers:
+    - name: preflight
+      image: {{ include "sc-app.image" $root }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      # JSON on stdout: `sc-app k8s status` reads the resume decision from this container's log.
+      command:
+        - sc-app
+        - preflight
+        - --checkpoint-dir
+        - {{ $v.checkpoint.mountPath | quote }}
+        - --config
+        - {{ include "sc-app.configPath" $root | quote }}
+        - --json
+      {{- with $env }}
+      env:
+        {{- . | nindent 8 }}
+      {{- end }}
+      {{- with $envFrom }}
+      envFrom:
+        {{- . | nindent 8 }}
+      {{- end }}
+      resources:
+        {{- toYaml $g.preflightResources | nindent 8 }}
+      securityContext:
+        {{- toYaml $v.containerSecurityContext | nindent 8 }}
+      volumeMounts:
+        - name: checkpoints
+          mountPath: {{ $v.checkpoint.mountPath }}
+        - name: config
+          mountPath: {{ include "sc-app.configDir" $root }}
+          readOnly: true
+  {{- end }}
+  containers:
+    - name: {{ ternary "ray-head" "ray-worker" $head }}
+      image: {{ include "sc-app.image" $root }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      {{- with $env }}
+      env:
+        {{- . | nindent 8 }}
+      {{- end }}
+      {{- with $envFrom }}
+      envFrom:
+        {{- . | nindent 8 }}
+      {{- end }}
+      ports:
+        {{- if $head }}
+        - {name: gcs-server, containerPort: {{ $v.rayPorts.gcs }}}
+        - {name: dashboard, containerPort: {{ $v.rayPorts.dashboard }}}
+        - {name: client, containerPort: {{ $v.rayPorts.client }}}
+        {{- end }}
+        - {name: metrics, containerPort: {{ $v.rayPorts.metrics }}}
+      # The kubelet runs this to completion (bounded by terminationGracePeriodSeconds) before it sends
+      # SIGTERM: the run holding the checkpoint volume's lease finishes its step, publishes a bundle of it
+      # and exits 143 (KubeRay retries), whether this pod is the head or a worker (values.yaml preStop).
+      lifecycle:
+        preStop:
+          exec:
+            command:
+              - sc-app
+              - stop
+              - --checkpoint-dir
+              - {{ $v.checkpoint.mountPath | quote }}
+              - --wait
+              - {{ $v.preStop.waitSeconds | quote }}
+      resources:
+        {{- toYaml $g.resources | nindent 8 }}
+      securityContext:
+        {{- toYaml $v.containerSecurityContext | nindent 8 }}
+      volumeMounts:
+        - name: checkpoints
+          mountPath: {{ $v.checkpoint.mountPath }}
+        - name: config
+          mountPath: {{ include "sc-app.configDir" $root }}
+          readOnly: true
+        {{- if eq $v.model.source "claim" }}
+        - name: model
+          mountPath: {{ $v.model.mountPath }}
+          readOnly: true
+        {{- end }}
+        - name: ray-tmp
+          mountPath: /tmp/ray
+        - name: dshm
+          mountPath: /dev/shm
+        {{- with $v.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- with $g.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  volumes:
+    - name: checkpoints
+      persistentVolumeClaim:
+        claimName: {{ include "sc-app.claimName" $root }}
+    - name: config
+      configMap:
+        name: {{ include "sc-app.fullname" $root }}-config
+    {{- if eq $v.model.source "claim" }}
+    - name: model
+      persistentVolumeClaim:
+        claimName: {{ $v.model.existingClaim }}
+        readOnly: true
+    {{- end }}
+    - name: ray-tmp
+      emptyDir: {}
+    # Ray's object store lives in /dev/shm; sized like KubeRay does unless shmSize says otherwise.
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        {{- with $shm }}
+        sizeLimit: {{ . }}
+        {{- end }}
+    {{- with $v.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- with $g.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}

@@ -1,19 +1,75 @@
 {{/*
-Cross-field rules values.schema.json cannot express. Each failure is one line naming the value and the fix.
-Invariant: a release that renders can be scheduled without two pods fighting over a ReadWriteOnce claim,
-and every GPU group asks Kubernetes for the GPUs Ray will advertise.
+Cross-field rules values.schema.json cannot express, and what KubeRay, Kueue or KAI would refuse later.
+Each failure is one line naming the values and the fix.
+Invariant: a release that renders is one the operator accepts and that can run: no two pods fighting over a
+ReadWriteOnce claim, every GPU asked for by sc-app's actors is offered by a worker group, and every pod's grace
+period leaves room for the preStop hook to stop the run with a bundle.
 */}}
 {{- define "sc-app.validate" -}}
 {{- $v := .Values -}}
 {{- if and (not $v.image.tag) (not $v.image.digest) -}}
 {{- fail "image.tag is required (or image.digest): a retried job must run the same image as the attempt it resumes; pass --set image.tag=<version>" -}}
 {{- end -}}
-{{- if not (has $v.job.submissionMode (list "K8sJobMode" "HTTPMode" "SidecarMode" "InteractiveMode")) -}}
-{{- fail (printf "job.submissionMode %q is not one of K8sJobMode, HTTPMode, SidecarMode, InteractiveMode" $v.job.submissionMode) -}}
+{{- if and (eq (lower $v.image.tag) "latest") (not $v.image.digest) -}}
+{{- fail "image.tag \"latest\" is refused: a retry could run different code than the attempt it resumes; use a version tag or set image.digest" -}}
 {{- end -}}
-{{- if lt (int $v.job.backoffLimit) 0 -}}
-{{- fail (printf "job.backoffLimit must be >= 0 (got %v): it is the number of retries after a preemption" $v.job.backoffLimit) -}}
+{{- include "sc-app.validateJob" . -}}
+{{- include "sc-app.validateSchedulers" . -}}
+{{- include "sc-app.validateVolumes" . -}}
+{{- include "sc-app.validateGroups" . -}}
+{{- include "sc-app.validateStop" . -}}
+{{- include "sc-app.validateConfig" . -}}
 {{- end -}}
+
+{{/* RayJob fields KubeRay's ValidateRayJobSpec refuses (checked only with mode RayJob). */}}
+{{- define "sc-app.validateJob" -}}
+{{- $j := .Values.job -}}
+{{- if eq .Values.mode "RayJob" -}}
+{{- if and (eq $j.submissionMode "InteractiveMode") (gt (int $j.backoffLimit) 0) -}}
+{{- fail (printf "job.submissionMode=InteractiveMode with job.backoffLimit=%d: KubeRay allows no retries in InteractiveMode; set job.backoffLimit=0 or use another submissionMode" (int $j.backoffLimit)) -}}
+{{- end -}}
+{{- if and $j.suspend (not $j.shutdownAfterJobFinishes) -}}
+{{- fail "job.suspend=true with job.shutdownAfterJobFinishes=false: KubeRay refuses to suspend a RayJob that keeps its cluster; set job.shutdownAfterJobFinishes=true" -}}
+{{- end -}}
+{{- if and $j.deletionRules $j.shutdownAfterJobFinishes -}}
+{{- fail "job.deletionRules with job.shutdownAfterJobFinishes=true: KubeRay refuses both; set job.shutdownAfterJobFinishes=false (the rules decide what is deleted)" -}}
+{{- end -}}
+{{- range $i, $r := $j.deletionRules -}}
+{{- if eq (len (pick $r.condition "jobStatus" "jobDeploymentStatus")) 1 | not -}}
+{{- fail (printf "job.deletionRules[%d].condition needs exactly one of jobStatus, jobDeploymentStatus (KubeRay refuses it otherwise)" $i) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* What the queueing and gang schedulers named by `labels` refuse (Kueue's and KAI's admission rules). */}}
+{{- define "sc-app.validateSchedulers" -}}
+{{- $v := .Values -}}
+{{- $k8sJob := and (eq $v.mode "RayJob") (eq $v.job.submissionMode "K8sJobMode") -}}
+{{- $labels := default (dict) $v.labels -}}
+{{- if hasKey $labels "kueue.x-k8s.io/queue-name" -}}
+{{- if and (eq $v.mode "RayJob") (not $v.job.shutdownAfterJobFinishes) -}}
+{{- fail "labels kueue.x-k8s.io/queue-name with job.shutdownAfterJobFinishes=false: Kueue refuses a RayJob that keeps its cluster; set job.shutdownAfterJobFinishes=true" -}}
+{{- end -}}
+{{- $max := ternary 6 7 $k8sJob -}}
+{{- if gt (len $v.workerGroups) $max -}}
+{{- fail (printf "labels kueue.x-k8s.io/queue-name with %d workerGroups: a Kueue workload holds at most 8 pod sets (head%s + %d worker groups)" (len $v.workerGroups) (ternary ", submitter" "" $k8sJob) $max) -}}
+{{- end -}}
+{{- $reserved := ternary (list "head" "submitter") (list "head") $k8sJob -}}
+{{- range $v.workerGroups -}}
+{{- if has .name $reserved -}}
+{{- fail (printf "workerGroups name %q is reserved by Kueue for the %s pod set; rename the group" .name .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (hasKey $labels "kai.scheduler/queue") $k8sJob -}}
+{{- fail "labels kai.scheduler/queue with job.submissionMode=K8sJobMode: KAI Scheduler cannot gang-schedule the submitter Job; use job.submissionMode=HTTPMode or SidecarMode" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The checkpoint claim (RWX when several pods mount it) and the read-only model claim. */}}
+{{- define "sc-app.validateVolumes" -}}
+{{- $v := .Values -}}
 {{- $p := $v.checkpoint.persistence -}}
 {{- if and (not $p.create) (not $p.existingClaim) -}}
 {{- fail "checkpoint.persistence.existingClaim is required when checkpoint.persistence.create=false" -}}
@@ -21,26 +77,48 @@ and every GPU group asks Kubernetes for the GPUs Ray will advertise.
 {{- if and $p.create $p.existingClaim -}}
 {{- fail "checkpoint.persistence: set either create=true or existingClaim, not both" -}}
 {{- end -}}
+{{- $pods := include "sc-app.mountingPods" . | int -}}
 {{- $modes := $p.accessModes -}}
 {{- if $p.existingClaim -}}
 {{- $live := lookup "v1" "PersistentVolumeClaim" .Release.Namespace $p.existingClaim -}}
 {{- if $live -}}{{- $modes = $live.spec.accessModes -}}{{- end -}}
 {{- end -}}
-{{- $pods := include "sc-app.mountingPods" . | int -}}
 {{- if and (gt $pods 1) (not (has "ReadWriteMany" $modes)) -}}
 {{- fail (printf "checkpoint.persistence.accessModes %v: %d pods (head + workers) mount the checkpoint volume, which needs ReadWriteMany; use an RWX storage class or set workerGroups to []" $modes $pods) -}}
 {{- end -}}
+{{- $m := $v.model -}}
+{{- if eq $m.source "claim" -}}
+{{- if not $m.existingClaim -}}
+{{- fail "model.source=claim needs model.existingClaim (the PVC holding the model directory)" -}}
+{{- end -}}
+{{- if not $m.path -}}
+{{- fail "model.source=claim needs model.path (the model directory relative to the claim's root)" -}}
+{{- end -}}
+{{- if eq (clean $m.mountPath) (clean $v.checkpoint.mountPath) -}}
+{{- fail (printf "model.mountPath %s is checkpoint.mountPath too; mount the model elsewhere (e.g. /models)" $m.mountPath) -}}
+{{- end -}}
+{{- $live := lookup "v1" "PersistentVolumeClaim" .Release.Namespace $m.existingClaim -}}
+{{- if and $live (gt $pods 1) (not (or (has "ReadOnlyMany" $live.spec.accessModes) (has "ReadWriteMany" $live.spec.accessModes))) -}}
+{{- fail (printf "model.existingClaim %s is %v: %d pods mount the model, which needs ReadOnlyMany or ReadWriteMany" $m.existingClaim $live.spec.accessModes $pods) -}}
+{{- end -}}
+{{- else if eq $m.source "image" -}}
+{{- if not (isAbs $m.path) -}}
+{{- fail (printf "model.source=image needs model.path, the absolute directory of the model inside the image (got %q)" $m.path) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Worker groups: unique names, GPU groups that ask for GPUs, and enough GPUs for sc-app's actors. */}}
+{{- define "sc-app.validateGroups" -}}
+{{- $v := .Values -}}
 {{- $names := dict -}}
+{{- $offered := 0.0 -}}
+{{- $perPod := 0.0 -}}
 {{- range $i, $g := $v.workerGroups -}}
 {{- if hasKey $names $g.name -}}
 {{- fail (printf "workerGroups[%d].name %q is used twice; group names must be unique" $i $g.name) -}}
 {{- end -}}
 {{- $_ := set $names $g.name true -}}
-{{- $min := $g.minReplicas | default $g.replicas | int -}}
-{{- $max := $g.maxReplicas | default $g.replicas | int -}}
-{{- if or (lt (int $g.replicas) $min) (gt (int $g.replicas) $max) -}}
-{{- fail (printf "workerGroups[%d] (%s): need minReplicas <= replicas <= maxReplicas (got %d <= %d <= %d)" $i $g.name $min (int $g.replicas) $max) -}}
-{{- end -}}
 {{- $limits := dict -}}
 {{- if $g.resources -}}{{- $limits = default (dict) $g.resources.limits -}}{{- end -}}
 {{- $gpus := index $limits $g.gpuResource | default 0 | int -}}
@@ -50,16 +128,65 @@ and every GPU group asks Kubernetes for the GPUs Ray will advertise.
 {{- if and (eq $g.accelerator "cpu") (gt $gpus 0) -}}
 {{- fail (printf "workerGroups[%d] (%s) is accelerator=cpu but requests %d %s; set accelerator=gpu" $i $g.name $gpus $g.gpuResource) -}}
 {{- end -}}
+{{- $pod := include "sc-app.podGpus" $g | float64 -}}
+{{- $offered = addf $offered (mulf $pod (int $g.replicas)) -}}
+{{- if and (gt (int $g.replicas) 0) (gt $pod $perPod) -}}{{- $perPod = $pod -}}{{- end -}}
 {{- end -}}
+{{- $headGpus := include "sc-app.podGpus" $v.head | float64 -}}
+{{- $offered = addf $offered $headGpus -}}
+{{- if gt $headGpus $perPod -}}{{- $perPod = $headGpus -}}{{- end -}}
+{{- $cfg := default (dict) $v.config -}}
+{{- $asked := 0.0 -}}
+{{- range $role := list "trainer" "generation" -}}
+{{- $a := default (dict) (get $cfg $role) -}}
+{{- $n := default 1 $a.num_workers | int -}}
+{{- $each := default 0 $a.num_gpus | float64 -}}
+{{- $asked = addf $asked (mulf $n $each) -}}
+{{- if gt $each $perPod -}}
+{{- fail (printf "config.%s.num_gpus=%v but no pod offers more than %v GPUs: one actor must fit on one pod; lower it or give a worker group more GPUs per pod" $role $each $perPod) -}}
+{{- end -}}
+{{- end -}}
+{{- if gt $asked $offered -}}
+{{- fail (printf "config asks %v GPUs (trainer num_workers x num_gpus + generation num_workers x num_gpus) but the worker groups provide %v (replicas x GPUs per pod): the actors would wait forever; add replicas/GPUs or lower config" $asked $offered) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The stop chain: emergency_budget_s < preStop.waitSeconds, and waitSeconds + rayShutdownSeconds <= every grace period. */}}
+{{- define "sc-app.validateStop" -}}
+{{- $v := .Values -}}
+{{- $cfg := default (dict) $v.config -}}
+{{- $budget := default 60 (default (dict) $cfg.checkpoint).emergency_budget_s | float64 -}}
+{{- $wait := $v.preStop.waitSeconds | int -}}
+{{- $need := add $wait $v.preStop.rayShutdownSeconds -}}
+{{- if ge $budget (float64 $wait) -}}
+{{- fail (printf "config.checkpoint.emergency_budget_s (%v) must be below preStop.waitSeconds (%d): the stop hook has to outlast the emergency bundle it waits for" $budget $wait) -}}
+{{- end -}}
+{{- $groups := list (dict "name" "head" "grace" $v.head.terminationGracePeriodSeconds) -}}
+{{- range $i, $g := $v.workerGroups -}}
+{{- $groups = append $groups (dict "name" (printf "workerGroups[%d] (%s)" $i $g.name) "grace" $g.terminationGracePeriodSeconds) -}}
+{{- end -}}
+{{- range $groups -}}
+{{- if lt (int .grace) $need -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%d) must be at least preStop.waitSeconds (%d) + preStop.rayShutdownSeconds (%d): the kubelet kills the pod when the grace period ends" .name (int .grace) $wait (int $v.preStop.rayShutdownSeconds)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Keys of config the chart owns, and a model for the hf backend. */}}
+{{- define "sc-app.validateConfig" -}}
+{{- $v := .Values -}}
 {{- $cfg := default (dict) $v.config -}}
 {{- if and (hasKey $cfg "checkpoint") (hasKey (default (dict) $cfg.checkpoint) "dir") -}}
 {{- fail "config.checkpoint.dir is set by the chart from checkpoint.mountPath; remove it from config" -}}
 {{- end -}}
-{{- $budget := default 60 (default (dict) $cfg.checkpoint).emergency_budget_s -}}
-{{- if ge (float64 $budget) (float64 $v.head.terminationGracePeriodSeconds) -}}
-{{- fail (printf "config.checkpoint.emergency_budget_s (%v) must be below head.terminationGracePeriodSeconds (%v): the SIGTERM checkpoint has to finish before the pod is killed" $budget $v.head.terminationGracePeriodSeconds) -}}
-{{- end -}}
 {{- if and (hasKey $cfg "ray") (hasKey (default (dict) $cfg.ray) "address") -}}
 {{- fail "config.ray.address is set by the chart (auto: join the KubeRay cluster); remove it from config" -}}
+{{- end -}}
+{{- $model := default (dict) $cfg.model -}}
+{{- if and $v.model.source (hasKey $model "path") -}}
+{{- fail (printf "config.model.path is set by the chart from model.source=%s (model.path); remove it from config" $v.model.source) -}}
+{{- end -}}
+{{- if and (eq (toString $model.backend) "hf") (not $v.model.source) (not $model.path) -}}
+{{- fail "config.model.backend=hf needs a model: set model.source=claim (with model.existingClaim, model.path) or model.source=image (with model.path)" -}}
 {{- end -}}
 {{- end -}}

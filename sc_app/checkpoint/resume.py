@@ -1,0 +1,95 @@
+"""Which bundle a run resumes from: the single decision both ``sc-app preflight`` and the driver use.
+
+Invariants:
+* a ``tmp_step_*`` is never resumed; with ``tidy=True`` it is moved to quarantine (never deleted);
+* with policy ``fallback`` a bundle that fails verification is quarantined only when an older bundle *does*
+  verify, so a retry can never silently start fresh over bundles it could not read;
+* ``strict`` stops at the first bad newest bundle and moves nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sc_app.checkpoint import layout
+from sc_app.checkpoint.quarantine import move_aside
+from sc_app.checkpoint.verify import BundleReport, verify_bundle
+
+Decision = Literal["resume", "fresh", "refuse"]
+
+
+@dataclass
+class ResumePlan:
+    decision: Decision
+    reason: str
+    bundle: Path | None = None
+    step: int = 0
+    reports: list[BundleReport] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.decision != "refuse"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision,
+            "reason": self.reason,
+            "bundle": str(self.bundle) if self.bundle else None,
+            "step": self.step,
+            "checked": [r.as_dict() for r in self.reports],
+            "quarantined": self.quarantined,
+        }
+
+
+def plan_resume(
+    root: str | Path,
+    *,
+    policy: Literal["fallback", "strict"] = "fallback",
+    hmac_key: bytes | None = None,
+    expected_compat: dict[str, Any] | None = None,
+    tidy: bool = True,
+) -> ResumePlan:
+    root = Path(root)
+    quarantine = root / layout.QUARANTINE_DIR
+    moved: list[str] = []
+    if tidy:
+        for tmp in layout.tmp_dirs(root):
+            dest = move_aside(tmp, quarantine, "leftover tmp dir of a save that never completed; never resumable")
+            moved.append(f"{tmp.name} -> {dest.relative_to(root)}")
+    bundles = layout.step_dirs(root)
+    if not bundles:
+        return ResumePlan("fresh", f"no step_N bundle in {root}: fresh start", quarantined=moved)
+    reports: list[BundleReport] = []
+    for _, path in bundles:
+        report = verify_bundle(path, hmac_key=hmac_key, expected_compat=expected_compat)
+        reports.append(report)
+        if report.ok:
+            break
+        if policy == "strict":
+            return ResumePlan(
+                "refuse",
+                f"newest bundle {path.name} failed verification and checkpoint.on_corrupt=strict: {report.problems[0]}",
+                reports=reports,
+                quarantined=moved,
+            )
+    good = reports[-1] if reports[-1].ok else None
+    if good is None:
+        return ResumePlan(
+            "refuse",
+            f"none of the {len(reports)} bundles in {root} verified (first problem: {reports[0].problems[0]}); "
+            "nothing moved — inspect with `sc-app ckpt verify`, fix or move them aside, then retry",
+            reports=reports,
+            quarantined=moved,
+        )
+    bad = reports[:-1]
+    if tidy:
+        for r in bad:
+            dest = move_aside(r.path, quarantine, "failed verification:\n" + "\n".join(r.problems))
+            moved.append(f"{r.name} -> {dest.relative_to(root)}")
+    why = f"newest complete bundle, verified ({len(good.manifest.files) if good.manifest else 0} files)"
+    if bad:
+        why = f"newest verified bundle; skipped {', '.join(r.name for r in bad)} ({bad[0].problems[0]})"
+    return ResumePlan("resume", why, bundle=good.path, step=good.step, reports=reports, quarantined=moved)

@@ -1,0 +1,63 @@
+"""Retention: which complete bundles ``prune`` may delete.
+
+Invariant: ``prune`` removes only complete bundles older than the newest verified one, never a pinned one
+(``<root>/pins/step_N``), and never one it could not verify (manifest + sizes): an unreadable old bundle is left
+for an operator to inspect.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from sc_app.checkpoint import layout
+from sc_app.checkpoint.verify import verify_bundle
+from sc_app.durable_io import fsync_dir
+
+log = logging.getLogger(__name__)
+
+
+def pinned(root: Path) -> set[str]:
+    pins = root / layout.PINS_DIR
+    return {p.name for p in pins.iterdir()} if pins.is_dir() else set()
+
+
+def prune(
+    root: str | Path, keep: int, *, hmac_key: bytes | None = None, newest_verified: Path | None = None
+) -> list[str]:
+    """Delete complete bundles beyond the newest ``keep``, oldest first; returns the names removed."""
+    if keep < 1:
+        raise ValueError("keep must be >= 1: the newest verified bundle is always kept")
+    root = Path(root)
+    bundles = layout.step_dirs(root)
+    if newest_verified is None:
+        for _, path in bundles:
+            if verify_bundle(path, hmac_key=hmac_key).ok:
+                newest_verified = path
+                break
+    if newest_verified is None:
+        log.warning("prune: no bundle in %s verifies; removing nothing", root)
+        return []
+    anchor = layout.parse_step(newest_verified.name)
+    assert anchor is not None
+    pins = pinned(root)
+    kept = 0
+    removed = []
+    for step, path in bundles:
+        if step > anchor:  # newer than the newest verified: may be a save in progress elsewhere; leave it
+            continue
+        if path.name in pins:
+            continue
+        kept += 1
+        if kept <= keep or step == anchor:
+            continue
+        problems = verify_bundle(path, deep=False, hmac_key=hmac_key).problems
+        if problems:
+            log.warning("prune: leaving %s, it does not verify (%s)", path.name, problems[0])
+            continue
+        shutil.rmtree(path)
+        removed.append(path.name)
+    if removed:
+        fsync_dir(root)
+    return removed

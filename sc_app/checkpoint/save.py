@@ -1,0 +1,144 @@
+"""The disk phase of a save: everything after the barrier window, behind training.
+
+The whole save order (seed), with the window's part in ``SingleControllerActor._capture``:
+  policy → loader place → [barrier window: index → ``list_sample_ids()`` == index → data-plane capture, freeze]
+  → tmp_step_N/ (lease check) → policy files → loader file → data-plane bytes → thaw → sidecar → manifest
+  → fsync → rename → prune.
+Invariants: nothing is resumable until the rename (``BundleWriter.commit``); on any failure the tmp dir this save
+created is removed and every older bundle is untouched; ``thaw()`` runs whether the data-plane write succeeded or
+not, so the rows dropped meanwhile are cleared before the next window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sc_app import torch_io
+from sc_app.checkpoint import layout
+from sc_app.checkpoint.retention import prune
+from sc_app.checkpoint.writer import BundleWriter
+from sc_app.data_plane.client import DataPlaneSnapshot
+from sc_app.durable_io import utc_stamp
+from sc_app.faults import afault_point
+
+log = logging.getLogger(__name__)
+
+InBackground = Callable[..., Awaitable[Any]]  # run a blocking function off the event loop, low priority
+
+
+@dataclass(frozen=True)
+class CapturedSave:
+    """What the barrier window fixed for one bundle: the disk phase writes exactly this, nothing newer."""
+
+    step: int
+    run_id: str
+    epoch: int
+    trainer_version: int
+    loader_state: dict[str, Any]
+    replay_index: dict[str, Any]  # TQReplayBuffer.metadata_state_dict(): the sidecar
+
+    @property
+    def digest(self) -> str:
+        return str(self.replay_index["digest"])
+
+    @property
+    def groups(self) -> int:
+        return len(self.replay_index["groups"])
+
+    def data_plane_metadata(self) -> dict[str, Any]:
+        """What the data-plane snapshot records about the bundle (``user_metadata`` of its metadata file)."""
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "trainer_version": self.trainer_version,
+            "loader": self.loader_summary(),
+            "digest": self.digest,
+            "groups": self.groups,
+            "mode": "authoritative",
+            "run_id": self.run_id,
+        }
+
+    def loader_summary(self) -> dict[str, int]:
+        return {"next_index": self.loader_state["next_index"], "reissue": len(self.loader_state["reissue"])}
+
+    def manifest_record(
+        self, *, group_size: int, partition: str, compat: dict[str, Any], versions: dict[str, str]
+    ) -> dict[str, Any]:
+        """Everything ``manifest.json`` says about the bundle besides its step and files."""
+        return {
+            "run_id": self.run_id,
+            "epoch": self.epoch,
+            "created_at": utc_stamp(),
+            "trainer_version": self.trainer_version,
+            "loader": self.loader_summary(),
+            "replay": {
+                "digest": self.digest,
+                "groups": self.groups,
+                "rows": self.groups * group_size,
+                "partition": partition,
+                "group_size": group_size,
+            },
+            "compat": compat,
+            "versions": versions,
+        }
+
+
+@dataclass(frozen=True)
+class PublishedBundle:
+    path: Path
+    data_plane_bytes: int
+    pruned: tuple[str, ...]
+
+
+async def write_bundle(
+    captured: CapturedSave,
+    snapshot: DataPlaneSnapshot,
+    writer: BundleWriter,
+    *,
+    write_policy: Callable[[Path], Awaitable[Any]],
+    thaw: Callable[[], Awaitable[None]],
+    manifest_record: dict[str, Any],
+    keep: int,
+    in_background: InBackground,
+    executor: Any = None,
+) -> PublishedBundle:
+    """Write ``captured`` and the data plane's ``snapshot`` of its rows into ``writer``'s tmp dir and publish it;
+    then prune to ``keep`` bundles.
+
+    ``write_policy(policy_dir)`` starts the trainers' write of the state they copied in the window and returns
+    an awaitable of it (an ``OSError`` there is a failed save like any other I/O error)."""
+    policy_written: asyncio.Future[Any] | None = None
+    try:
+        try:
+            await afault_point("save.begin")
+            await in_background(writer.begin)  # makes tmp_step_N/; checks the lease under the dir lock
+            policy_written = asyncio.ensure_future(write_policy(writer.policy_dir))
+            await policy_written
+            await afault_point("save.policy")
+            await in_background(torch_io.save, captured.loader_state, writer.loader_path)
+            await afault_point("save.loader")
+            data_plane = await snapshot.write(executor=executor)
+        finally:
+            await thaw()
+        await afault_point("save.snapshot")
+        await in_background(torch_io.save, captured.replay_index, writer.sidecar_path)
+        await afault_point("save.sidecar")
+        prehashed = {f"{layout.DATA_PLANE_DIR}/{name}": h for name, h in data_plane.get("files", {}).items()}
+        final = await in_background(writer.commit, manifest_record, prehashed)
+    except BaseException:
+        if policy_written is not None:  # let the trainer's write end before its directory goes
+            await asyncio.gather(policy_written, return_exceptions=True)
+        await in_background(writer.abort)
+        raise
+    await afault_point("save.done")
+    try:
+        removed = await in_background(prune, writer.root, keep, newest_verified=final)
+    except OSError as exc:  # the bundle is published and verified; an old one left behind is no failed save
+        log.warning("retention could not prune %s: %s; older bundles stay", writer.root, exc)
+        removed = []
+    return PublishedBundle(final, int(data_plane["bytes"]), tuple(removed))

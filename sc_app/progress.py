@@ -1,0 +1,88 @@
+"""What the controller actor reports to the driver, and the driver to the CLI: typed records, one line each.
+
+Pure: no Ray, no torch. The controller appends records in the order things happen; the driver polls them
+(``SingleControllerActor.progress``) and hands each to its ``on_progress`` callback; ``format_line`` is the one
+place that turns a record into the line ``sc-app run`` prints (tools such as ``sc-app k8s status`` parse those
+lines — change them together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One train step finished."""
+
+    step: int
+    reward: float  # mean reward of the step's groups
+    loss: float
+    staleness: float  # mean weights versions between generation and training of the trained groups
+    rows_held: int  # rows in TransferQueue after the step
+    step_seconds: float
+
+
+@dataclass(frozen=True)
+class SaveRecord:
+    """A bundle was published (renamed to ``step_N/``)."""
+
+    step: int
+    bundle: str
+    seconds: float  # whole save, most of it behind training
+    blocked_seconds: float  # how long training paused for it
+    window_seconds: float  # the barrier's exclusive window
+    groups: int
+    data_plane_bytes: int
+    pruned: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SaveFailedRecord:
+    """A save failed and ``checkpoint.on_save_error=continue``: older bundles are intact, training goes on."""
+
+    step: int
+    error: str
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """A stop was requested; the bundle of this step is cut next."""
+
+    step: int
+
+
+ProgressRecord = StepRecord | SaveRecord | SaveFailedRecord | StopRecord
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What ``SingleControllerActor.run`` returns when the train pump ends."""
+
+    final_step: int
+    version: int
+    first_rewards: list[float] = field(default_factory=list)
+    last_rewards: list[float] = field(default_factory=list)
+    stopped_early: bool = False
+
+    @staticmethod
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+
+def format_line(record: ProgressRecord, max_steps: int) -> str:
+    """The line ``sc-app run`` prints for ``record``."""
+    head = f"step {record.step:>4}/{max_steps}"
+    if isinstance(record, StepRecord):
+        return (
+            f"{head}  reward {record.reward:.3f}  loss {record.loss:+.4f}  staleness {record.staleness:.2f}  "
+            f"rows_in_tq {record.rows_held:>4}  {record.step_seconds:.2f}s"
+        )
+    if isinstance(record, SaveRecord):
+        return (
+            f"{head}  saved {record.bundle} ({record.seconds:.2f}s, training paused "
+            f"{record.blocked_seconds * 1000:.0f} ms, window {record.window_seconds * 1000:.0f} ms)"
+        )
+    if isinstance(record, SaveFailedRecord):
+        return f"{head}  SAVE FAILED: {record.error}"
+    return f"{head}  stop requested"

@@ -1,0 +1,50 @@
+"""The two ways sc-app touches torch's file format: ``save`` that fails like a file write, ``load`` that never
+unpickles code.
+
+* ``save``: torch's zip writer turns a failed write into ``RuntimeError("unexpected pos ...")``; saving through an
+  unbuffered Python file keeps the real ``OSError`` (a full disk raises ``OSError(ENOSPC)``), so callers can tell a
+  full disk from a bug. Post: on success the file is complete and fsynced.
+* ``load``: ``weights_only=True`` always (tensors and plain containers only), onto the CPU unless told otherwise.
+  Callers load only files whose sha256 already matched a verified manifest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class _RecordingFile:
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._raw.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+def save(obj: Any, path: str | Path) -> None:
+    with open(path, "wb", buffering=0) as raw:
+        rec = _RecordingFile(raw)
+        try:
+            torch.save(obj, rec)  # type: ignore[arg-type]
+        except RuntimeError:
+            if rec.error is not None:
+                raise rec.error from None
+            raise
+        os.fsync(raw.fileno())
+
+
+def load(path: str | Path, *, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors and plain containers, never arbitrary objects."""
+    return torch.load(path, map_location=map_location, weights_only=True)

@@ -1,0 +1,142 @@
+"""The same job on a multi-node local Ray cluster (``ray.cluster_utils.Cluster``: head + 2 worker nodes).
+
+Node A carries ``trainer_node``, node B carries ``gen_node`` and ``tq_node``; the head carries neither. The config
+puts the trainer workers (two of them: torch.distributed over gloo), the generation worker and TransferQueue's
+storage unit on those nodes. The CLI runs in a subprocess against the cluster address; while it runs, the test
+reads where every actor landed from Ray's state API. A second run resumes from the first run's newest bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.proc import finish, run_args, sc_app, start_sc_app
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NODE_CPUS = 3  # logical CPUs of nodes A and B: room for what the config sends there, plus one spare
+# The head is the biggest node and the driver's own: were the placement config ignored, Ray would pack the actors
+# there (local node first), so the placement assertions below would fail.
+HEAD_CPUS = 8
+
+
+@dataclass
+class Nodes:
+    cluster: Cluster
+    address: str
+    head: str
+    trainer_node: str
+    gen_node: str
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[Nodes]:
+    if ray.is_initialized():
+        pytest.skip("another test left Ray initialised in this process; this module needs its own cluster")
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": True},
+    )
+    try:
+        a = cluster.add_node(num_cpus=NODE_CPUS, resources={"trainer_node": 4})
+        b = cluster.add_node(num_cpus=NODE_CPUS, resources={"gen_node": 4, "tq_node": 4})
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, namespace="sc_app_test_observer", log_to_driver=False)
+        yield Nodes(cluster, cluster.address, cluster.head_node.node_id, a.node_id, b.node_id)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+def cluster_args(n: Nodes, ckpt: Path, trace: Path, max_steps: int) -> list[str]:
+    return run_args(
+        ckpt,
+        trace,
+        max_steps,
+        "--set",
+        f"ray.address={n.address}",
+        "--set",
+        "trainer.num_workers=2",
+        "--set",
+        "trainer.resources={trainer_node: 1}",
+        "--set",
+        "generation.resources={gen_node: 1}",
+        "--set",
+        "data_plane.storage_node_resource=tq_node",
+    )
+
+
+WATCHED = ("TrainerWorker", "GenerationWorker", "SimpleStorageUnit", "SingleControllerActor")
+
+
+def alive_actors() -> list[dict[str, Any]]:
+    from ray.util.state import list_actors
+
+    return [
+        {"class": a.class_name, "node": a.node_id, "pid": a.pid}
+        for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000, raise_on_missing_output=False)
+    ]
+
+
+def watch_placement(proc: Any, timeout: float) -> dict[str, set[str]]:
+    """Poll the cluster until every watched actor class is alive (or the run ends); returns class -> node ids."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    counts: dict[str, set[int]] = defaultdict(set)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        for a in alive_actors():
+            if a["class"] in WATCHED:
+                seen[a["class"]].add(a["node"])
+                counts[a["class"]].add(a["pid"])
+        if all(c in seen for c in WATCHED) and len(counts["TrainerWorker"]) >= 2:
+            break
+        time.sleep(0.3)
+    return dict(seen)
+
+
+def test_multinode_placement_bundles_and_resume(nodes: Nodes, tmp_path: Path) -> None:
+    ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
+    proc = start_sc_app(*cluster_args(nodes, ckpt, trace, 4))
+    placement = watch_placement(proc, timeout=240)
+    first = finish(proc, 300, "multinode run 1")
+    assert first.rc == 0, first.out[-4000:]
+
+    # placement: every actor class on the node the config named — a config that ignored it could land anywhere
+    missing = [c for c in WATCHED if c not in placement]
+    assert not missing, f"never saw {missing} alive (placement={placement}):\n{first.out[-2000:]}"
+    assert placement["TrainerWorker"] == {nodes.trainer_node}, placement
+    assert placement["GenerationWorker"] == {nodes.gen_node}, placement
+    assert placement["SimpleStorageUnit"] == {nodes.gen_node}, placement
+    assert nodes.head not in placement["TrainerWorker"] | placement["GenerationWorker"]
+
+    # two trainer workers formed a torch.distributed group over gloo
+    assert re.search(r"gloo.*world size 2", first.out), first.out[-3000:]
+    assert "starting fresh" in first.out and "done: step 4" in first.out
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_2", "step_4"]
+    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
+    assert verify.rc == 0, verify.out
+
+    second = sc_app(*cluster_args(nodes, ckpt, trace, 6), timeout=300)
+    assert second.rc == 0, second.out[-4000:]
+    m = re.search(r"resuming from (\S+) \(step (\d+)\)", second.out)
+    assert m and Path(m.group(1)).name == "step_4" and m.group(2) == "4", second.out[-3000:]
+    assert "done: step 6" in second.out
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    starts = [e for e in events if e["ev"] == "start"]
+    assert [s["step"] for s in starts] == [0, 4]
+    trained = [e["step"] for e in events if e["ev"] == "train"]
+    assert trained == [1, 2, 3, 4, 5, 6], trained
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_2", "step_4", "step_6"]

@@ -1,0 +1,196 @@
+"""Preemption, kill-anywhere, fencing and disk pressure — real processes, real Ray, real TransferQueue, real files.
+
+Each test drives the real CLI in subprocesses (its own session, cleaned up by ``kill_session``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sc_app.checkpoint import plan_resume, verify_bundle
+from tests.support.proc import kill_session, load_sidecar, read_trace, run_args, sc_app, start_logged, wait_for
+
+pytestmark = pytest.mark.slow
+GROUP_SIZE = 8
+
+
+def bundles(root: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name))
+
+
+def manifest(root: Path, step: int) -> dict:
+    return json.loads((root / f"step_{step}" / "manifest.json").read_text())
+
+
+def starts(trace: Path) -> list[dict]:
+    return [e for e in read_trace(trace) if e["ev"] == "start"]
+
+
+def assert_restored_rows_match(root: Path, step: int, start_event: dict) -> None:
+    """The rows TransferQueue held after restore equal what that bundle's sidecar index lists."""
+    sidecar = load_sidecar(root / f"step_{step}" / "replay_buffer_metadata.pt")
+    assert start_event["step"] == step
+    assert start_event["restored_rows"] == len(sidecar["groups"]) * GROUP_SIZE
+
+
+def test_sigterm_cuts_an_emergency_bundle_and_resume_continues(tmp_path: Path) -> None:
+    ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
+    args = ["run", "--checkpoint-dir", str(ckpt), "--max-steps", "500", "--set", "checkpoint.save_period=100"]
+    proc = start_logged(*args, "--set", f"run.trace_file={trace}", log=log)
+    try:
+        wait_for(lambda: any(e["ev"] == "train" and e["step"] >= 3 for e in read_trace(trace)), 180, "step 3", proc)
+        os.kill(proc.pid, signal.SIGTERM)  # the pod's PID 1 gets SIGTERM; the driver alone, like Kubernetes
+        rc = proc.wait(timeout=120)
+    finally:
+        kill_session(proc.pid)
+    out = log.read_text()
+    assert rc == 143, out[-3000:]
+    trained = max(e["step"] for e in read_trace(trace) if e["ev"] == "train")
+    assert bundles(ckpt) == [trained], f"expected a bundle of the current step {trained}: {bundles(ckpt)}"
+    assert verify_bundle(ckpt / f"step_{trained}").ok
+    assert "stopping after the current step and saving" in out
+    resumed = sc_app(
+        *args[:-4],
+        "--max-steps",
+        str(trained + 2),
+        "--set",
+        "checkpoint.save_period=100",
+        "--set",
+        f"run.trace_file={trace}",
+    )
+    assert resumed.rc == 0, resumed.out[-3000:]
+    assert f"resuming from {ckpt / f'step_{trained}'} (step {trained})" in resumed.out
+    assert_restored_rows_match(ckpt, trained, starts(trace)[-1])
+    assert bundles(ckpt)[-1] == trained + 2
+
+
+def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) -> None:
+    """SIGKILL the saving controller at two phases in a row; each time the newest complete bundle is resumed."""
+    ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
+
+    def run(max_steps: int, fault: dict[str, str] | None) -> str:
+        marker = tmp_path / "fault.marker"
+        env = {"SC_APP_FAULT_MARKER": str(marker), **(fault or {})}
+        res = sc_app(*run_args(ckpt, trace, max_steps), env=env)
+        if fault:
+            assert res.rc == 1, res.out[-3000:]
+            assert "controller actor died" in res.out
+            assert marker.read_text().splitlines()[-1] == fault["SC_APP_FAULT_AT"]
+        else:
+            assert res.rc == 0, res.out[-3000:]
+        return res.out
+
+    # 1: step_2 is saved; the save of step_4 dies holding the barrier's exclusive window (before any of its
+    # files exist: the window only captures, the files are written after it)
+    run(4, {"SC_APP_FAULT_AT": "save.window", "SC_APP_FAULT_AFTER": "1"})
+    assert bundles(ckpt) == [2]
+    assert not list(ckpt.glob("tmp_step_*"))
+
+    # 2: resume from step_2; the save of step_4 dies after its manifest and fsync, just before the rename
+    out = run(4, {"SC_APP_FAULT_AT": "save.rename"})
+    assert "(step 2)" in out
+    assert_restored_rows_match(ckpt, 2, starts(trace)[-1])
+    assert bundles(ckpt) == [2], "a bundle that was never renamed is never resumable"
+    assert (ckpt / "tmp_step_4" / "manifest.json").exists()
+    pre = sc_app("preflight", "--checkpoint-dir", str(ckpt), "--json")
+    plan = json.loads(pre.out)
+    assert pre.rc == 0 and plan["decision"] == "resume" and plan["step"] == 2
+    assert not (ckpt / "tmp_step_4").exists(), "preflight moves the leftover aside"
+    assert any(p.name.startswith("tmp_step_4.") for p in (ckpt / "quarantine").iterdir())
+
+    # 3: resume again from step_2 and finish; the restored rows equal step_2's index both times
+    out = run(5, None)
+    assert "(step 2)" in out
+    assert_restored_rows_match(ckpt, 2, starts(trace)[-1])
+    assert bundles(ckpt) == [2, 4, 5]
+    trained = [e["step"] for e in read_trace(trace) if e["ev"] == "train"]
+    assert trained[-3:] == [3, 4, 5], "the step counter continues from the bundle without gap"
+
+
+def test_an_older_writer_is_fenced_off_by_its_retry(tmp_path: Path) -> None:
+    """Two real runs on one directory: once the retry takes the lease the old one publishes nothing more."""
+    ckpt = tmp_path / "ckpt"
+    common = ["run", "--checkpoint-dir", str(ckpt), "--set", "checkpoint.save_period=1", "--set", "checkpoint.keep=50"]
+    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
+    a = start_logged(*common, "--max-steps", "400", log=a_log)
+    b = None
+    try:
+        wait_for(lambda: len(bundles(ckpt)) >= 2, 180, "the first run's bundles", a)
+        a_run_id = json.loads((ckpt / "LEASE").read_text())["run_id"]
+        b = start_logged(*common, "--max-steps", "400", log=b_log)
+        a_rc = a.wait(timeout=240)
+        wait_for(lambda: "resuming from" in b_log.read_text(), 120, "the retry's resume line", b)
+        lease = json.loads((ckpt / "LEASE").read_text())
+        wait_for(
+            lambda: any(manifest(ckpt, s)["run_id"] == lease["run_id"] for s in bundles(ckpt)),
+            180,
+            "a bundle from the retry",
+            b,
+        )
+    finally:
+        kill_session(a.pid)
+        if b is not None:
+            kill_session(b.pid)
+    assert a_rc == 3, a_log.read_text()[-3000:]
+    assert "superseded" in a_log.read_text()
+    assert lease["epoch"] == 2 and lease["previous"]["run_id"] == a_run_id
+    resumed_step = int(re.search(r"resuming from \S+ \(step (\d+)\)", b_log.read_text()).group(1))
+    a_steps = [s for s in bundles(ckpt) if manifest(ckpt, s)["run_id"] == a_run_id]
+    assert max(a_steps) == resumed_step, "the old run published after its retry took the lease"
+    assert all(manifest(ckpt, s)["epoch"] == 2 for s in bundles(ckpt) if s > resumed_step)
+    assert all(verify_bundle(ckpt / f"step_{s}").ok for s in bundles(ckpt))
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root (CI and the dev machines run as root)")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3600k", "tmpfs", str(mnt)], check=True, capture_output=True)
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("policy", ["continue", "stop"])
+def test_full_disk_fails_only_the_save_and_keeps_older_bundles(small_fs: Path, policy: str) -> None:
+    ckpt = small_fs / f"ckpt-{uuid.uuid4().hex[:6]}"
+    res = sc_app(
+        "run",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        "6",
+        "--set",
+        "checkpoint.save_period=2",
+        "--set",
+        "checkpoint.keep=5",
+        "--set",
+        f"checkpoint.on_save_error={policy}",
+    )
+    assert bundles(ckpt)[:1] == [2], res.out[-3000:]
+    failed = [s for s in (2, 4, 6) if s not in bundles(ckpt)]
+    assert failed, f"the filesystem was expected to fill up: {bundles(ckpt)}"
+    assert "No space left on device" in res.out
+    assert not list(ckpt.glob("tmp_step_*")), "a failed save removes its own tmp dir"
+    assert all(verify_bundle(ckpt / f"step_{s}").ok for s in bundles(ckpt)), "older bundles stay intact"
+    if policy == "continue":
+        assert res.rc == 0 and "SAVE FAILED" in res.out
+        assert "done: step 6" in res.out
+    else:
+        assert res.rc == 1
+        assert "checkpoint.on_save_error=stop" in res.out
+    assert plan_resume(ckpt, tidy=False).step == max(bundles(ckpt))

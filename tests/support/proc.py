@@ -1,0 +1,150 @@
+"""Subprocess helpers for the end-to-end tests: run the real CLI in its own session and leave nothing behind.
+
+A run is started with ``start_new_session=True``, so every process it starts (Ray's GCS, raylet and workers —
+which get process groups of their own) shares its session id. Cleanup kills exactly that session, never by
+name and never with ``ray stop``: other engineers run Ray on the same machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SC_APP = [sys.executable, "-m", "sc_app"]
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if os.getsid(pid) != sid:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (ProcessLookupError, FileNotFoundError, PermissionError, IndexError):
+            continue
+        if state != "Z":
+            found.append(pid)
+    return found
+
+
+def kill_session(sid: int, timeout: float = 30.0) -> None:
+    """SIGKILL the process group ``sid``, then any straggler of the same session."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        members = session_members(sid)
+        if not members:
+            return
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    raise AssertionError(f"processes of session {sid} survived SIGKILL: {session_members(sid)}")
+
+
+@dataclass
+class Finished:
+    rc: int
+    out: str
+
+
+def start_sc_app(
+    *args: str, stdout: int | object = subprocess.PIPE, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*SC_APP, *args],
+        cwd=REPO,
+        stdout=stdout,  # type: ignore[arg-type]
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def start_logged(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start the CLI with its output in ``log``; the caller must ``kill_session(proc.pid)`` when done."""
+    with open(log, "w") as out:
+        return start_sc_app(*args, stdout=out, env=env)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float, what: str) -> Finished:
+    """Wait for ``proc``; whatever its session left behind is killed afterwards."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{what} timed out after {timeout}s:\n{(out or '')[-4000:]}") from None
+    finally:
+        kill_session(proc.pid)
+    return Finished(proc.returncode, out or "")
+
+
+def sc_app(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> Finished:
+    """Run the CLI to completion in its own session."""
+    return finish(start_sc_app(*args, env=env), timeout, f"sc-app {' '.join(args)}")
+
+
+def run_args(ckpt: Path, trace: Path, max_steps: int, *extra: str) -> list[str]:
+    """``sc-app run`` on ``ckpt`` with a bundle every 2 steps and a JSONL trace; ``extra`` appended."""
+    return [
+        "run",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        str(max_steps),
+        "--set",
+        "checkpoint.save_period=2",
+        "--set",
+        f"run.trace_file={trace}",
+        *extra,
+    ]
+
+
+def wait_for(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[str] | None = None) -> None:
+    """Poll ``predicate`` until true; fails early if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    """Events of a ``run.trace_file``; a last line cut by SIGKILL is skipped."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def load_sidecar(path: Path) -> dict[str, Any]:
+    import torch
+
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    assert isinstance(sd, dict)
+    return sd

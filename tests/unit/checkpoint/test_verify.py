@@ -1,0 +1,94 @@
+"""checkpoint.verify: every damage is a named problem, never a crash; nothing is deserialised before it verified."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sc_app.checkpoint import BundleWriter, layout, verify_bundle
+from tests.support.bundles import COMPAT, edit_manifest, flip_byte, make_bundle, tree, truncate, write_contents
+
+
+@pytest.mark.parametrize(
+    ("rel", "damage", "needle"),
+    [
+        ("policy/optimizer.pt", truncate, "truncated"),
+        ("policy/model.pt", flip_byte, "sha256"),
+        ("policy/model.pt", Path.unlink, "missing"),
+        ("train_dataloader.pt", Path.unlink, "missing"),
+        ("replay_buffer_metadata.pt", truncate, "truncated"),
+        ("data_plane/simple_storage/su_0.pkl", Path.unlink, "missing"),
+        ("data_plane/metadata.json", flip_byte, "sha256"),
+        ("manifest.json", Path.unlink, "manifest missing"),
+        ("manifest.json", truncate, "not valid JSON"),
+    ],
+)
+def test_verify_names_the_damaged_file(tmp_path: Path, rel: str, damage: Any, needle: str) -> None:
+    bundle = make_bundle(tmp_path, 2)
+    damage(bundle / rel)
+    before = tree(tmp_path)
+    report = verify_bundle(bundle)
+    assert not report.ok
+    named = [p for p in report.problems if str(bundle / rel) in p]
+    assert named, report.problems
+    assert any(needle in p for p in named), report.problems
+    assert tree(tmp_path) == before, "verification must not modify or delete anything"
+
+
+def test_verify_flags_files_added_after_sealing(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path, 2)
+    (bundle / "policy" / "extra.pt").write_bytes(b"x")
+    report = verify_bundle(bundle)
+    assert any("extra.pt" in p and "not listed" in p for p in report.problems), report.problems
+
+
+def test_verify_cross_checks_data_plane_digest(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path, 2, dp_digest="f" * 64)  # hashes all fine, the pair does not belong together
+    report = verify_bundle(bundle)
+    assert any("data_plane/metadata.json" in p and "digest" in p for p in report.problems), report.problems
+    assert verify_bundle(bundle, deep=False).ok, "deep=False checks structure and sizes only"
+
+
+def test_verify_cross_checks_sidecar_digest(tmp_path: Path) -> None:
+    w = BundleWriter(tmp_path, 2).begin()
+    fields = write_contents(w, 2)
+    sd = torch.load(w.sidecar_path, weights_only=True)
+    sd["groups"].popitem()  # index no longer matches its own digest
+    torch.save(sd, w.sidecar_path)
+    bundle = w.commit(fields)
+    report = verify_bundle(bundle)
+    assert any(layout.SIDECAR_FILE in p and "digest" in p for p in report.problems), report.problems
+
+
+def test_verify_checks_step_and_compat(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path, 2)
+    renamed = bundle.rename(tmp_path / "step_3")
+    assert any("records step 2" in p for p in verify_bundle(renamed).problems)
+    renamed.rename(bundle)
+    assert verify_bundle(bundle, expected_compat=COMPAT).ok
+    report = verify_bundle(bundle, expected_compat={**COMPAT, "grpo.num_generations_per_prompt": 4})
+    assert any("grpo.num_generations_per_prompt" in p for p in report.problems), report.problems
+    report = verify_bundle(bundle, expected_compat={**COMPAT, "model.d_model": 64})
+    assert any("model.d_model" in p for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize("rel", ["../step_2/policy/model.pt", "/etc/hostname", "policy/../../step_2/manifest.json"])
+def test_manifest_paths_outside_the_bundle_are_refused(tmp_path: Path, rel: str) -> None:
+    make_bundle(tmp_path, 2)
+    bundle = make_bundle(tmp_path, 4)
+    edit_manifest(bundle, lambda d: d["files"].__setitem__(rel, {"sha256": "0" * 64, "size": 1}))
+    report = verify_bundle(bundle)
+    assert any(rel in p and "outside the bundle" in p for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"user_metadata": ["x"]}', '"just a string"'])
+def test_data_plane_metadata_of_the_wrong_shape_is_a_problem(tmp_path: Path, content: str) -> None:
+    w = BundleWriter(tmp_path, 2).begin()
+    fields = write_contents(w, 2)
+    (w.data_plane_dir / "metadata.json").write_text(content)  # hashes will match: only the parse can object
+    bundle = w.commit(fields)
+    report = verify_bundle(bundle)
+    assert any("data_plane/metadata.json" in p for p in report.problems), report.problems

@@ -1,0 +1,67 @@
+"""checkpoint.writer: tmp_step_N → fsync → manifest last → rename; never overwrite, never delete."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sc_app.checkpoint import BundleExistsError, BundleWriter, layout, verify_bundle
+from tests.support.bundles import make_bundle, make_tmp_leftover, tree, write_contents
+
+
+def test_writer_builds_under_tmp_then_renames(tmp_path: Path) -> None:
+    w = BundleWriter(tmp_path, 4).begin()
+    assert w.tmp == tmp_path / "tmp_step_4" and w.tmp.is_dir()
+    fields = write_contents(w, 4)
+    assert not (tmp_path / "step_4").exists(), "step_N must not exist before the rename"
+    assert layout.step_dirs(tmp_path) == []
+    inside = tree(w.tmp)
+    final = w.commit(fields)
+    assert final == tmp_path / "step_4" and final.is_dir()
+    assert not w.tmp.exists()
+    after = tree(final)
+    assert {k: v for k, v in after.items() if k != "manifest.json"} == inside
+    manifest = json.loads((final / "manifest.json").read_text())
+    assert manifest["step"] == 4
+    assert set(manifest["files"]) == set(inside), "manifest must list every file except itself"
+    for rel, info in manifest["files"].items():
+        data = (final / rel).read_bytes()
+        assert info == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    assert manifest["replay"]["digest"] == torch.load(final / layout.SIDECAR_FILE, weights_only=True)["digest"]
+    for entry in layout.REQUIRED_ENTRIES:
+        assert (final / entry).exists()
+    report = verify_bundle(final)
+    assert report.ok, report.problems
+    assert report.step == 4 and report.as_dict()["groups"] == 3
+
+
+def test_writer_refuses_to_overwrite_and_to_publish_incomplete(tmp_path: Path) -> None:
+    make_bundle(tmp_path, 2)
+    before = tree(tmp_path)
+    with pytest.raises(BundleExistsError):
+        BundleWriter(tmp_path, 2).begin()
+    assert tree(tmp_path) == before
+    w = BundleWriter(tmp_path, 4).begin()
+    torch.save({}, w.loader_path)  # no data_plane/, no sidecar
+    with pytest.raises(FileNotFoundError, match="data_plane"):
+        w.commit({"replay": {"digest": "x"}})
+    assert not (tmp_path / "step_4").exists()
+    w.abort()
+    assert not w.tmp.exists()
+    assert tree(tmp_path) == before, "abort touched something it did not create"
+
+
+def test_writer_quarantines_an_abandoned_tmp_of_the_same_step(tmp_path: Path) -> None:
+    old = make_tmp_leftover(tmp_path, 6)
+    old_files = tree(old)
+    w = BundleWriter(tmp_path, 6).begin()
+    final = w.commit(write_contents(w, 6))
+    assert verify_bundle(final).ok
+    moved = [p for p in (tmp_path / layout.QUARANTINE_DIR).iterdir() if p.is_dir()]
+    assert len(moved) == 1 and moved[0].name.startswith("tmp_step_6")
+    assert tree(moved[0]) == old_files, "the abandoned save must be kept intact, not deleted"
+    assert (tmp_path / layout.QUARANTINE_DIR / f"{moved[0].name}.reason.txt").read_text().strip()

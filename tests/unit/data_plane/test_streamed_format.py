@@ -1,0 +1,90 @@
+"""data_plane.streamed_format: the on-disk format on its own (no Ray, no TransferQueue): bytes round-trip exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from sc_app.data_plane.client import METADATA_FILE
+from sc_app.data_plane.streamed_format import (
+    FORMAT,
+    PartWriter,
+    StreamedFormatError,
+    group_ids,
+    is_streamed,
+    iter_groups,
+    read_metadata,
+    write_metadata,
+)
+
+
+def _group(seed: int, rows: int = 3) -> TensorDict:
+    gen = torch.Generator().manual_seed(seed)
+    jagged = torch.nested.nested_tensor(
+        [torch.arange(n, dtype=torch.int32) for n in range(1, rows + 1)], layout=torch.jagged
+    )
+    return TensorDict(
+        {
+            "tokens": torch.randint(0, 100, (rows, 5), generator=gen),
+            "hidden": torch.randn(rows, 2, 4, generator=gen).to(torch.bfloat16),
+            "ragged": jagged,
+        },
+        batch_size=rows,
+    )
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_round_trip_is_bit_exact_across_parts(tmp_path: Path) -> None:
+    writer = PartWriter(tmp_path, part_bytes=200)  # tiny parts: several files
+    written = {f"g{i}": _group(i) for i in range(4)}
+    for gid, data in written.items():
+        writer.append(gid, [f"{gid}:{r}" for r in range(3)], [{"group": gid}] * 3, data)
+    writer.finish()
+    doc = writer.metadata(partition="train", user_metadata={"digest": "d"})
+    hashes = dict(writer.hashes)
+    hashes[METADATA_FILE] = write_metadata(tmp_path, doc)
+    assert len(doc["parts"]) > 1 and doc["rows"] == 12 and doc["groups"] == 4
+    assert is_streamed(tmp_path) and read_metadata(tmp_path)["format"] == FORMAT
+    assert set(hashes) == {p.name for p in tmp_path.iterdir()}, "every file written is hashed, nothing else"
+    back = {g.group: g for g in iter_groups(tmp_path)}
+    assert list(back) == list(written)
+    for gid, data in written.items():
+        got = back[gid].data
+        assert back[gid].ids == [f"{gid}:{r}" for r in range(3)] and back[gid].tags == [{"group": gid}] * 3
+        for key in ("tokens", "hidden"):
+            assert got[key].dtype == data[key].dtype and _bits(got[key]) == _bits(data[key])
+        assert [t.tolist() for t in got["ragged"].unbind()] == [t.tolist() for t in data["ragged"].unbind()]
+
+
+def test_no_pickle_only_json_and_raw_bytes(tmp_path: Path) -> None:
+    writer = PartWriter(tmp_path, part_bytes=1 << 20)
+    writer.append("g0", ["g0:0", "g0:1", "g0:2"], [{}] * 3, _group(0))
+    writer.finish()
+    write_metadata(tmp_path, writer.metadata(partition="train", user_metadata={}))
+    for p in tmp_path.iterdir():
+        if p.suffix == ".json":
+            json.loads(p.read_text())
+        else:
+            assert p.suffix == ".bin" and not p.read_bytes().startswith(b"\x80"), "a pickle stream starts with 0x80"
+
+
+def test_incomplete_or_foreign_directory_is_a_format_error(tmp_path: Path) -> None:
+    with pytest.raises(StreamedFormatError, match="missing"):
+        read_metadata(tmp_path)
+    (tmp_path / METADATA_FILE).write_text(json.dumps({"format": "something-else"}))
+    assert not is_streamed(tmp_path)
+    with pytest.raises(StreamedFormatError, match="format"):
+        read_metadata(tmp_path)
+
+
+def test_sample_ids_are_grouped_by_their_group_part() -> None:
+    assert group_ids(["p1:0", "p0:0", "p1:1", "a:b:0"]) == {"p1": ["p1:0", "p1:1"], "p0": ["p0:0"], "a:b": ["a:b:0"]}
+    with pytest.raises(ValueError, match="no group part"):
+        group_ids(["lonely"])

@@ -1,0 +1,187 @@
+"""Config: embedded default ← YAML file ← ``--set`` overrides, refused at the edge with the key named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sc_app.config import AppConfig, ConfigError, dump_config, load_config, parse_override
+
+
+def refused(*overrides: str, path: Path | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides))
+    msg = str(info.value)
+    assert "\n" not in msg, f"error is not one line: {msg!r}"
+    return msg
+
+
+# ------------------------------------------------------------------------------------------------ defaults
+def test_embedded_default_needs_no_file() -> None:
+    cfg = load_config()
+    assert isinstance(cfg, AppConfig)
+    # the keys tools and scripts rely on (DESIGN.md)
+    assert cfg.checkpoint.dir == "checkpoints"
+    assert cfg.checkpoint.save_period == 10
+    assert cfg.checkpoint.keep == 3
+    assert cfg.run.max_steps == 150
+    assert cfg.ray.address is None, "the default must be embedded (local Ray)"
+    assert cfg.checkpoint.on_corrupt == "fallback"
+    # the default must be schedulable on its own embedded Ray (TransferQueue hangs silently otherwise)
+    assert cfg.cpus_required() <= cfg.ray.num_cpus
+    assert cfg.task.prompt_len + cfg.task.response_len <= cfg.model.max_seq_len
+    assert cfg.model.d_model % cfg.model.n_heads == 0
+
+
+def test_dump_round_trips() -> None:
+    cfg = load_config(None, ["checkpoint.save_period=3", "trainer.resources={trainer_node: 1}"])
+    again = AppConfig.model_validate(yaml.safe_load(dump_config(cfg)))
+    assert again == cfg
+
+
+# ------------------------------------------------------------------------------------------------ file + overrides
+def test_yaml_file_is_applied_and_overrides_win(tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text(
+        "run:\n  max_steps: 40\n  seed: 7\n"
+        "checkpoint:\n  dir: /mnt/ckpt\n  save_period: 5\n"
+        "data_plane:\n  storage_units: 2\n"
+        "generation:\n  resources: {gen_node: 1}\n"
+    )
+    cfg = load_config(f)
+    assert (cfg.run.max_steps, cfg.run.seed) == (40, 7)
+    assert (cfg.checkpoint.dir, cfg.checkpoint.save_period) == ("/mnt/ckpt", 5)
+    assert cfg.data_plane.storage_units == 2
+    assert cfg.generation.resources == {"gen_node": 1.0}
+    assert cfg.checkpoint.keep == 3, "keys absent from the file keep their defaults"
+    cfg = load_config(f, ["checkpoint.save_period=2", "run.seed=1"])
+    assert cfg.checkpoint.save_period == 2 and cfg.run.seed == 1
+    assert cfg.run.max_steps == 40 and cfg.checkpoint.dir == "/mnt/ckpt"
+
+
+def test_empty_yaml_file_is_the_default(tmp_path: Path) -> None:
+    f = tmp_path / "empty.yaml"
+    f.write_text("# nothing here\n")
+    assert load_config(f) == load_config()
+
+
+@pytest.mark.parametrize(
+    ("override", "get", "want"),
+    [
+        ("checkpoint.save_period=2", lambda c: c.checkpoint.save_period, 2),
+        ("checkpoint.enabled=false", lambda c: c.checkpoint.enabled, False),
+        ("grpo.learning_rate=0.01", lambda c: c.grpo.learning_rate, 0.01),
+        ("grpo.learning_rate=1e-3", lambda c: c.grpo.learning_rate, 1e-3),
+        ("run.trace_file=/tmp/t.jsonl", lambda c: c.run.trace_file, "/tmp/t.jsonl"),
+        ("ray.address=127.0.0.1:6379", lambda c: c.ray.address, "127.0.0.1:6379"),
+        ("ray.address=null", lambda c: c.ray.address, None),
+        ("trainer.resources={trainer_node: 1}", lambda c: c.trainer.resources, {"trainer_node": 1.0}),
+        ("data_plane.storage_node_resource=tq_node", lambda c: c.data_plane.storage_node_resource, "tq_node"),
+        ("checkpoint.on_corrupt=strict", lambda c: c.checkpoint.on_corrupt, "strict"),
+    ],
+)
+def test_set_values_are_yaml_typed(override: str, get: object, want: object) -> None:
+    cfg = load_config(None, [override])
+    got = get(cfg)  # type: ignore[operator]
+    assert got == want and type(got) is type(want), (override, got)
+
+
+def test_parse_override_splits_on_first_equals() -> None:
+    assert parse_override("run.trace_file=/a=b") == ("run.trace_file", "/a=b")
+    assert parse_override("a.b=") == ("a.b", "")
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("nope=1", "'nope'"),
+        ("checkpoint.sav_period=2", "'checkpoint.sav_period'"),
+        ("trainer.num_worker=2", "'trainer.num_worker'"),
+    ],
+)
+def test_unknown_key_is_named(override: str, key: str) -> None:
+    msg = refused(override)
+    assert "unknown config key" in msg and key in msg, msg
+
+
+def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("checkpoint:\n  save_every: 3\n")
+    msg = refused(path=f)
+    assert "'checkpoint.save_every'" in msg
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("checkpoint.save_period=abc", "checkpoint.save_period"),
+        ("checkpoint.save_period=0", "checkpoint.save_period"),
+        ("run.max_steps=-3", "run.max_steps"),
+        ("checkpoint.enabled=maybe", "checkpoint.enabled"),
+        ("checkpoint.on_corrupt=sometimes", "checkpoint.on_corrupt"),
+        ("trainer.resources=gpu", "trainer.resources"),
+        ("grpo.num_generations_per_prompt=1", "grpo.num_generations_per_prompt"),
+        ("run.max_steps.x=1", "run.max_steps"),
+        ("checkpoint=3", "checkpoint"),
+    ],
+)
+def test_wrong_type_or_range_is_named(override: str, key: str) -> None:
+    msg = refused(override)
+    assert f"'{key}'" in msg, msg
+
+
+def test_section_replaced_by_value_then_set_inside_is_named() -> None:
+    msg = refused("checkpoint=3", "checkpoint.keep=2")
+    assert "checkpoint" in msg and "not a section" in msg
+
+
+def test_storage_units_that_cannot_be_scheduled() -> None:
+    msg = refused("data_plane.storage_units=20")
+    assert "data_plane.storage_units" in msg and "ray.num_cpus" in msg, msg
+    # the same combination is fine once the embedded Ray is big enough
+    cfg = load_config(None, ["data_plane.storage_units=20", "ray.num_cpus=32"])
+    assert cfg.cpus_required() <= 32
+    # workers count too: they compete for the same logical CPUs
+    msg = refused("trainer.num_workers=4", "generation.num_workers=3")
+    assert "ray.num_cpus" in msg
+
+
+def test_sequence_longer_than_model_context() -> None:
+    msg = refused("task.prompt_len=12", "task.response_len=8")
+    assert "task.prompt_len" in msg and "model.max_seq_len" in msg, msg
+    assert load_config(None, ["task.prompt_len=12", "task.response_len=8", "model.max_seq_len=20"])
+
+
+def test_heads_must_divide_model_width() -> None:
+    msg = refused("model.n_heads=5")
+    assert "model.n_heads" in msg and "model.d_model" in msg, msg
+
+
+def test_malformed_yaml_file(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("run:\n  max_steps: 3\n checkpoint: [\n")
+    msg = refused(path=f)
+    assert str(f) in msg and "malformed YAML" in msg and "line" in msg, msg
+
+
+def test_malformed_yaml_in_set_names_the_key() -> None:
+    msg = refused("trainer.resources={trainer_node: 1")
+    assert "trainer.resources" in msg and "not valid YAML" in msg, msg
+
+
+@pytest.mark.parametrize("bad", ["checkpoint.save_period", "=3", ".save_period=3", "checkpoint..keep=3"])
+def test_malformed_set_syntax(bad: str) -> None:
+    msg = refused(bad)
+    assert "--set" in msg, msg
+
+
+def test_file_problems(tmp_path: Path) -> None:
+    msg = refused(path=tmp_path / "absent.yaml")
+    assert "absent.yaml" in msg and "cannot read" in msg
+    f = tmp_path / "list.yaml"
+    f.write_text("- a\n- b\n")
+    msg = refused(path=f)
+    assert "top level must be a mapping" in msg

@@ -1,0 +1,44 @@
+"""The pure pieces import neither Ray nor torch (nor TransferQueue, tensordict): each is usable and testable alone.
+
+Each module is imported in a fresh interpreter, so one module's imports cannot hide another's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.proc import REPO
+
+PURE = [
+    "sc_app.barrier",
+    "sc_app.digest",
+    "sc_app.config",
+    "sc_app.durable_io",
+    "sc_app.exits",
+    "sc_app.faults",
+    "sc_app.progress",
+    "sc_app.background",
+    "sc_app.replay_buffer",
+    "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine
+    "sc_app.checkpoint.compat",
+    "sc_app.checkpoint.lease",
+    "sc_app.policy.loader",
+    "sc_app.data_plane.client",
+]
+HEAVY = ("ray", "torch", "transfer_queue", "tensordict")
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_module_imports_nothing_heavy(module: str) -> None:
+    code = (
+        "import json, sys\n"
+        f"import {module}\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [], f"{module} pulls in heavy modules"
