@@ -27,6 +27,10 @@ PURE = [
     "sc_app.checkpoint.compat",
     "sc_app.checkpoint.lease",
     "sc_app.policy.loader",
+    "sc_app.policy.hf",  # the package, and what the driver checks before anything heavy starts:
+    "sc_app.policy.hf.model_dir",
+    "sc_app.policy.hf.dataset",
+    "sc_app.policy.hf.rewards",
     "sc_app.data_plane.client",
 ]
 HEAVY = ("ray", "torch", "transfer_queue", "tensordict")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from sc_app.checkpoint.fsio import fsync_dir, fsync_tree_dirs, hash_and_fsync
+from sc_app.durable_io import fsync_dir, fsync_tree_dirs, hash_and_fsync
 from sc_app.policy.hf import policy_ckpt
 from sc_app.policy.hf.model_dir import check_model_dir
 

@@ -8,7 +8,7 @@ import pytest
 
 from sc_app.policy.hf.dataset import DatasetError, file_sha256, load_jsonl
 from sc_app.policy.loader import PromptLoader
-from tests.hf_helpers import ARITHMETIC, write_jsonl
+from tests.support.hf import ARITHMETIC, write_jsonl
 
 
 def refused(path: Path, text: str | bytes) -> str:

@@ -1,5 +1,5 @@
-"""hf backend trainer: the shared GRPO loss with a response mask, micro-batches that add up to the whole batch,
-float32 master weights with low-precision compute, and DDP replicas that stay identical."""
+"""hf backend trainer: micro-batches that add up to the whole batch, float32 master weights with low-precision
+compute (also FSDP2's mixed precision on CPU), and DDP replicas that stay identical (gloo ranks in processes)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from sc_app.policy.grpo import clipped_pg_loss
 from sc_app.policy.hf.logprobs import sequence_logprobs
 from sc_app.policy.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
-from tests.hf_helpers import make_model_dir, run_ranks
+from tests.support.hf import make_model_dir, run_ranks
 
 CPU = torch.device("cpu")
 P, R = 4, 4
@@ -41,27 +40,6 @@ def weights_hash(model: Any) -> str:
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode() + t.detach().float().numpy().tobytes())
     return h.hexdigest()
-
-
-def test_the_loss_without_a_mask_is_the_tiny_backends_mean() -> None:
-    new, old, adv = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3)
-    ratio = torch.exp(new - old)
-    want = -torch.minimum(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None]).mean()
-    assert torch.equal(clipped_pg_loss(new, old, adv), want)
-
-
-def test_masked_tokens_carry_no_gradient_and_micro_losses_add_up() -> None:
-    new = torch.randn(4, 5, requires_grad=True)
-    old, adv = torch.randn(4, 5), torch.randn(4)
-    mask = torch.ones(4, 5)
-    mask[0, 3:] = 0
-    clipped_pg_loss(new, old, adv, mask=mask).backward()
-    assert new.grad is not None and torch.all(new.grad[0, 3:] == 0) and torch.any(new.grad[0, :3] != 0)
-    whole = clipped_pg_loss(new, old, adv, mask=mask)
-    n = mask.sum()
-    parts = sum(clipped_pg_loss(new[i : i + 2], old[i : i + 2], adv[i : i + 2], mask=mask[i : i + 2], num_tokens=n)
-                for i in (0, 2))  # fmt: skip
-    assert torch.allclose(whole, parts)
 
 
 def test_micro_batches_give_the_whole_batchs_step(model_dir: str) -> None:

@@ -17,7 +17,7 @@ from sc_app.policy.hf.model_dir import (
     model_files,
     resolve_dtype,
 )
-from tests.hf_helpers import make_model_dir
+from tests.support.hf import make_model_dir
 
 
 @pytest.fixture(scope="module")

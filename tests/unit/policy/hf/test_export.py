@@ -15,7 +15,7 @@ from sc_app.policy.hf import policy_ckpt
 from sc_app.policy.hf.export import ExportError, export_policy
 from sc_app.policy.hf.logprobs import position_ids
 from sc_app.policy.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
-from tests.hf_helpers import make_model_dir
+from tests.support.hf import make_model_dir
 
 CPU = torch.device("cpu")
 INPUT = torch.tensor([[1, 20, 15, 8, 9, 10, 11], [0, 0, 5, 6, 7, 8, 9]])

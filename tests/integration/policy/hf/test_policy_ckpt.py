@@ -19,7 +19,7 @@ from sc_app.policy.hf import policy_ckpt
 from sc_app.policy.hf.fingerprint import Fingerprint
 from sc_app.policy.hf.logprobs import sequence_logprobs
 from sc_app.policy.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
-from tests.hf_helpers import make_model_dir, run_ranks
+from tests.support.hf import make_model_dir, run_ranks
 
 CPU = torch.device("cpu")
 P, R = 4, 4

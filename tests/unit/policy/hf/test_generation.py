@@ -15,7 +15,7 @@ from sc_app.policy.hf.logprobs import sequence_logprobs
 from sc_app.policy.hf.model_dir import check_model_dir, load_model, load_tokenizer
 from sc_app.policy.hf.rewards import resolve_reward
 from sc_app.policy.hf.tasks import JsonlTask, RepeatFirstTask, response_mask
-from tests.hf_helpers import ARITHMETIC, make_model_dir, write_jsonl
+from tests.support.hf import ARITHMETIC, make_model_dir, write_jsonl
 
 
 @pytest.fixture(scope="module")
