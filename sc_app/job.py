@@ -23,6 +23,7 @@ from sc_app.checkpoint.lease import Lease
 from sc_app.config import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
 from sc_app.driver import ResumeRefused, setup_single_controller
+from sc_app.policy.hf.dataset import DatasetRecord, changed_dataset_problem
 from sc_app.progress import ProgressRecord, RunSummary
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,16 @@ def plan_for(cfg: AppConfig) -> ResumePlan:
         expected_compat=compat_of(cfg),
         tidy=True,
     )
+
+
+def check_backend_inputs(cfg: AppConfig) -> DatasetRecord | None:
+    """hf backend: the model directory, dataset, reward and prompt lengths (``HFInputError``, one line); returns
+    the dataset record bundles carry. Nothing to check for the tiny backend."""
+    if cfg.model.backend != "hf":
+        return None
+    from sc_app.policy.hf.inputs import check_inputs
+
+    return check_inputs(cfg).dataset
 
 
 @contextmanager
@@ -150,19 +161,25 @@ def run_job(
     The lease comes first: from then on an older attempt still writing this directory can no longer publish.
     """
     started = time.perf_counter()
+    dataset = check_backend_inputs(cfg)  # bad model, data or reward: one line, before anything is taken or started
     run_id = uuid.uuid4().hex[:12]
     lease = Lease.acquire(cfg.checkpoint.dir, run_id) if cfg.checkpoint.enabled else None
     plan = plan_for(cfg)
     on_plan(plan)
     if plan.decision == "refuse":
         raise ResumeRefused(plan.reason)
+    if plan.decision == "resume" and dataset is not None and not cfg.task.allow_changed_dataset:
+        recorded = plan.manifest.dataset if plan.manifest is not None else None
+        problem = changed_dataset_problem(recorded, dataset, bundle=str(plan.bundle))
+        if problem:
+            raise ResumeRefused(problem)
     if plan.decision == "resume" and plan.step >= cfg.run.max_steps:
         done = RunSummary(final_step=plan.step, version=0)
         return RunResult(plan, done, time.perf_counter() - started, already_done=True)
     owns_ray = init_ray(cfg)
     on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
     try:
-        setup = setup_single_controller(cfg, plan, run_id=run_id, lease=lease)
+        setup = setup_single_controller(cfg, plan, run_id=run_id, lease=lease, dataset=dataset)
         summary = drive(
             setup.actor,
             emergency_budget_s=cfg.checkpoint.emergency_budget_s,

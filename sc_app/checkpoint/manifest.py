@@ -78,6 +78,18 @@ class Manifest:
     def run_id(self) -> str | None:
         return self.doc.get("run_id")
 
+    @property
+    def dataset(self) -> dict[str, Any] | None:
+        """The dataset the loader place points into (``task.name=jsonl``): path, sha256 of its bytes, rows."""
+        value = self.doc.get("dataset")
+        return value if isinstance(value, dict) else None
+
+    def hashes_under(self, directory: str) -> dict[str, str]:
+        """sha256 of every listed file under ``directory/``, keyed by its path inside it: what a reader of that
+        directory checks before it decodes a byte."""
+        prefix = directory.rstrip("/") + "/"
+        return {rel[len(prefix) :]: str(info["sha256"]) for rel, info in self.files.items() if rel.startswith(prefix)}
+
 
 def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
     path = bundle / MANIFEST_FILE

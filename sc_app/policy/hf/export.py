@@ -46,7 +46,9 @@ def _config_dtype(config: object) -> torch.dtype:
 def export_policy(policy_dir: str | Path, expected: Mapping[str, str], out: str | Path) -> ExportResult:
     """Pre: ``expected`` (policy-dir-relative name → sha256) comes from a verified manifest."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     policy_dir, out = Path(policy_dir), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--out {out}: exists and is not an empty directory; choose a new path")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sc_app.policy.hf.errors import HFInputError
+
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -24,7 +26,7 @@ MODEL_FILES_MAX_BYTES = 64 * 1024 * 1024  # config + tokenizer files copied into
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-class ModelDirError(ValueError):
+class ModelDirError(HFInputError):
     """A model directory that cannot be loaded; ``str()`` is one line naming the path, what is wrong and what to do."""
 
 

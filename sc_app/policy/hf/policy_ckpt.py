@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from sc_app.durable_io import write_durable
+from sc_app.policy.backend import FileRecord
 
 FORMAT = "sc_app.hf_policy"
 FORMAT_VERSION = 1
@@ -61,12 +62,6 @@ class CapturedPolicy:
 
     state: dict[str, Any]
     version: int
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    sha256: str
-    size: int
 
 
 @dataclass(frozen=True)
@@ -420,8 +415,3 @@ def read_model_state(policy_dir: str | Path, expected: Mapping[str, str], templa
     reader.read_metadata()
     with _dcp_call():
         dcp.load({"model": template}, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
-
-
-def expected_from_manifest(files: Mapping[str, Mapping[str, Any]], prefix: str = "policy/") -> dict[str, str]:
-    """Manifest ``files`` (bundle-relative path → {sha256, size}) → policy-dir-relative name → sha256."""
-    return {rel[len(prefix) :]: str(info["sha256"]) for rel, info in files.items() if rel.startswith(prefix)}

@@ -14,11 +14,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sc_app.policy.hf.errors import HFInputError
+
 BUILTIN = ("exact_match", "numeric_match")
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-class RewardError(ValueError):
+class RewardError(HFInputError):
     """``task.reward`` cannot be used, or returned something that is not a finite number; one line."""
 
 

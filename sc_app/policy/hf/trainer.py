@@ -22,9 +22,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sc_app.policy.backend import PolicyFingerprint
+from sc_app.policy.fingerprint import full_fingerprint
 from sc_app.policy.grpo import clipped_pg_loss
 from sc_app.policy.hf import policy_ckpt
-from sc_app.policy.hf.fingerprint import Fingerprint, full_fingerprint
 from sc_app.policy.hf.logprobs import sequence_logprobs
 from sc_app.policy.hf.model_dir import check_model_dir, load_model, model_files, resolve_dtype
 from sc_app.policy.hf.parallel import Strategy, unwrap, wrap_model
@@ -175,7 +176,7 @@ class HFTrainer:
             return None
         return {k: v.to(self.compute_dtype) if v.is_floating_point() else v for k, v in sd.items()}
 
-    def fingerprint(self) -> Fingerprint | None:
+    def fingerprint(self) -> PolicyFingerprint | None:
         """Collective; rank 0 gets the fingerprint of the full state."""
         return full_fingerprint(self.model, self.optimizer)
 

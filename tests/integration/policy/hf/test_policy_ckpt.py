@@ -5,7 +5,6 @@ state, and reads that deserialise nothing the manifest has not vouched for."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pickle
 import threading
@@ -15,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from sc_app.policy.backend import PolicyFingerprint
 from sc_app.policy.hf import policy_ckpt
-from sc_app.policy.hf.fingerprint import Fingerprint
 from sc_app.policy.hf.logprobs import sequence_logprobs
 from sc_app.policy.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
 from tests.support.hf import make_model_dir, run_ranks
@@ -41,7 +40,7 @@ def make_batch(trainer: HFTrainer, rank: int, n: int = 6) -> TrainBatch:
     return TrainBatch(tokens, mask, rmask, old, torch.randn(n, generator=g))
 
 
-def fp_dict(fp: Fingerprint | None) -> dict[str, str] | None:
+def fp_dict(fp: PolicyFingerprint | None) -> dict[str, str] | None:
     return None if fp is None else {"weights": fp.weights, "optimizer": fp.optimizer}
 
 
@@ -237,10 +236,3 @@ def test_read_meta_names_a_foreign_checkpoint(tmp_path: Path) -> None:
     other = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "other").iterdir()}
     with pytest.raises(policy_ckpt.PolicyIntegrityError, match=r"has no 'meta\.format'"):
         policy_ckpt.read_meta(tmp_path / "other", other)
-
-
-def test_manifest_entries_map_to_policy_names() -> None:
-    files = {"policy/.metadata": {"sha256": "a", "size": 1}, "policy/hf/config.json": {"sha256": "b", "size": 2}}
-    files["train_dataloader.pt"] = {"sha256": "c", "size": 3}
-    assert policy_ckpt.expected_from_manifest(files) == {".metadata": "a", "hf/config.json": "b"}
-    json.dumps(files)

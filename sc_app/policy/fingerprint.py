@@ -9,16 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
-@dataclass(frozen=True)
-class Fingerprint:
-    weights: str
-    optimizer: str
+from sc_app.policy.backend import PolicyFingerprint
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
@@ -47,7 +42,7 @@ def optimizer_sha256(state: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
-def full_fingerprint(model: Any, optimizer: Any) -> Fingerprint | None:
+def full_fingerprint(model: Any, optimizer: Any) -> PolicyFingerprint | None:
     """Collective over the trainers' process group (when there is one); rank 0 gets the fingerprint, others None."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (
@@ -61,4 +56,4 @@ def full_fingerprint(model: Any, optimizer: Any) -> Fingerprint | None:
     osd = get_optimizer_state_dict(model, optimizer, options=options)
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
-    return Fingerprint(weights_sha256(msd), optimizer_sha256(osd))
+    return PolicyFingerprint(weights_sha256(msd), optimizer_sha256(osd))
