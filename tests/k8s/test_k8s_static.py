@@ -54,8 +54,9 @@ def test_image_constraints_agree_with_pyproject_and_chart() -> None:
         for line in (REPO_ROOT / "ops" / "image-constraints.txt").read_text().splitlines()
         if line and not line.startswith("#")
     )
-    for name in ("ray", "transferqueue", "torch", "tensordict", "pyyaml", "pydantic"):
+    for name in ("ray", "transferqueue", "torch", "tensordict", "pyyaml", "pydantic", "transformers", "tokenizers"):
         assert lock.get(name) == pins[name], f"{name}: lock {lock.get(name)} != pyproject {pins[name]}"
+    assert lock.get("safetensors") == pins["safetensors"]
     chart_ray = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["rayVersion"]
     assert chart_ray == lock["ray"], "chart rayVersion must match the ray installed in the image"
 
