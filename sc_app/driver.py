@@ -65,11 +65,6 @@ def worker_results(refs: list[Any]) -> list[Any]:
         if isinstance(exc.cause, HFInputError):
             raise exc.cause from None
         raise
-    except ray.exceptions.ActorDiedError as exc:  # a generation worker whose constructor raised
-        cause = getattr(exc, "base_exception", None) or getattr(exc, "cause", None)
-        if isinstance(cause, ray.exceptions.RayTaskError) and isinstance(cause.cause, HFInputError):
-            raise cause.cause from None
-        raise
 
 
 class TQPolicy:
@@ -94,11 +89,12 @@ class TQPolicy:
         self.generators = [
             GenerationWorker.options(
                 num_cpus=gcfg.num_cpus, num_gpus=gcfg.num_gpus, resources=gcfg.resources or None
-            ).remote(cfg_json, i, dataset.sha256 if dataset is not None else None)
+            ).remote(cfg_json, i)
             for i in range(gcfg.num_workers)
         ]
         addr, port = ray.get(self.trainers[0].address.remote()) if tcfg.num_workers > 1 else ("", 0)
         self._setup = [w.setup.remote(addr, port) for w in self.trainers]
+        self._generators_setup = [w.setup.remote(dataset.sha256 if dataset else None) for w in self.generators]
 
     def trainers_ready(self) -> None:
         """Wait for every trainer's setup; its errors are raised here."""
@@ -107,6 +103,12 @@ class TQPolicy:
             if len(used) > 1:
                 log.info("trainer workers joined torch.distributed (%s, world size %d)", used[0], len(used))
             self._setup = []
+
+    def generators_ready(self) -> None:
+        """Wait for every generation worker's setup; its errors are raised here."""
+        if self._generators_setup:
+            worker_results(self._generators_setup)
+            self._generators_setup = []
 
     def load_trainer_state(self, policy_dir: Path, expected: dict[str, str]) -> list[Any]:
         """Start every trainer loading ``policy_dir`` (``expected``: its files' sha256 from the verified manifest);
@@ -134,6 +136,7 @@ class TQPolicy:
     def sync_generation_weights(self, version: int) -> None:
         """One object (rank 0's weights) to every generation worker; every trainer takes part (sharded models)."""
         self.trainers_ready()
+        self.generators_ready()
         refs = [t.get_weights.remote() for t in self.trainers]
         worker_results([w.set_weights.remote(refs[0], version) for w in self.generators] + refs[1:])
 
