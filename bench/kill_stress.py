@@ -35,11 +35,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.proc_utils import kill_session, load_sidecar, read_trace, start_logged, wait_for  # noqa: E402
-
 from sc_app.checkpoint import plan_resume, verify_bundle  # noqa: E402
 from sc_app.data_plane.streamed_format import iter_groups  # noqa: E402
 from sc_app.faults import SAVE_POINTS  # noqa: E402
+from tests.support.proc import kill_session, load_sidecar, read_trace, start_logged, wait_for  # noqa: E402
 
 GROUP_SIZE = 8
 

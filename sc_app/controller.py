@@ -1,9 +1,10 @@
 """SingleControllerActor: one Ray actor, one asyncio loop — rollout pumps, sampler, train pump, save.
 
 ``__init__`` does no construction of other objects: everything arrives built in one ``SingleControllerActorArgs``
-(seed flow 2). Only the connect-only data-plane client is built in ``run()`` (a live client cannot be pickled,
-so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses it
-otherwise.
+(seed flow 2). Only the connect-only data-plane client is built in ``restore()`` (a live client cannot be
+pickled, so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses
+it otherwise. The driver awaits ``restore()`` (index rebuilt from the sidecar, inventory checked), then ``run()``
+starts the pumps.
 
 Invariants:
 * commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage (read
@@ -12,7 +13,8 @@ Invariants:
   barrier window); the rest follows behind training in ``sc_app.checkpoint.save.write_bundle``, which states the
   whole save order. At most one save is in flight: the next save, the end of the run and a stop request each
   await it first;
-* the index is loaded and checked against ``list_sample_ids()`` before any pump starts.
+* the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before
+  ``run``).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class SingleControllerActorArgs:
     sidecar_path: str | None = None
     data_plane_checkpoint_metadata: dict[str, Any] | None = None  # what the driver restored (flow 1 → 2)
     lease: Lease | None = None
+    lineage: str | None = None  # the checkpoint directory's lineage, recorded in every manifest
     dataset: dict[str, Any] | None = None  # the task's dataset file (path, sha256, rows): recorded in every bundle
     restored_fingerprint: PolicyFingerprint | None = None  # of the state the trainers restored (traced at start)
 
@@ -96,8 +99,8 @@ def _versions() -> dict[str, str]:
 
 @ray.remote
 class SingleControllerActor:
-    client: DataPlaneClient  # connect-only, built by run()
-    buffer: TQReplayBuffer  # built by run() on the client
+    client: DataPlaneClient  # connect-only, built by restore()
+    buffer: TQReplayBuffer  # built by restore() on the client
 
     def __init__(self, args: SingleControllerActorArgs) -> None:
         self.args = args
@@ -116,6 +119,8 @@ class SingleControllerActor:
         self._save_io = background_executor("save-io")
         self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
         self._last_saved = self.step
+        self._failed_saves_in_a_row = 0
+        self._restored = False
         self._trace_fh: Any = None
 
     # ------------------------------------------------------------------ control surface for the driver
@@ -127,8 +132,11 @@ class SingleControllerActor:
         async with self._cond:
             self._cond.notify_all()
 
-    # ------------------------------------------------------------------ run
-    async def run(self) -> RunSummary:
+    # ------------------------------------------------------------------ restore, then run
+    async def restore(self) -> int:
+        """Connect to the data plane, rebuild the index from the sidecar (no data-plane writes) and check it
+        against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
+        the bundle cannot be resumed: the driver then falls back to an older bundle."""
         from sc_app.data_plane.transferqueue import TransferQueueDataPlane
 
         cfg = self.cfg
@@ -155,12 +163,20 @@ class SingleControllerActor:
             )
         if self.args.loader_state is not None:
             self.loader.load_state_dict(self.args.loader_state, skip=self.buffer.prompt_indices())
+        self._restored = True
+        return restored_rows
+
+    async def run(self) -> RunSummary:
+        """Run the pumps to ``run.max_steps`` or a stop request. Pre: ``restore()`` returned."""
+        if not self._restored:
+            raise RuntimeError("run() before restore(): the index must be rebuilt and checked before any pump")
+        cfg = self.cfg
         self._trace_fh = open(cfg.run.trace_file, "a") if cfg.run.trace_file else None  # noqa: SIM115
         restored = self.args.restored_fingerprint
         self._trace(
             ev="start",
             step=self.step,
-            restored_rows=restored_rows,
+            restored_rows=self.buffer.rows,
             run_id=self.args.run_id,
             restored_policy=None
             if restored is None
@@ -291,7 +307,8 @@ class SingleControllerActor:
             self.step += 1
             await self._drop(groups)
             await self._sync_weights()
-            mean_reward = float(rows["reward"].mean())
+            reward = rows["reward"]
+            mean_reward = float(reward.mean())
             rewards.append(mean_reward)
             self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
             self._progress.append(
@@ -302,6 +319,10 @@ class SingleControllerActor:
                     staleness=staleness,
                     rows_held=self.buffer.rows,
                     step_seconds=time.perf_counter() - started,
+                    reward_min=float(reward.min()),
+                    reward_max=float(reward.max()),
+                    weights_version=self.version,
+                    commit_waits=self.barrier.stats.drain_mutation_waits(),
                 )
             )
             if cfg.checkpoint.enabled and self._save_due(self.step):
@@ -310,7 +331,7 @@ class SingleControllerActor:
         await self._collect_save(wait=True)
         if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
             self._progress.append(StopRecord(self.step))
-            await self._start_save()
+            await self._start_save(emergency=True)
             await self._collect_save(wait=True)
         return RunSummary(
             final_step=self.step,
@@ -318,6 +339,7 @@ class SingleControllerActor:
             first_rewards=rewards[:5],
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
+            last_saved_step=self._last_saved,
         )
 
     async def _sync_weights(self) -> None:
@@ -330,14 +352,15 @@ class SingleControllerActor:
     def _save_due(self, step: int) -> bool:
         return step % self.cfg.checkpoint.save_period == 0 or step == self.cfg.run.max_steps
 
-    async def _start_save(self) -> None:
-        """Cut a bundle of the current step; returns once its window closed (or the save already ended).
+    async def _start_save(self, *, emergency: bool = False) -> None:
+        """Cut a bundle of the current step (``emergency``: on a stop request); returns once its window closed (or
+        the save already ended).
 
         Pre: called from the train pump only. Post: the previous save has finished and been reported; the new
         one's policy, loader place and captured rows are fixed, the rest runs in ``self._pending_save``."""
         await self._collect_save(wait=True)
         released = asyncio.Event()
-        task = asyncio.create_task(self._save_or_report(self.step, released))
+        task = asyncio.create_task(self._save_or_report(self.step, released, emergency))
         self._pending_save = (self.step, task)
         waiter = asyncio.ensure_future(released.wait())
         try:
@@ -358,18 +381,21 @@ class SingleControllerActor:
         self._progress.append(outcome)
         if isinstance(outcome, SaveRecord):
             self._last_saved = step
+            self._failed_saves_in_a_row = 0
 
     async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
         return await run_blocking(self._save_io, fn, *args, **kwargs)
 
-    async def _save_or_report(self, step: int, released: asyncio.Event) -> SaveRecord | SaveFailedRecord:
+    async def _save_or_report(
+        self, step: int, released: asyncio.Event, emergency: bool = False
+    ) -> SaveRecord | SaveFailedRecord:
         """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
 
         ``LeaseLost`` always propagates: a superseded run must stop, not keep training.
         """
         try:
-            return await self._save(released)
+            return await self._save(released, emergency)
         except LeaseLost:
             raise
         except OSError as exc:
@@ -377,13 +403,21 @@ class SingleControllerActor:
                 f"save of step {step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
                 "its tmp dir was removed and every older bundle is intact"
             )
+            self._failed_saves_in_a_row += 1
             log.error(msg)
+            if self._failed_saves_in_a_row >= 2:
+                log.warning(
+                    "%d saves in a row failed; the newest bundle is step_%d, %d steps behind",
+                    self._failed_saves_in_a_row,
+                    self._last_saved,
+                    step - self._last_saved,
+                )
             self._trace(ev="save_failed", step=step, error=str(exc))
             if self.cfg.checkpoint.on_save_error == "stop":
                 raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
-            return SaveFailedRecord(step, msg)
+            return SaveFailedRecord(step, msg, in_a_row=self._failed_saves_in_a_row, last_saved_step=self._last_saved)
 
-    async def _save(self, released: asyncio.Event) -> SaveRecord:
+    async def _save(self, released: asyncio.Event, emergency: bool = False) -> SaveRecord:
         """Capture (training paused until ``released`` is set), then write behind training."""
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -418,6 +452,7 @@ class SingleControllerActor:
             groups=captured.groups,
             data_plane_bytes=published.data_plane_bytes,
             pruned=published.pruned,
+            emergency=emergency,
         )
 
     async def _capture(self, writer: BundleWriter) -> tuple[CapturedSave, DataPlaneSnapshot, float]:
@@ -447,6 +482,7 @@ class SingleControllerActor:
             captured = CapturedSave(
                 step=self.step,
                 run_id=self.args.run_id,
+                lineage=self.args.lineage,
                 epoch=lease.epoch if lease is not None else 0,
                 trainer_version=self.version,
                 loader_state=loader_state,

@@ -8,6 +8,7 @@ lines — change them together).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -21,6 +22,11 @@ class StepRecord:
     staleness: float  # mean weights versions between generation and training of the trained groups
     rows_held: int  # rows in TransferQueue after the step
     step_seconds: float
+    reward_min: float = math.nan  # lowest and highest reward of the step's rows
+    reward_max: float = math.nan
+    weights_version: int | None = None  # the trainer's weights version after the step
+    commit_waits: tuple[float, ...] = ()  # seconds each data-plane commit/drop since the previous step waited at the
+    # checkpoint barrier (drained from ``BarrierStats`` with every step)
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class SaveRecord:
     groups: int
     data_plane_bytes: int
     pruned: tuple[str, ...] = ()
+    emergency: bool = False  # the bundle cut on a stop request (SIGTERM), not a periodic or final one
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class SaveFailedRecord:
 
     step: int
     error: str
+    in_a_row: int = 1  # consecutive failed saves, this one included
+    last_saved_step: int = 0  # the step of the newest bundle this run published (or resumed from)
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,12 @@ class RunSummary:
     first_rewards: list[float] = field(default_factory=list)
     last_rewards: list[float] = field(default_factory=list)
     stopped_early: bool = False
+    last_saved_step: int = 0  # the step of the newest bundle published (or resumed from) when the run ended
+
+    @property
+    def unsaved_steps(self) -> int:
+        """Steps trained that no bundle covers: a rerun would redo them."""
+        return self.final_step - self.last_saved_step
 
     @staticmethod
     def mean(values: list[float]) -> float:
@@ -84,5 +99,10 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
             f"{record.blocked_seconds * 1000:.0f} ms, window {record.window_seconds * 1000:.0f} ms)"
         )
     if isinstance(record, SaveFailedRecord):
+        if record.in_a_row > 1:
+            return (
+                f"{head}  SAVE FAILED ({record.in_a_row} in a row; newest bundle step_{record.last_saved_step}, "
+                f"{record.step - record.last_saved_step} steps behind): {record.error}"
+            )
         return f"{head}  SAVE FAILED: {record.error}"
     return f"{head}  stop requested"

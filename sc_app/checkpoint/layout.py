@@ -6,7 +6,7 @@
     data_plane/                the data plane's own snapshot; its metadata.json is written last
     replay_buffer_metadata.pt  which rows form which group (no tensors)
     manifest.json              written last: step, digest, sha256 + size of every file
-<root>/tmp_step_<N>/           in progress or abandoned: never resumed
+<root>/tmp_step_<N>[.<run>]/   in progress or abandoned: never resumed (named by the run writing it)
 <root>/quarantine/             bundles and leftovers moved aside, each with a .reason.txt; never deleted by sc-app
 <root>/pins/step_<N>           a bundle retention must keep
 <root>/LEASE                   the current writer (see ``sc_app.checkpoint.lease``)
@@ -34,15 +34,17 @@ OPTIMIZER_FILE = "optimizer.pt"  # inside policy/
 DATA_PLANE_METADATA = METADATA_FILE  # inside data_plane/: the data-plane client's contract, whichever format wrote it
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
-_TMP_RE = re.compile(r"^tmp_step_(\d+)$")
+_TMP_RE = re.compile(r"^tmp_step_(\d+)(?:\.[0-9A-Za-z_-]+)?$")
 
 
 def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step}"
 
 
-def tmp_name(step: int) -> str:
-    return f"{TMP_PREFIX}{step}"
+def tmp_name(step: int, owner: str | None = None) -> str:
+    """``tmp_step_N``, or ``tmp_step_N.<owner>`` for a writer holding a lease: a fenced-off writer's stale paths
+    can then never land in the tmp dir of the run that superseded it, even for the same step."""
+    return f"{TMP_PREFIX}{step}" + (f".{owner}" if owner else "")
 
 
 def parse_step(name: str) -> int | None:

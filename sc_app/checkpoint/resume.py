@@ -9,6 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -57,8 +58,13 @@ def plan_resume(
     hmac_key: bytes | None = None,
     expected_compat: dict[str, Any] | None = None,
     tidy: bool = True,
+    unrestorable: Mapping[str, str] | None = None,
 ) -> ResumePlan:
+    """``tidy``: move leftovers and bad bundles to quarantine (only the lease holder, or a command that found no
+    live lease, may). ``unrestorable``: bundle name → why it verified but could not be restored; such a bundle is
+    treated as one that failed verification (fallback moves it aside only when an older bundle verifies)."""
     root = Path(root)
+    unrestorable = unrestorable or {}
     quarantine = root / layout.QUARANTINE_DIR
     moved: list[str] = []
     if tidy:
@@ -71,6 +77,10 @@ def plan_resume(
     reports: list[BundleReport] = []
     for _, path in bundles:
         report = verify_bundle(path, hmac_key=hmac_key, expected_compat=expected_compat)
+        if not report.ok and not path.exists():
+            continue  # pruned by the live writer while it was being checked: not a bad bundle, just gone
+        if path.name in unrestorable:
+            report.problems.append(f"{path}: {unrestorable[path.name]}")
         reports.append(report)
         if report.ok:
             break
@@ -81,6 +91,9 @@ def plan_resume(
                 reports=reports,
                 quarantined=moved,
             )
+    if not reports:  # every bundle listed was pruned while being checked: a live writer moved on; look again
+        again = {"policy": policy, "hmac_key": hmac_key, "expected_compat": expected_compat}
+        return plan_resume(root, **again, tidy=False, unrestorable=unrestorable)
     good = reports[-1] if reports[-1].ok else None
     if good is None:
         return ResumePlan(

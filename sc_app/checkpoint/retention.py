@@ -1,13 +1,16 @@
 """Retention: which complete bundles ``prune`` may delete.
 
-Invariant: ``prune`` removes only complete bundles older than the newest verified one, never a pinned one
+Invariants: ``prune`` removes only complete bundles older than the newest verified one, never a pinned one
 (``<root>/pins/step_N``), and never one it could not verify (manifest + sizes): an unreadable old bundle is left
-for an operator to inspect.
+for an operator to inspect. A bundle leaves the ``step_N`` namespace in one rename before its files go, so a
+reader (preflight, verify) never sees a half-deleted bundle. Only the lease holder (or a command that found no
+live lease, under the directory lock) calls it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +19,24 @@ from sc_app.checkpoint.verify import verify_bundle
 from sc_app.durable_io import fsync_dir
 
 log = logging.getLogger(__name__)
+
+
+PRUNING_PREFIX = ".pruning-"  # a bundle being deleted: renamed first, so no reader ever sees half of a step_N
+
+
+def _delete(bundle: Path) -> None:
+    """Remove a bundle atomically for readers: rename it out of the ``step_N`` namespace, then delete it."""
+    doomed = bundle.with_name(f"{PRUNING_PREFIX}{bundle.name}")
+    os.rename(bundle, doomed)
+    fsync_dir(bundle.parent)
+    shutil.rmtree(doomed)
+
+
+def _finish_interrupted_deletes(root: Path) -> None:
+    """A prune killed mid-delete leaves ``.pruning-step_N``: retention had already decided it goes."""
+    for leftover in root.glob(f"{PRUNING_PREFIX}step_*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def pinned(root: Path) -> set[str]:
@@ -30,6 +51,7 @@ def prune(
     if keep < 1:
         raise ValueError("keep must be >= 1: the newest verified bundle is always kept")
     root = Path(root)
+    _finish_interrupted_deletes(root)
     bundles = layout.step_dirs(root)
     if newest_verified is None:
         for _, path in bundles:
@@ -56,7 +78,7 @@ def prune(
         if problems:
             log.warning("prune: leaving %s, it does not verify (%s)", path.name, problems[0])
             continue
-        shutil.rmtree(path)
+        _delete(path)
         removed.append(path.name)
     if removed:
         fsync_dir(root)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sc_app import torch_io
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.retention import prune
 from sc_app.checkpoint.writer import BundleWriter
 from sc_app.data_plane.client import DataPlaneSnapshot
@@ -40,6 +41,7 @@ class CapturedSave:
 
     step: int
     run_id: str
+    lineage: str | None
     epoch: int
     trainer_version: int
     loader_state: dict[str, Any]
@@ -80,9 +82,7 @@ class CapturedSave:
     ) -> dict[str, Any]:
         """Everything ``manifest.json`` says about the bundle besides its step and files (``dataset``: the file
         the loader place points into, when the task reads one)."""
-        extra = {"dataset": dataset} if dataset is not None else {}
-        return {
-            **extra,
+        record: dict[str, Any] = {
             "run_id": self.run_id,
             "epoch": self.epoch,
             "created_at": utc_stamp(),
@@ -98,6 +98,16 @@ class CapturedSave:
             "compat": compat,
             "versions": versions,
         }
+        if self.lineage is not None:
+            record["lineage"] = self.lineage
+        if dataset is not None:
+            record["dataset"] = dataset
+        return record
+
+
+def _prune_held(writer: BundleWriter, keep: int, newest: Path) -> list[str]:
+    with writer.held():  # only while this run still holds the lease
+        return prune(writer.root, keep, newest_verified=newest)
 
 
 @dataclass(frozen=True)
@@ -152,8 +162,8 @@ async def write_bundle(
         raise
     await afault_point("save.done")
     try:
-        removed = await in_background(prune, writer.root, keep, newest_verified=final)
-    except OSError as exc:  # the bundle is published and verified; an old one left behind is no failed save
-        log.warning("retention could not prune %s: %s; older bundles stay", writer.root, exc)
+        removed = await in_background(_prune_held, writer, keep, final)
+    except (OSError, LeaseLost) as exc:  # the bundle is published; an old one left behind is no failed save
+        log.warning("retention did not prune %s: %s; older bundles stay", writer.root, exc)
         removed = []
     return PublishedBundle(final, int(data_plane["bytes"]), tuple(removed))

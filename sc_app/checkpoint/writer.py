@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.manifest import render
 from sc_app.checkpoint.quarantine import move_aside
 from sc_app.durable_io import fsync_dir, fsync_tree_dirs, hash_and_fsync, write_durable
@@ -38,7 +39,7 @@ class BundleWriter:
         self.root = Path(root)
         self.step = step
         self.lease = lease
-        self.tmp = self.root / layout.tmp_name(step)
+        self.tmp = self.root / layout.tmp_name(step, lease.run_id if lease is not None else None)
         self.final = self.root / layout.step_name(step)
         self._hmac_key = hmac_key
         self._created = False
@@ -60,12 +61,14 @@ class BundleWriter:
     def sidecar_path(self) -> Path:
         return self.tmp / layout.SIDECAR_FILE
 
-    def _held(self) -> Any:
+    def held(self) -> Any:
+        """The directory lock and the lease check (nothing without a lease): what every change to the directory
+        by this writer runs under."""
         return self.lease.held() if self.lease is not None else nullcontext()
 
     def begin(self) -> BundleWriter:
         self.root.mkdir(parents=True, exist_ok=True)
-        with self._held():
+        with self.held():
             self._begin_locked()
         return self
 
@@ -111,7 +114,7 @@ class BundleWriter:
         write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
         fault_point("save.fsync")
         fsync_tree_dirs(self.tmp)
-        with self._held():
+        with self.held():
             if self.final.exists():
                 raise BundleExistsError(f"{self.final} appeared while saving; refusing to overwrite it")
             fault_point("save.rename")
@@ -121,7 +124,14 @@ class BundleWriter:
         return self.final
 
     def abort(self) -> None:
-        """Remove the tmp dir this writer created (and nothing else)."""
-        if self._created and self.tmp.exists():
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        """Remove the tmp dir this writer created (and nothing else) — only while this run still holds the lease:
+        a fenced-off writer removes nothing (its tmp dir may already be the new holder's to tidy)."""
+        if not self._created:
+            return
         self._created = False
+        try:
+            with self.held():
+                if self.tmp.exists():
+                    shutil.rmtree(self.tmp, ignore_errors=True)
+        except LeaseLost:
+            log.warning("leaving %s: this run no longer holds the lease (the holder tidies it)", self.tmp)

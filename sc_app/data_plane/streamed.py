@@ -86,7 +86,9 @@ class StreamedSnapshot(DataPlaneSnapshot):
         started = time.perf_counter()
         blocking = functools.partial(run_blocking, executor)
 
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # never parents: the bundle's tmp dir must still be where its writer made it (a new lease holder may have
+        # moved a fenced-off writer's tmp dir aside; recreating it would collide with the holder's own save)
+        self.directory.mkdir(exist_ok=True)
         if any(self.directory.iterdir()):
             raise FileExistsError(f"{self.directory}: not empty; a streamed snapshot writes into an empty directory")
         tags: dict[str, Any] = self.tags or {}

@@ -19,16 +19,22 @@ from sc_app.config import ConfigError, parse_override, set_path
 
 log = logging.getLogger(__name__)
 
-# Creation order: things referenced by pods first, the RayJob/RayCluster last.
+# Creation order: things referenced by pods first; kinds not listed next (in render order); the RayJob/RayCluster
+# always last, so that everything it references exists before the operator sees it.
 KIND_ORDER = [
     "ServiceAccount",
     "Secret",
     "ConfigMap",
     "PersistentVolumeClaim",
     "NetworkPolicy",
-    "RayCluster",
-    "RayJob",
 ]
+RAY_API_VERSION = "ray.io/v1"
+
+
+def _creation_rank(obj: dict[str, Any]) -> int:
+    if obj.get("apiVersion") == RAY_API_VERSION:
+        return len(KIND_ORDER) + 1
+    return KIND_ORDER.index(obj["kind"]) if obj["kind"] in KIND_ORDER else len(KIND_ORDER)
 
 
 class ManifestError(ValueError):
@@ -52,10 +58,10 @@ def find_chart(explicit: str | os.PathLike[str] | None = None) -> Path:
     )
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _deep_merge(base[k], v)
+            deep_merge(base[k], v)
         else:
             base[k] = v
     return base
@@ -72,11 +78,13 @@ def load_values(files: list[str] | tuple[str, ...] = (), sets: list[str] | tuple
             loaded = yaml.safe_load(Path(f).read_text()) or {}
         except OSError as exc:
             raise ManifestError(f"values file {f}: cannot read ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise ManifestError(f"values file {f}: not UTF-8 text") from None
         except yaml.YAMLError:
             raise ManifestError(f"values file {f}: not valid YAML") from None
         if not isinstance(loaded, dict):
             raise ManifestError(f"values file {f}: top level must be a mapping")
-        _deep_merge(values, loaded)
+        deep_merge(values, loaded)
     for item in sets:
         try:
             set_path(values, *parse_override(item))
@@ -98,7 +106,7 @@ class Release:
     def ray_object(self) -> dict[str, Any]:
         """The RayJob (or RayCluster in RayCluster mode)."""
         for obj in self.objects:
-            if obj.get("apiVersion") == "ray.io/v1":
+            if obj.get("apiVersion") == RAY_API_VERSION:
                 return obj
         raise ManifestError("the rendered release has no RayJob/RayCluster")
 
@@ -128,7 +136,7 @@ def render_release(
         objs.extend(doc for doc in yaml.safe_load_all(text) if doc)
     for obj in objs:
         obj.setdefault("metadata", {})["namespace"] = namespace
-    objs.sort(key=lambda o: KIND_ORDER.index(o["kind"]) if o["kind"] in KIND_ORDER else len(KIND_ORDER))
+    objs.sort(key=_creation_rank)
     log.debug("rendered %d objects from %s", len(objs), chart_dir)
     return Release(name=name, namespace=namespace, objects=objs, notes=notes)
 

@@ -245,3 +245,36 @@ def test_manifest_records_agree_with_the_files(pristine: Path) -> None:
         assert doc["loader"]["next_index"] == loader["next_index"] == data_plane["loader"]["next_index"]
         assert doc["replay"]["digest"] == sidecar["digest"] == data_plane["digest"]
         assert doc["replay"]["groups"] == len(sidecar["groups"]) == data_plane["groups"]
+
+
+def test_a_bundle_that_verifies_but_does_not_restore_falls_back_in_the_same_run(ckpt: Path) -> None:
+    """Valid files, valid hashes (resealed without the HMAC key), but weights of another shape: restore fails after
+    verification; the run moves step_4 aside (an older bundle verifies) and resumes step_2, in the same process."""
+    model = ckpt / "step_4" / "policy" / "model.pt"
+    state = torch.load(model, weights_only=True)
+    state["model"] = {k: torch.zeros(3, 3) for k in state["model"]}
+    torch.save(state, model)
+    reseal(ckpt / "step_4")
+    assert verify_bundle(ckpt / "step_4").ok, "only a restore can find this"
+    res = sc_app("run", "--checkpoint-dir", str(ckpt), "--max-steps", "5", "--set", "checkpoint.save_period=2")
+    assert res.rc == 0, res.out[-3000:]
+    assert "step_4 verified but could not be restored" in res.out, res.out[-3000:]
+    assert f"resuming from {ckpt / 'step_2'} (step 2)" in res.out and "done: step 5" in res.out
+    moved = [p for p in (ckpt / "quarantine").glob("step_4.*") if p.is_dir()]
+    assert len(moved) == 1 and (moved[0] / "policy" / "model.pt").is_file(), "moved aside, never deleted"
+    assert "Traceback" not in res.out
+
+
+def test_strict_refuses_a_bundle_that_does_not_restore_and_moves_nothing(ckpt: Path) -> None:
+    model = ckpt / "step_4" / "policy" / "model.pt"
+    state = torch.load(model, weights_only=True)
+    state["model"] = {k: torch.zeros(3, 3) for k in state["model"]}
+    torch.save(state, model)
+    reseal(ckpt / "step_4")
+    before = files_under(ckpt)
+    res = sc_app("run", "--checkpoint-dir", str(ckpt), "--max-steps", "5", "--set", "checkpoint.on_corrupt=strict")
+    assert res.rc == 2 and "could not be restored" in res.out, res.out[-3000:]
+    after = files_under(ckpt)
+    assert {k: v for k, v in after.items() if k.startswith("step_")} == {
+        k: v for k, v in before.items() if k.startswith("step_")
+    }, "strict moves no bundle"

@@ -272,30 +272,6 @@ def test_schema_config_sections_match_app_config() -> None:
     assert set(schema["properties"]["config"]["properties"]) == set(AppConfig.model_fields)
 
 
-def test_network_policy_admits_only_release_pods_on_every_pinned_port() -> None:
-    objs = objects(render(BASE_VALUES))
-    policy = _the(objs, "NetworkPolicy")
-    job = _the(objs, "RayJob")
-    selector = policy["spec"]["podSelector"]["matchLabels"]
-    for template in pod_templates(job):  # every pod of the release is covered by the policy
-        assert selector.items() <= template["metadata"]["labels"].items()
-    own, operator = policy["spec"]["ingress"]
-    assert own["from"] == [{"podSelector": {"matchLabels": selector}}]
-    allowed: set[int] = set()
-    for port in own["ports"]:
-        allowed.update(range(port["port"], port.get("endPort", port["port"]) + 1))
-    rc = cluster_spec(job)
-    params = [rc["headGroupSpec"]["rayStartParams"]] + [g["rayStartParams"] for g in rc["workerGroupSpecs"]]
-    for p in params:
-        for key, val in p.items():
-            if key.endswith("port"):
-                assert int(val) in allowed, key
-    assert {p["port"] for p in operator["ports"]} == {8265}
-    assert "podSelector" not in operator["from"][0]
-
-
-
-
 def test_raycluster_mode_renders_cluster_not_job() -> None:
     values = load_values(CHART_DIR / "ci" / "raycluster-values.yaml")
     rendered = render(values)

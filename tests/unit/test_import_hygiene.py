@@ -32,6 +32,12 @@ PURE = [
     "sc_app.policy.hf.dataset",
     "sc_app.policy.hf.rewards",
     "sc_app.data_plane.client",
+    "sc_app.observe.records",
+    "sc_app.observe.reader",
+    "sc_app.observe.runlog",  # TensorBoard's writer (torch) is imported by the writer thread only
+    "sc_app.observe.metrics",  # ray.util.metrics is imported when JobMetrics is built, once Ray is up
+    "sc_app.observe.observer",
+    "sc_app.observe.report",
 ]
 HEAVY = ("ray", "torch", "transfer_queue", "tensordict")
 
