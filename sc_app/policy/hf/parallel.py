@@ -28,7 +28,10 @@ def wrap_model(model: nn.Module, strategy: Strategy, world_size: int, device: to
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if device.type != "cuda":
+            return DistributedDataParallel(model)
+        index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" means the current
+        return DistributedDataParallel(model, device_ids=[index])
     if strategy == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
