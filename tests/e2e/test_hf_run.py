@@ -261,10 +261,13 @@ def test_export_loads_with_from_pretrained_and_gives_the_bundles_logits(world: W
 
 # ------------------------------------------------------------------------------------------------ refusals
 def tree(root: Path) -> dict[str, str]:
+    """Every bundle-side file with its sha256 (not the lease files, not the run log, which records the attempt)."""
     return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        rel: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.startswith((".lease", "LEASE"))
+        if p.is_file()
+        and not p.name.startswith((".lease", "LEASE"))
+        and not (rel := p.relative_to(root).as_posix()).startswith("logs/")
     }
 
 
