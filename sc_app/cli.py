@@ -298,8 +298,12 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
     from sc_app.checkpoint import hmac_key_from_env, layout, verify_bundle
 
     root = _checkpoint_root(args, must_exist=True)
-    rows = [verify_bundle(p, deep=False, hmac_key=hmac_key_from_env()).as_dict() for _, p in layout.step_dirs(root)]
-    leftovers = [p.name for p in layout.tmp_dirs(root)]
+    try:
+        entries, leftover_dirs = layout.step_entries(root), layout.tmp_dirs(root)
+    except OSError as exc:
+        return fail(f"cannot list --checkpoint-dir {root}: {exc.strerror or exc}")
+    rows = [verify_bundle(p, deep=False, hmac_key=hmac_key_from_env()).as_dict() for _, p in entries]
+    leftovers = [p.name for p in leftover_dirs]
     if args.json:
         print(json.dumps({"bundles": rows, "incomplete": leftovers}, indent=2))
         return EXIT_OK
@@ -319,11 +323,17 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     from sc_app.checkpoint import hmac_key_from_env, layout, verify_bundle
 
     root = _checkpoint_root(args, must_exist=True)
+    not_names = [b for b in args.bundle if layout.parse_step(b) is None]
+    if not_names:
+        return fail(f"{not_names[0]!r} is not a bundle name: name bundles step_N, as `sc-app ckpt list` shows them")
     named = [root / b for b in args.bundle]
     absent = [p.name for p in named if not (p.exists() or p.is_symlink())]
     if absent:
         return fail(f"no bundle named {', '.join(absent)} in {root} (see `sc-app ckpt list`)")
-    targets = named or [p for _, p in layout.step_dirs(root)]
+    try:
+        targets = named or [p for _, p in layout.step_entries(root)]
+    except OSError as exc:
+        return fail(f"cannot list --checkpoint-dir {root}: {exc.strerror or exc}")
     if not targets:
         return fail(f"no step_N bundle in {root}")
     reports = [verify_bundle(p, hmac_key=hmac_key_from_env()) for p in targets]
@@ -335,6 +345,8 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
         for r in reports:
             state = "verified" if r.ok else "BAD: " + "; ".join(r.problems)
             print(f"{r.name}: " + ("gone: pruned by the writer while being checked" if r.name in gone else state))
+            for note in r.notes:
+                print(f"  note: {note}")
     return EXIT_OK if all(r.ok or r.name in gone for r in reports) else EXIT_BAD_INPUT
 
 

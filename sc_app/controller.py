@@ -42,10 +42,18 @@ from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
-from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult
+from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult, policy_format
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
-from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
+from sc_app.progress import (
+    ProgressRecord,
+    RunSummary,
+    SaveFailedRecord,
+    SaveRecord,
+    StepRecord,
+    StopRecord,
+    step_summary,
+)
 from sc_app.replay_buffer import Group, TQReplayBuffer
 
 log = logging.getLogger(__name__)
@@ -120,6 +128,7 @@ class SingleControllerActor:
         self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
         self._last_saved = self.step
         self._failed_saves_in_a_row = 0
+        self._unsaved_steps: list[StepRecord] = []  # steps since the newest published bundle: the next one keeps them
         self._restored = False
         self._trace_fh: Any = None
 
@@ -311,7 +320,7 @@ class SingleControllerActor:
             mean_reward = float(reward.mean())
             rewards.append(mean_reward)
             self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
-            self._progress.append(
+            self._record_step(
                 StepRecord(
                     step=self.step,
                     reward=mean_reward,
@@ -348,6 +357,10 @@ class SingleControllerActor:
         refs = [t.get_weights.remote() for t in self.args.trainers]
         await asyncio.gather(*[w.set_weights.remote(refs[0], self.version) for w in self.args.generators], *refs[1:])
 
+    def _record_step(self, record: StepRecord) -> None:
+        self._progress.append(record)
+        self._unsaved_steps.append(record)
+
     # ------------------------------------------------------------------ save (flows 5 and 6)
     def _save_due(self, step: int) -> bool:
         return step % self.cfg.checkpoint.save_period == 0 or step == self.cfg.run.max_steps
@@ -382,6 +395,7 @@ class SingleControllerActor:
         if isinstance(outcome, SaveRecord):
             self._last_saved = step
             self._failed_saves_in_a_row = 0
+            self._unsaved_steps = [r for r in self._unsaved_steps if r.step > step]
 
     async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
@@ -437,6 +451,7 @@ class SingleControllerActor:
                 compat=compat_of(cfg),
                 versions=_versions(),
                 dataset=self.args.dataset,
+                policy_format=policy_format(cfg),
             ),
             keep=cfg.checkpoint.keep,
             in_background=self._in_background,
@@ -487,6 +502,7 @@ class SingleControllerActor:
                 trainer_version=self.version,
                 loader_state=loader_state,
                 replay_index=replay_index,
+                steps=tuple(step_summary(r) for r in self._unsaved_steps if r.step <= self.step),
             )
             snapshot = await self.client.save_checkpoint(
                 writer.data_plane_dir,

@@ -9,7 +9,7 @@ lines — change them together).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,16 @@ class StepRecord:
     weights_version: int | None = None  # the trainer's weights version after the step
     commit_waits: tuple[float, ...] = ()  # seconds each data-plane commit/drop since the previous step waited at the
     # checkpoint barrier (drained from ``BarrierStats`` with every step)
+
+
+def step_summary(record: StepRecord) -> dict[str, float | int | None]:
+    """What a bundle keeps of one step it covers (no per-commit waits): JSON numbers, non-finite ones as null."""
+    out: dict[str, float | int | None] = {}
+    for key, value in asdict(record).items():
+        if key == "commit_waits":
+            continue
+        out[key] = None if isinstance(value, float) and not math.isfinite(value) else value
+    return out
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 from sc_app.data_plane.client import METADATA_FILE
@@ -58,15 +60,31 @@ def parse_tmp(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step_N`` directory, newest first."""
+def is_real_dir(path: Path) -> bool:
+    """A directory itself, not a link to one: the only kind of entry sc-app moves, prunes or resumes."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def step_entries(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every entry named ``step_N``, newest first — whatever it is: a link or a non-directory is
+    listed too, so that verification reports it (and resume, retention and quarantine leave it alone).
+    ``OSError`` when ``root`` is a directory that cannot be listed."""
     if not root.is_dir():
         return []
-    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None]
+    found = [(s, p) for p in root.iterdir() if (s := parse_step(p.name)) is not None]
     return sorted(found, key=lambda sp: sp[0], reverse=True)
 
 
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step_N`` that is a real directory (links are not followed), newest first."""
+    return [(s, p) for s, p in step_entries(root) if is_real_dir(p)]
+
+
 def tmp_dirs(root: Path) -> list[Path]:
+    """Every ``tmp_step_N`` that is a real directory (links are not followed)."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and parse_tmp(p.name) is not None)
+    return sorted(p for p in root.iterdir() if parse_tmp(p.name) is not None and is_real_dir(p))

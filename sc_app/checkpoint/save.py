@@ -46,6 +46,7 @@ class CapturedSave:
     trainer_version: int
     loader_state: dict[str, Any]
     replay_index: dict[str, Any]  # TQReplayBuffer.metadata_state_dict(): the sidecar
+    steps: tuple[dict[str, Any], ...] = ()  # the steps since the previous published bundle (run-log recovery)
 
     @property
     def digest(self) -> str:
@@ -79,9 +80,11 @@ class CapturedSave:
         compat: dict[str, Any],
         versions: dict[str, str],
         dataset: dict[str, Any] | None = None,
+        policy_format: str | None = None,
     ) -> dict[str, Any]:
         """Everything ``manifest.json`` says about the bundle besides its step and files (``dataset``: the file
-        the loader place points into, when the task reads one)."""
+        the loader place points into, when the task reads one; ``policy_format``: the format of ``policy/`` when
+        it is not the default, ``sc_app.checkpoint.policy_formats``)."""
         record: dict[str, Any] = {
             "run_id": self.run_id,
             "epoch": self.epoch,
@@ -100,8 +103,12 @@ class CapturedSave:
         }
         if self.lineage is not None:
             record["lineage"] = self.lineage
+        if self.steps:
+            record["steps"] = list(self.steps)
         if dataset is not None:
             record["dataset"] = dataset
+        if policy_format is not None:
+            record["policy_format"] = policy_format
         return record
 
 

@@ -73,9 +73,9 @@ class BundleWriter:
         return self
 
     def _begin_locked(self) -> None:
-        if self.final.exists():
+        if os.path.lexists(self.final):  # a link named step_N too: never replaced, never followed
             raise BundleExistsError(f"{self.final} already exists; refusing to overwrite a bundle")
-        if self.tmp.exists():
+        if os.path.lexists(self.tmp):
             moved = move_aside(self.tmp, self.root / layout.QUARANTINE_DIR, "abandoned tmp dir found by a new save")
             log.warning("moved abandoned %s to %s", self.tmp.name, moved)
         self.tmp.mkdir()
@@ -115,7 +115,7 @@ class BundleWriter:
         fault_point("save.fsync")
         fsync_tree_dirs(self.tmp)
         with self.held():
-            if self.final.exists():
+            if os.path.lexists(self.final):
                 raise BundleExistsError(f"{self.final} appeared while saving; refusing to overwrite it")
             fault_point("save.rename")
             os.rename(self.tmp, self.final)

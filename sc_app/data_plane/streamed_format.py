@@ -2,7 +2,9 @@
 
 Field bytes <-> tensors, part files and their JSON headers, ``metadata.json``. The format, and why it has no pickle,
 is described in ``docs/checkpoint.md`` ("The streamed data-plane format"); ``sc_app.data_plane.streamed`` moves
-rows between these files and TransferQueue.
+rows between these files and TransferQueue. Reading checks every JSON file with the validators of
+``sc_app.data_plane.schema`` (the ones verification uses) before a byte of a part is viewed as a tensor, reads only
+regular files of the directory (no link followed) and never more than a JSON file may hold.
 """
 
 from __future__ import annotations
@@ -20,23 +22,39 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.data_plane.client import METADATA_FILE
+from sc_app.data_plane.schema import (
+    DTYPE_SIZES,
+    FORMAT,
+    MAX_HEADER_BYTES,
+    MAX_METADATA_BYTES,
+    FieldSpec,
+    PartsTally,
+    StreamedFormatError,
+    StreamedMetadata,
+    group_of,
+    parse_header,
+    parse_streamed_metadata,
+    snapshot_format,
+)
 from sc_app.durable_io import write_durable
+from sc_app.safe_files import FileProblem, open_regular, read_regular
 
-FORMAT = "sc-app/streamed-v1"
+__all__ = [
+    "FORMAT",
+    "PART_BYTES",
+    "PartWriter",
+    "RestoredGroup",
+    "StreamedFormatError",
+    "group_ids",
+    "group_of",
+    "is_streamed",
+    "iter_groups",
+    "read_metadata",
+    "write_metadata",
+]
+
 PART_BYTES = 64 * 1024 * 1024  # a part file is closed (and fsynced) once it holds this much
 _ALIGN = 64
-
-
-class StreamedFormatError(ValueError):
-    """A streamed data-plane directory is incomplete or does not match its own headers."""
-
-
-def group_of(sample_id: str) -> str:
-    """Group id of a sample id: everything before its last ``':'`` (``"p7:3"`` → ``"p7"``)."""
-    gid, sep, _ = sample_id.rpartition(":")
-    if not sep or not gid:
-        raise ValueError(f"sample id {sample_id!r} has no group part (expected '<group>:<row>')")
-    return gid
 
 
 def group_ids(sample_ids: list[str]) -> dict[str, list[str]]:
@@ -50,10 +68,9 @@ def group_ids(sample_ids: list[str]) -> dict[str, list[str]]:
 def is_streamed(directory: Path) -> bool:
     """True when ``directory/metadata.json`` says ``sc-app/streamed-v1``."""
     try:
-        doc = json.loads((Path(directory) / METADATA_FILE).read_text())
+        return snapshot_format(read_regular(Path(directory) / METADATA_FILE, MAX_METADATA_BYTES)) == FORMAT
     except (OSError, ValueError):
         return False
-    return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -61,7 +78,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
+    dt = getattr(torch, name, None) if name in DTYPE_SIZES else None
     if not isinstance(dt, torch.dtype):
         raise StreamedFormatError(f"unknown dtype {name!r}")
     return dt
@@ -91,17 +108,13 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())
 
 
-def _rebuild(buf: torch.Tensor, spec: dict[str, Any]) -> torch.Tensor:
-    """Tensor described by ``spec`` from the part's uint8 buffer (a view, no copy)."""
-    start, n = int(spec["offset"]), int(spec["nbytes"])
-    if start < 0 or start + n > buf.numel():
-        raise StreamedFormatError(f"field bytes [{start}, {start + n}) lie outside the part file ({buf.numel()})")
-    dtype = _dtype(spec["dtype"])
-    values = buf[start : start + n].view(dtype).reshape(spec["shape"])
-    offsets = spec.get("offsets")
-    if offsets is None:
+def _rebuild(buf: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
+    """Tensor described by ``spec`` (checked by ``parse_header``) from the part's uint8 buffer (a view, no copy)."""
+    start, n = spec.offset, spec.nbytes
+    values = buf[start : start + n].view(_dtype(spec.dtype)).reshape(spec.shape)
+    if spec.offsets is None:
         return values
-    return torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor(offsets, dtype=torch.int64))
+    return torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor(spec.offsets, dtype=torch.int64))
 
 
 # ---------------------------------------------------------------------------------------------------- writing
@@ -161,6 +174,8 @@ class PartWriter:
         rows = len(ids)
         for key in td.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch, not its keys
             tensor, shape, offsets = _as_blocks(td.get(key), rows, str(key))
+            if _dtype_name(tensor.dtype) not in DTYPE_SIZES:  # what a reader could not check, is never written
+                raise TypeError(f"field {key!r} is {tensor.dtype}; the streamed snapshot stores {sorted(DTYPE_SIZES)}")
             pad = -self._pos % _ALIGN
             if pad:
                 self._write(b"\0" * pad)
@@ -213,20 +228,21 @@ def write_metadata(directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- reading
-def read_metadata(directory: Path) -> dict[str, Any]:
-    """``metadata.json`` of a streamed directory, checked for format and parts."""
+def _metadata(directory: Path) -> StreamedMetadata:
     path = Path(directory) / METADATA_FILE
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StreamedFormatError(f"{path}: missing (the snapshot was never completed)") from None
-    except ValueError as exc:
-        raise StreamedFormatError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise StreamedFormatError(f"{path}: format is not {FORMAT}")
-    if not isinstance(doc.get("parts"), list) or not isinstance(doc.get("partition"), str):
-        raise StreamedFormatError(f"{path}: parts or partition missing")
-    return doc
+        data = read_regular(path, MAX_METADATA_BYTES)
+    except FileProblem as exc:
+        raise StreamedFormatError(f"{exc} (the snapshot was never completed, or was changed)") from None
+    try:
+        return parse_streamed_metadata(data)
+    except StreamedFormatError as exc:
+        raise StreamedFormatError(f"{path}: {exc}") from None
+
+
+def read_metadata(directory: Path) -> dict[str, Any]:
+    """``metadata.json`` of a streamed directory, checked in full (``parse_streamed_metadata``)."""
+    return _metadata(directory).model_dump()
 
 
 @dataclass
@@ -237,31 +253,54 @@ class RestoredGroup:
     data: TensorDict
 
 
-def iter_groups(directory: Path, doc: dict[str, Any] | None = None) -> Iterator[RestoredGroup]:
-    """Every stored group, in write order; a part's bytes are read once into memory and viewed, not copied."""
-    directory = Path(directory)
-    doc = doc or read_metadata(directory)
-    for name in doc["parts"]:
-        header_path = directory / f"{name}.json"
+def _read_part(directory: Path, name: str) -> tuple[Any, bytearray]:
+    """Header (checked against the bin's size) and the bin's bytes of part ``name``."""
+    header_path = directory / f"{name}.json"
+    try:
+        data = read_regular(header_path, MAX_HEADER_BYTES)
+        fd = open_regular(directory / f"{name}.bin")
+    except FileProblem as exc:
+        raise StreamedFormatError(str(exc)) from None
+    try:
+        size = os.fstat(fd).st_size
         try:
-            header = json.loads(header_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise StreamedFormatError(f"{header_path}: unreadable ({exc})") from None
-        bin_path = directory / header["bin"]
-        size = bin_path.stat().st_size
-        if size != header["bytes"]:
-            raise StreamedFormatError(f"{bin_path}: {size} bytes, header says {header['bytes']}")
+            header = parse_header(data, name=name, bin_size=size)
+        except StreamedFormatError as exc:
+            raise StreamedFormatError(f"{header_path}: {exc}") from None
         raw = bytearray(size)
-        with open(bin_path, "rb", buffering=0) as f:
-            view = memoryview(raw)
-            got = 0
-            while got < size:
-                n = f.readinto(view[got:])
-                if not n:
-                    raise StreamedFormatError(f"{bin_path}: short read at {got} of {size}")
-                got += n
-        buf = torch.frombuffer(raw, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
-        for seg in header["segments"]:
-            ids = list(seg["ids"])
-            data = {k: _rebuild(buf, spec) for k, spec in seg["fields"].items()}
-            yield RestoredGroup(seg["group"], ids, list(seg["tags"]), TensorDict(data, batch_size=len(ids)))
+        view = memoryview(raw)
+        got = 0
+        while got < size:
+            n = os.readv(fd, [view[got:]])
+            if not n:
+                raise StreamedFormatError(f"{directory / header.bin}: short read at {got} of {size}")
+            got += n
+    finally:
+        os.close(fd)
+    return header, raw
+
+
+def iter_groups(directory: Path, doc: dict[str, Any] | None = None) -> Iterator[RestoredGroup]:
+    """Every stored group, in write order; a part's bytes are read once into memory and viewed, not copied.
+
+    Each part's header is checked in full before any of its bytes is viewed as a tensor, a group or sample id stored
+    twice is refused before it is yielded again, and after the last part the totals must be ``metadata.json``'s —
+    the checks verification makes (``sc_app.data_plane.schema``)."""
+    directory = Path(directory)
+    meta = StreamedMetadata.model_validate(doc) if doc is not None else _metadata(directory)
+    tally = PartsTally(meta)
+    for name in meta.parts:
+        header, raw = _read_part(directory, name)
+        try:
+            tally.add(header)
+        except StreamedFormatError as exc:
+            raise StreamedFormatError(f"{directory / (name + '.json')}: {exc}") from None
+        buf = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        for seg in header.segments:
+            data = {k: _rebuild(buf, spec) for k, spec in seg.fields.items()}
+            tags = [dict(t) for t in seg.tags]
+            yield RestoredGroup(seg.group, list(seg.ids), tags, TensorDict(data, batch_size=len(seg.ids)))
+    try:
+        tally.finish()
+    except StreamedFormatError as exc:
+        raise StreamedFormatError(f"{directory}: {exc}") from None

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, fail
 from sc_app.k8s import install
 from sc_app.k8s.api import DEFAULT_REQUEST_TIMEOUT, K8sError, Kube, load_client
-from sc_app.k8s.manifest import ManifestError, Release, deep_merge, load_values, render_release
 from sc_app.k8s.rayjob import RayJobs
+from sc_app.k8s.release import Release, ReleaseError, deep_merge, load_values, render_release
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except ManifestError as exc:
+        except ReleaseError as exc:
             return fail(str(exc), EXIT_BAD_INPUT, prog=PROG)
         except K8sError as exc:
             return fail(str(exc), EXIT_FAILED if exc.transient else EXIT_BAD_INPUT, prog=PROG)

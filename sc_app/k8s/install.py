@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sc_app.k8s.api import K8sError, Kube, Resource, ref, seconds
-from sc_app.k8s.manifest import Release
+from sc_app.k8s.release import Release
 
 log = logging.getLogger(__name__)
 

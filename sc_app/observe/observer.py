@@ -22,11 +22,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sc_app.checkpoint.lease import Lease, read_lease
 from sc_app.checkpoint.resume import ResumePlan
 from sc_app.exits import EXIT_SUPERSEDED
+from sc_app.observe.reader import RunLogMissing, read_history
 from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, StepMetrics
 from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
 from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
@@ -101,6 +102,24 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
     raise TypeError(f"not a progress record: {record!r}")
 
 
+def _step_from_bundle(doc: Any) -> StepMetrics | None:
+    """A step a bundle kept (``progress.step_summary``), or None when it is not one."""
+    try:
+        return StepMetrics(
+            step=int(doc["step"]),
+            reward_mean=float(doc["reward"]),
+            reward_min=float(doc["reward_min"]),
+            reward_max=float(doc["reward_max"]),
+            loss=float("nan") if doc["loss"] is None else float(doc["loss"]),
+            staleness=float(doc["staleness"]),
+            rows_held=int(doc["rows_held"]),
+            step_seconds=float(doc["step_seconds"]),
+            weights_version=None if doc.get("weights_version") is None else int(doc["weights_version"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 class JobObserver:
     """One attempt's run log + metrics. Every method is safe to call in any state: before ``started`` (nothing is
     recorded), with the log or the metrics switched off, after ``finish``."""
@@ -161,7 +180,29 @@ class JobObserver:
             resume = Event("resume", plan.step, {"bundle": plan.bundle.name, "reason": plan.reason})
             self.event(resume)
             self._replay.append(resume)
+            self._recover(plan)
         return self
+
+    def _recover(self, plan: ResumePlan) -> None:
+        """Log the steps the resumed bundle covers that no attempt logged (its driver was killed before its writer
+        wrote them): the bundle's manifest keeps every step since the bundle before it. So a step a bundle covers
+        is never missing from the log, whatever killed the attempt that trained it."""
+        manifest = plan.reports[-1].manifest if plan.reports else None
+        kept = manifest.doc.get("steps") if manifest is not None else None
+        if self.writer is None or not isinstance(kept, list) or not kept:
+            return
+        try:
+            logged = {s.step for s in read_history(self.opts.log_dir).steps}  # type: ignore[arg-type]
+        except (OSError, RunLogMissing):
+            logged = set()
+        recovered = []
+        for doc in kept:
+            rec = _step_from_bundle(doc)
+            if rec is not None and rec.step not in logged and rec.step <= plan.step:
+                self.writer.step(rec)
+                recovered.append(rec.step)
+        if recovered:
+            self.event(Event("recovered", plan.step, {"steps": recovered, "bundle": plan.bundle.name}))
 
     # ------------------------------------------------------------------ once Ray is up
     def ray_ready(self) -> None:

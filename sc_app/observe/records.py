@@ -40,6 +40,7 @@ EventName = Literal[
     "prune",  # retention removed bundles: removed
     "stop_requested",  # SIGTERM: finish the step, cut a bundle, exit 143
     "dropped",  # records the writer could not keep (buffer full, write failed) since the last such line
+    "recovered",  # steps an earlier attempt trained but never logged (killed first), from its bundle: steps
     "exit",  # the attempt ended: code, message, final_step; dropped (totals, stamped by the writer)
 ]
 EVENT_NAMES: tuple[str, ...] = get_args(EventName)

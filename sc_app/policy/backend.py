@@ -102,6 +102,15 @@ def make_generation_backend(cfg: AppConfig, worker_index: int, dataset_sha256: s
     return TinyGenerationBackend(cfg, worker_index)
 
 
+def policy_format(cfg: AppConfig) -> str | None:
+    """The ``policy_format`` a bundle's manifest records for ``cfg``'s backend (None: the default, tiny's)."""
+    if cfg.model.backend == "hf":
+        from sc_app.policy.hf.policy_ckpt import POLICY_FORMAT
+
+        return POLICY_FORMAT
+    return None
+
+
 def device_for(num_gpus: float) -> torch.device:
     """CUDA when a GPU is assigned to this worker and visible, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() and num_gpus > 0 else "cpu")

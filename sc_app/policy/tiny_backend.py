@@ -21,6 +21,7 @@ from sc_app.config import AppConfig
 from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult
 from sc_app.policy.grpo import clipped_pg_loss
 from sc_app.policy.model import TinyCausalLM, response_logprobs
+from sc_app.policy.state_schema import PolicyTemplate, check_model_state, check_optimizer_state, new_optimizer
 from sc_app.policy.task import prompt_tokens, reward
 
 
@@ -31,7 +32,7 @@ class TinyTrainerBackend:
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         torch.manual_seed(cfg.run.seed)
         self.model = TinyCausalLM(cfg.model).to(device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.grpo.learning_rate)
+        self.optimizer = new_optimizer(self.model.parameters(), lr=cfg.grpo.learning_rate)
         self.version = 0
         self._captured: tuple[dict[str, Any], dict[str, Any]] | None = None
         if world_size > 1:
@@ -90,10 +91,15 @@ class TinyTrainerBackend:
         return {}
 
     def load(self, policy_dir: Path, expected: Mapping[str, str]) -> int:
-        """Restore from a *verified* bundle (``weights_only=True``); returns the version."""
-        state = torch_io.load(policy_dir / MODEL_FILE, map_location=self.device)
+        """Restore from a *verified* bundle (``weights_only=True``), each file checked by the validator verification
+        used (``sc_app.policy.state_schema``); returns the version."""
+        template = PolicyTemplate.of(self.model, self.optimizer)
+        state = check_model_state(torch_io.load(policy_dir / MODEL_FILE, map_location=self.device), template)
+        optimizer = check_optimizer_state(
+            torch_io.load(policy_dir / OPTIMIZER_FILE, map_location=self.device), template
+        )
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(torch_io.load(policy_dir / OPTIMIZER_FILE, map_location=self.device))
+        self.optimizer.load_state_dict(optimizer)
         self.version = int(state["version"])
         return self.version
 

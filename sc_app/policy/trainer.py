@@ -21,6 +21,7 @@ import torch
 
 from sc_app.background import lower_current_thread_priority
 from sc_app.config import AppConfig
+from sc_app.faults import fault_point
 from sc_app.policy.backend import (
     FileRecord,
     PolicyFingerprint,
@@ -108,7 +109,9 @@ class TrainerWorker:
 
     def load(self, policy_dir: str, expected: Mapping[str, str]) -> int:
         """Restore from a *verified* bundle; ``expected``: policy-dir-relative name → sha256 from its manifest."""
-        return self.backend.load(Path(policy_dir), expected)
+        d = Path(policy_dir)
+        fault_point(f"restore.policy.{d.parent.name}")
+        return self.backend.load(d, expected)
 
     def fingerprint(self) -> PolicyFingerprint | None:
         return self.backend.fingerprint()

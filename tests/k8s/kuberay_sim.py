@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podsim import Container, Exited, Network, Pod, Termination, Volumes, container_mounts, quantity
+from tests.k8s.podsim import Container, Exited, Network, Pod, Termination, Volumes, container_mounts, quantity
 
 CLUSTER_DOMAIN = "cluster.local"
 DEFAULT_GCS_PORT = "6379"

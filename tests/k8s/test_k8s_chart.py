@@ -21,7 +21,8 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from k8s_helpers import (
+
+from tests.k8s.k8s_helpers import (
     BASE_VALUES,
     CHART_DIR,
     CI_VALUES,

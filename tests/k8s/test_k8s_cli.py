@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_apiserver import FakeApiServer, FakeRayJobsApi, auth_secret, write_kubeconfig
-from k8s_helpers import CHART_DIR, REPO_ROOT
+
+from tests.k8s.fake_apiserver import FakeApiServer, FakeRayJobsApi, auth_secret, write_kubeconfig
+from tests.k8s.k8s_helpers import CHART_DIR, REPO_ROOT
 
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
@@ -630,7 +631,7 @@ def test_live_status_of_a_real_ray_head_through_the_proxy(api, tmp_path: Path, r
     entrypoint submitted as the K8sJobMode submitter does; `status` reaches that head's real Jobs API through the fake
     API server's proxy, which drops the caller's Authorization header like the real one. The driver's real output
     must parse: this is the test that breaks when sc_app/cli.py changes its progress lines."""
-    from sc_app.k8s.manifest import load_values, render_release
+    from sc_app.k8s.release import load_values, render_release
 
     server, kc = api
     values = load_values([VALUES])

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from k8s_helpers import REPO_ROOT
+
+from tests.k8s.k8s_helpers import REPO_ROOT
 
 RUNBOOK = REPO_ROOT / "ops" / "RUNBOOKS.md"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_helpers import CHART_DIR, REPO_ROOT
+
+from tests.k8s.k8s_helpers import CHART_DIR, REPO_ROOT
 
 OPS_SCRIPTS = sorted((REPO_ROOT / "ops").glob("*.sh"))
 

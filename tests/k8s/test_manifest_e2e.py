@@ -33,10 +33,10 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
-from test_k8s_runbooks import run_local_commands
 
 from sc_app.observe.reader import read_history
+from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
+from tests.k8s.test_k8s_runbooks import run_local_commands
 from tests.support.prometheus import one, try_scrape
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import netpol_sim
 import pytest
 import yaml
-from k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
-from kuberay_sim import RayJobSim
-from netpol_sim import Attempt, Ingress, PodRef
-from podsim import Network, Pod, Volumes, missing_tools
+
+from tests.k8s import netpol_sim
+from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
+from tests.k8s.kuberay_sim import RayJobSim
+from tests.k8s.netpol_sim import Attempt, Ingress, PodRef
+from tests.k8s.podsim import Network, Pod, Volumes, missing_tools
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
 _MISSING = missing_tools() + ([] if shutil.which("nft", path="/usr/sbin:/usr/bin:/sbin:/bin") else ["nft (nftables)"])

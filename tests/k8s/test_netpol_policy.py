@@ -13,9 +13,18 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_helpers import BASE_VALUES, by_kind, objects, pod_templates, render
-from kuberay_sim import pod_labels
-from netpol_sim import Ingress, PodRef, PolicyTranslationError, ingress_for, nft_ruleset, peer_ips, selector_matches
+
+from tests.k8s.k8s_helpers import BASE_VALUES, by_kind, objects, pod_templates, render
+from tests.k8s.kuberay_sim import pod_labels
+from tests.k8s.netpol_sim import (
+    Ingress,
+    PodRef,
+    PolicyTranslationError,
+    ingress_for,
+    nft_ruleset,
+    peer_ips,
+    selector_matches,
+)
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
 

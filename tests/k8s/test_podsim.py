@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from podsim import Container, Mount, Network, Pod, missing_tools
+
+from tests.k8s.podsim import Container, Mount, Network, Pod, missing_tools
 
 _MISSING = missing_tools()
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"needs {', '.join(_MISSING)} for pod stand-ins")

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
-from kuberay_sim import RayJobSim
-from podsim import Network, Volumes, missing_tools
 
 from sc_app.checkpoint import verify_bundle
+from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
+from tests.k8s.kuberay_sim import RayJobSim
+from tests.k8s.podsim import Network, Volumes, missing_tools
 from tests.support.proc import read_trace, wait_for
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")

@@ -26,6 +26,11 @@ PURE = [
     "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine
     "sc_app.checkpoint.compat",
     "sc_app.checkpoint.lease",
+    "sc_app.checkpoint.contents",  # the parse half of verify: torch only once a bundle's contents are read
+    "sc_app.checkpoint.policy_formats",
+    "sc_app.safe_files",
+    "sc_app.strict_json",
+    "sc_app.data_plane.schema",
     "sc_app.policy.loader",
     "sc_app.policy.hf",  # the package, and what the driver checks before anything heavy starts:
     "sc_app.policy.hf.model_dir",

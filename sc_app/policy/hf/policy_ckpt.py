@@ -41,6 +41,7 @@ from sc_app.policy.backend import FileRecord
 
 FORMAT = "sc_app.hf_policy"
 FORMAT_VERSION = 1
+POLICY_FORMAT = "sc-app/dcp-v1"  # what manifests record in ``policy_format`` (``sc_app.checkpoint.policy_formats``)
 METADATA_FILE = ".metadata"
 MODEL_FILES_DIR = "hf"  # the model's config + tokenizer files the run started from (what an export needs)
 
@@ -259,6 +260,21 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise PolicyIntegrityError(f"{METADATA_FILE} refers to {module}.{name}, which DCP metadata never holds")
 
 
+def decode_metadata(data: bytes) -> Metadata:
+    """``.metadata``'s bytes (already checked against the manifest) → DCP ``Metadata``, through the allowlist
+    unpickler; the restore and verification (``policy_check``) both decode it here. ``PolicyIntegrityError``
+    for anything else."""
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except PolicyIntegrityError:
+        raise
+    except Exception as exc:  # truncated or garbled pickle bytes: whatever pickle raises is "not DCP metadata"
+        raise PolicyIntegrityError(f"{METADATA_FILE} is not DCP metadata ({type(exc).__name__})") from None
+    if not isinstance(metadata, Metadata):
+        raise PolicyIntegrityError(f"{METADATA_FILE} holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
 class _VerifiedFileSystem(FileSystem):
     """Read-only: a stream is the verified bytes of one listed file, read once."""
 
@@ -301,9 +317,7 @@ class VerifiedReader(FileSystemReader):
             raise PolicyIntegrityError("per-rank DCP metadata is not part of a bundle")
         if self._metadata is None:
             fs: _VerifiedFileSystem = self.fs  # type: ignore[assignment]
-            metadata = _MetadataUnpickler(io.BytesIO(fs.verified_bytes(METADATA_FILE))).load()
-            if not isinstance(metadata, Metadata):
-                raise PolicyIntegrityError(f"{METADATA_FILE} holds a {type(metadata).__name__}, not DCP Metadata")
+            metadata = decode_metadata(fs.verified_bytes(METADATA_FILE))
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             self._metadata = metadata

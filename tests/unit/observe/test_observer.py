@@ -206,3 +206,39 @@ def test_the_last_lines_name_the_log_and_the_report_command(tmp_path: Path) -> N
     obs.finish(0)
     off = load_config(overrides=["run.log_enabled=false"])
     assert where_lines(off, JobObserver(ObserveOptions.of(off)).started("r", None, plan)) == []
+
+
+def test_steps_a_killed_attempt_never_logged_come_back_from_the_bundle(tmp_path: Path) -> None:
+    """Attempt 1 logged steps 1..8, trained 9 and 10, published step_10, and was SIGKILLed before its writer wrote
+    9 and 10. The bundle's manifest kept steps 9 and 10; attempt 2, resuming step_10, logs them (once)."""
+    from sc_app.checkpoint import BundleWriter
+    from sc_app.progress import step_summary
+    from tests.support.bundles import write_contents
+
+    logs = tmp_path / "logs"
+    first = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=10))
+    first.started("first", Lease.acquire(tmp_path, "first"), plan_resume(tmp_path, tidy=False))
+    for n in range(1, 9):
+        first.progress(progress_step(n))
+    first.writer.close()  # type: ignore[union-attr]  # what was written before the kill; no exit line
+    writer = BundleWriter(tmp_path, 10).begin()
+    record = write_contents(writer, 10)
+    kept = [step_summary(progress_step(n)) for n in (9, 10)]
+    kept[0]["loss"] = None  # a NaN loss is kept as null and comes back as NaN
+    writer.commit({**record, "steps": kept})
+
+    plan = plan_resume(tmp_path, tidy=False)
+    assert plan.decision == "resume" and plan.step == 10
+    second = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=10))
+    second.started("second", Lease.acquire(tmp_path, "second"), plan)
+    second.finish(0)
+    history = read_history(logs)
+    assert [s.step for s in history.effective_steps()] == list(range(1, 11))
+    (recovered,) = history.events_named("recovered")
+    assert recovered.data["steps"] == [9, 10] and recovered.data["bundle"] == "step_10"
+
+    third = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=10))
+    third.started("third", Lease.acquire(tmp_path, "third"), plan_resume(tmp_path, tidy=False))
+    third.finish(0)
+    assert len(read_history(logs).events_named("recovered")) == 1, "a step already logged is not logged again"
+    assert [s.step for s in read_history(logs).steps] == list(range(1, 11))

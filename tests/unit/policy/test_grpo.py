@@ -55,8 +55,10 @@ def test_without_a_mask_the_loss_is_the_plain_mean() -> None:
 
 
 def test_masked_tokens_carry_no_gradient_and_micro_losses_add_up() -> None:
-    new = torch.randn(4, 5, requires_grad=True)
-    old, adv = torch.randn(4, 5), torch.randn(4)
+    g = torch.Generator().manual_seed(0)
+    new = torch.randn(4, 5, generator=g, requires_grad=True)
+    old = new.detach() + 0.01 * torch.randn(4, 5, generator=g)  # ratios near 1: inside the clip, gradients flow
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.0])
     mask = torch.ones(4, 5)
     mask[0, 3:] = 0
     clipped_pg_loss(new, old, adv, mask=mask).backward()
