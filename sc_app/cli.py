@@ -77,6 +77,7 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
     from sc_app.controller import InventoryMismatch, SaveFailed
     from sc_app.driver import ResumeRefused
     from sc_app.job import CheckpointDirUnusable, EmergencyTimeout, JobFailed, run_job
+    from sc_app.policy.hf.errors import HFInputError
     from sc_app.progress import ProgressRecord, RunSummary, format_line
 
     stop = {"requested": False}
@@ -124,7 +125,7 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
             on_ray_ready=on_ray_ready,
             on_attempt=lambda a: observer.started(a.run_id, a.lease, a.plan),
         )
-    except (ResumeRefused, CheckpointDirUnusable, LeaseError, LineageError) as exc:
+    except (ResumeRefused, CheckpointDirUnusable, LeaseError, LineageError, HFInputError) as exc:
         return failed(f"{exc}")
     except LeaseLost as exc:
         return failed(f"superseded: {exc}", EXIT_SUPERSEDED)
@@ -161,6 +162,21 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- preflight
+def _dataset_problem(cfg: AppConfig, plan: Any) -> str | None:
+    """A jsonl run's dataset file against the bundle it would resume (see ``task.allow_changed_dataset``)."""
+    if plan.decision != "resume" or cfg.task.name != "jsonl" or cfg.task.allow_changed_dataset:
+        return None
+    from sc_app.policy.hf.dataset import DatasetError, DatasetRecord, changed_dataset_problem, load_jsonl
+
+    assert cfg.task.path is not None
+    try:
+        current = DatasetRecord.of(load_jsonl(cfg.task.path, shuffle=cfg.task.shuffle, seed=cfg.run.seed))
+    except DatasetError as exc:
+        return str(exc)
+    manifest = plan.manifest
+    return changed_dataset_problem(manifest.dataset if manifest else None, current, bundle=str(plan.bundle))
+
+
 def _checkpoint_root(args: argparse.Namespace, *, must_exist: bool) -> Path:
     """``--checkpoint-dir`` as a directory that can be read, else ``_BadDir`` with the one line to print."""
     from sc_app.checkpoint import volume
@@ -179,7 +195,7 @@ class _BadDir(Exception):
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from sc_app.checkpoint import hmac_key_from_env, plan_resume, volume
+    from sc_app.checkpoint import ResumePlan, hmac_key_from_env, plan_resume, volume
     from sc_app.checkpoint.compat import compat_of
     from sc_app.checkpoint.lease import dir_lock, live_holder
 
@@ -215,6 +231,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             plan = decide(tidy=live_holder(root) is None)
     else:
         plan = decide(tidy=False)
+    dataset_problem = _dataset_problem(cfg, plan) if cfg is not None else None
+    if dataset_problem:
+        plan = ResumePlan("refuse", dataset_problem, plan.bundle, plan.step, plan.reports, plan.quarantined)
     if args.json:
         print(json.dumps({**plan.as_dict(), "moved_nothing_because": why_read_only}, indent=2))
     else:
@@ -363,6 +382,52 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------------------------- export
+def cmd_export(args: argparse.Namespace) -> int:
+    from sc_app.checkpoint import hmac_key_from_env, layout, verify_bundle
+
+    root = _checkpoint_root(args, must_exist=True)
+    key = hmac_key_from_env()
+    if args.step is not None:
+        bundle = root / layout.step_name(args.step)
+        if not bundle.is_dir():
+            return fail(f"no {bundle.name} in {root}; `sc-app ckpt list --checkpoint-dir {root}` shows the bundles")
+        report = verify_bundle(bundle, hmac_key=key)
+        if not report.ok:
+            return fail(f"{bundle} does not verify ({report.problems[0]}); export another --step")
+    else:
+        report = None
+        for _, candidate in layout.step_dirs(root):
+            checked = verify_bundle(candidate, hmac_key=key)
+            if checked.ok:
+                report = checked
+                break
+            print(f"skipped {candidate.name}: {checked.problems[0]}")
+        if report is None:
+            return fail(f"no verified step_N bundle in {root}; `sc-app ckpt verify` names the problems")
+        bundle = report.path
+    assert report.manifest is not None
+    backend = report.manifest.compat.get("model.backend", "tiny")
+    if backend != "hf":
+        return fail(
+            f"{bundle.name} holds a model.backend={backend} policy: there is nothing to export in Hugging Face layout "
+            "(export works on bundles of model.backend=hf runs)"
+        )
+    from sc_app.policy.hf.errors import HFInputError
+    from sc_app.policy.hf.export import ExportError, export_policy
+    from sc_app.policy.hf.policy_ckpt import PolicyIntegrityError
+
+    try:
+        result = export_policy(bundle / layout.POLICY_DIR, report.manifest.hashes_under(layout.POLICY_DIR), args.out)
+    except (ExportError, PolicyIntegrityError, HFInputError) as exc:
+        return fail(str(exc))
+    print(
+        f"exported {bundle.name} (step {report.step}) to {result.out}: {result.parameters:,} parameters in "
+        f"{result.dtype}, {len(result.files)} files; load it with AutoModelForCausalLM.from_pretrained"
+    )
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------------- report
 def cmd_report(args: argparse.Namespace) -> int:
     from sc_app.observe.reader import RunLogMissing, read_history
@@ -462,6 +527,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--keep", type=int, required=True)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_ckpt_prune)
+
+    ex = sub.add_parser(
+        "export",
+        help="write a bundle's policy in Hugging Face layout (model.backend=hf runs)",
+        description="Verify a bundle and write its policy as safetensors + config + tokenizer into a new directory "
+        "that AutoModelForCausalLM.from_pretrained loads.",
+    )
+    ex.add_argument("--checkpoint-dir", metavar="DIR", required=True)
+    ex.add_argument("--step", metavar="N", type=int, help="the bundle step_N (default: the newest verified one)")
+    ex.add_argument("--out", metavar="DIR", required=True, help="a new (or empty) directory")
+    ex.set_defaults(func=cmd_export)
 
     rp = sub.add_parser(
         "report",

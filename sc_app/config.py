@@ -7,17 +7,19 @@ model's context — is refused before anything starts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
 TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (see DESIGN.md: oversubscription hangs tq.init silently)
+REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*"
 
 
 class ConfigError(ValueError):
@@ -80,11 +82,22 @@ class DataPlaneConfig(_Section):
 
 
 class ModelConfig(_Section):
-    vocab_size: int = Field(10, ge=4)
-    d_model: int = Field(64, ge=8)
-    n_layers: int = Field(2, ge=1)
-    n_heads: int = Field(4, ge=1)
-    max_seq_len: int = Field(16, ge=2)
+    backend: Literal["tiny", "hf"] = Field(
+        "tiny",
+        description="tiny: the built-in tiny LM (the keys below); hf: a local Hugging Face causal LM at model.path.",
+    )
+    path: str | None = Field(
+        None, description="hf: a local Hugging Face model directory (config, tokenizer, safetensors); never downloaded."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="hf: compute dtype (auto: float32 on CPU, bfloat16 on GPU); trainer weights and Adam stay float32.",
+    )
+    vocab_size: int = Field(10, ge=4, description="tiny only.")
+    d_model: int = Field(64, ge=8, description="tiny only.")
+    n_layers: int = Field(2, ge=1, description="tiny only.")
+    n_heads: int = Field(4, ge=1, description="tiny only.")
+    max_seq_len: int = Field(16, ge=2, description="tiny only.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -94,12 +107,37 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: Literal["repeat_first"] = Field(
-        "repeat_first", description="repeat_first: answer with the prompt's first token, reward = fraction right."
+    name: Literal["repeat_first", "jsonl"] = Field(
+        "repeat_first",
+        description="repeat_first: answer with the prompt's first token, reward = fraction right; "
+        "jsonl (hf backend): your prompts and answers in task.path, scored by task.reward.",
     )
-    prompt_len: int = Field(4, ge=1)
-    response_len: int = Field(4, ge=1)
-    dataset_size: int = Field(1_000_000, ge=1, description="Prompts per epoch; the loader wraps to a new epoch.")
+    prompt_len: int = Field(
+        4, ge=1, description="Prompt tokens (jsonl: the longest prompt after the chat template; shorter are padded)."
+    )
+    response_len: int = Field(4, ge=1, description="Response tokens generated (hf: at most; generation stops at eos).")
+    dataset_size: int = Field(
+        1_000_000, ge=1, description="repeat_first: prompts per epoch; the loader wraps to a new epoch."
+    )
+    path: str | None = Field(None, description="jsonl: one JSON object per line with 'prompt' and 'answer'.")
+    reward: str = Field(
+        "exact_match",
+        description="jsonl: exact_match | numeric_match | package.module:function (called with keywords prompt, "
+        "completion, answer; returns a number).",
+    )
+    shuffle: bool = Field(True, description="jsonl: a new order of the rows every epoch (keyed by run.seed).")
+    allow_changed_dataset: bool = Field(
+        False,
+        description="jsonl: resume even though task.path's content differs from the file the bundle was cut with "
+        "(the loader place then points into the new file).",
+    )
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_spec(cls, value: str) -> str:
+        if not re.fullmatch(REWARD_PATTERN, value):
+            raise ValueError(f"task.reward {value!r}: expected exact_match, numeric_match or package.module:function")
+        return value
 
 
 class GRPOConfig(_Section):
@@ -109,6 +147,7 @@ class GRPOConfig(_Section):
     max_staleness: int = Field(1, ge=0, description="Train on groups generated at most this many versions ago.")
     max_groups_buffered: int = Field(16, ge=1, description="Backpressure: committed + in-flight groups held at most.")
     temperature: float = Field(1.0, gt=0)
+    max_grad_norm: float | None = Field(None, gt=0, description="hf: clip the gradient norm (None: no clipping).")
 
 
 class WorkerGroupConfig(_Section):
@@ -116,6 +155,20 @@ class WorkerGroupConfig(_Section):
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per worker.")
+
+
+class TrainerConfig(WorkerGroupConfig):
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="hf: ddp (every worker holds the model, gradients averaged) or fsdp (FSDP2: parameters, "
+        "gradients and optimizer state sharded across the workers). A bundle resumes under either, any count.",
+    )
+    micro_batch_rows: int = Field(0, ge=0, description="hf: rows per forward/backward (0: the worker's whole share).")
+
+
+class GenerationWorkersConfig(WorkerGroupConfig):
+    top_k: int = Field(0, ge=0, description="hf: sample from the k likeliest tokens (0: off).")
+    top_p: float = Field(1.0, gt=0, le=1, description="hf: nucleus sampling (1.0: off).")
 
 
 class CheckpointConfig(_Section):
@@ -150,16 +203,29 @@ class AppConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    trainer: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
-    generation: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    generation: GenerationWorkersConfig = Field(default_factory=GenerationWorkersConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     @model_validator(mode="after")
     def _fits(self) -> AppConfig:
         seq = self.task.prompt_len + self.task.response_len
-        if seq > self.model.max_seq_len:
+        if self.model.backend == "tiny" and seq > self.model.max_seq_len:
             raise ValueError(
                 f"task.prompt_len + task.response_len = {seq} exceeds model.max_seq_len = {self.model.max_seq_len}"
+            )
+        if self.model.backend == "hf" and not self.model.path:
+            raise ValueError("model.backend=hf needs model.path: a local Hugging Face model directory")
+        if self.task.name == "jsonl":
+            if self.model.backend != "hf":
+                raise ValueError("task.name=jsonl needs model.backend=hf (the tiny model has no tokenizer)")
+            if not self.task.path:
+                raise ValueError("task.name=jsonl needs task.path: a JSONL file of {'prompt', 'answer'} lines")
+        rows = self.grpo.prompts_per_step * self.grpo.num_generations_per_prompt
+        if rows < self.trainer.num_workers:
+            raise ValueError(
+                f"a step trains {rows} rows (grpo.prompts_per_step x grpo.num_generations_per_prompt) but "
+                f"trainer.num_workers={self.trainer.num_workers}: every trainer needs at least one row"
             )
         if self.ray.address is not None and self.ray.metrics_export_port is not None:
             raise ValueError(

@@ -42,6 +42,7 @@ from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
+from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult, policy_format
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
 from sc_app.progress import (
@@ -85,6 +86,8 @@ class SingleControllerActorArgs:
     data_plane_checkpoint_metadata: dict[str, Any] | None = None  # what the driver restored (flow 1 → 2)
     lease: Lease | None = None
     lineage: str | None = None  # the checkpoint directory's lineage, recorded in every manifest
+    dataset: dict[str, Any] | None = None  # the task's dataset file (path, sha256, rows): recorded in every bundle
+    restored_fingerprint: PolicyFingerprint | None = None  # of the state the trainers restored (traced at start)
 
 
 def group_id_for(prompt_index: int) -> str:
@@ -178,7 +181,16 @@ class SingleControllerActor:
             raise RuntimeError("run() before restore(): the index must be rebuilt and checked before any pump")
         cfg = self.cfg
         self._trace_fh = open(cfg.run.trace_file, "a") if cfg.run.trace_file else None  # noqa: SIM115
-        self._trace(ev="start", step=self.step, restored_rows=self.buffer.rows, run_id=self.args.run_id)
+        restored = self.args.restored_fingerprint
+        self._trace(
+            ev="start",
+            step=self.step,
+            restored_rows=self.buffer.rows,
+            run_id=self.args.run_id,
+            restored_policy=None
+            if restored is None
+            else {"weights": restored.weights, "optimizer": restored.optimizer},
+        )
         pumps = [asyncio.create_task(self._rollout_pump(i, w)) for i, w in enumerate(self.args.generators)]
         try:
             return await self._train_pump()
@@ -221,18 +233,11 @@ class SingleControllerActor:
                     self._inflight += batch
                 self._trace(ev="issue", prompts=idxs, worker=worker_index)
                 try:
-                    out = await worker.generate.remote(idxs)
+                    out: Rollout = await worker.generate.remote(idxs)
                     for j, idx in enumerate(idxs):
                         span = slice(j * group_size, (j + 1) * group_size)
-                        data = TensorDict(
-                            {
-                                "tokens": out["tokens"][span],
-                                "logprobs": out["logprobs"][span],
-                                "reward": out["rewards"][span],
-                            },
-                            batch_size=group_size,
-                        )
-                        await self.buffer.commit(group_id_for(idx), idx, int(out["version"]), data)
+                        data = TensorDict({k: v[span] for k, v in out.fields.items()}, batch_size=group_size)
+                        await self.buffer.commit(group_id_for(idx), idx, out.version, data)
                         self.loader.settled(idx)
                         async with self._cond:
                             self._inflight -= 1
@@ -302,7 +307,7 @@ class SingleControllerActor:
             next_version = self.version + 1
             # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
             capture = cfg.checkpoint.enabled and self._save_due(self.step + 1)
-            results = await asyncio.gather(
+            results: list[TrainStepResult] = await asyncio.gather(
                 *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
             )
             if capture:
@@ -310,8 +315,7 @@ class SingleControllerActor:
             self.version = next_version
             self.step += 1
             await self._drop(groups)
-            weights = self.args.trainers[0].get_weights.remote()
-            await asyncio.gather(*[w.set_weights.remote(weights, self.version) for w in self.args.generators])
+            await self._sync_weights()
             reward = rows["reward"]
             mean_reward = float(reward.mean())
             rewards.append(mean_reward)
@@ -320,7 +324,7 @@ class SingleControllerActor:
                 StepRecord(
                     step=self.step,
                     reward=mean_reward,
-                    loss=sum(r["loss"] for r in results) / len(results),
+                    loss=sum(r.loss for r in results) / len(results),
                     staleness=staleness,
                     rows_held=self.buffer.rows,
                     step_seconds=time.perf_counter() - started,
@@ -346,6 +350,12 @@ class SingleControllerActor:
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
             last_saved_step=self._last_saved,
         )
+
+    async def _sync_weights(self) -> None:
+        """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
+        them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
+        refs = [t.get_weights.remote() for t in self.args.trainers]
+        await asyncio.gather(*[w.set_weights.remote(refs[0], self.version) for w in self.args.generators], *refs[1:])
 
     def _record_step(self, record: StepRecord) -> None:
         self._progress.append(record)
@@ -442,6 +452,8 @@ class SingleControllerActor:
                 partition=cfg.data_plane.partition,
                 compat=compat_of(cfg),
                 versions=_versions(),
+                dataset=self.args.dataset,
+                policy_format=policy_format(cfg),
             ),
             keep=cfg.checkpoint.keep,
             in_background=self._in_background,
@@ -466,10 +478,10 @@ class SingleControllerActor:
         ``list_samples()`` must equal it, the data-plane capture, and the freeze of the captured rows.
         Returns the capture, the data plane's snapshot of the captured rows and the window's seconds."""
         cfg = self.cfg
-        trainer = self.args.trainers[0]
         captured_version = self._captured_version
-        if captured_version != self.version:  # e.g. a stop request: copy now
-            captured_version = await trainer.capture_state.remote()
+        if captured_version != self.version:  # e.g. a stop request: copy now, on every rank
+            versions = await asyncio.gather(*[t.capture_state.remote() for t in self.args.trainers])
+            captured_version = min(versions)
         if captured_version != self.version:
             raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {self.version}")
         loader_state = self.loader.state_dict()  # a fresh dict of plain ints and lists
@@ -504,11 +516,13 @@ class SingleControllerActor:
             self.buffer.freeze(stored)  # TQReplayBuffer.freeze: what the snapshot reads stays as captured
         return captured, snapshot, window
 
-    async def _write_policy(self, policy_dir: Path) -> None:
-        """The trainer writes the state it copied in the window (on its io thread); an I/O error stays one."""
+    async def _write_policy(self, policy_dir: Path) -> dict[str, FileRecord]:
+        """Every trainer writes the state it copied in the window, in parallel (each on its io thread); returns
+        the files they hashed as they wrote them. An I/O error stays one."""
         try:
-            await self.args.trainers[0].write_captured.remote(str(policy_dir))
+            written = await asyncio.gather(*[t.write_captured.remote(str(policy_dir)) for t in self.args.trainers])
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
                 raise exc.cause from None
             raise
+        return {name: record for files in written for name, record in files.items()}

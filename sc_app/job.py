@@ -29,6 +29,7 @@ from sc_app.checkpoint.stop_request import StopWatch
 from sc_app.config import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
 from sc_app.driver import RestoreFailed, ResumeRefused, Setup, setup_single_controller
+from sc_app.policy.hf.dataset import DatasetRecord, changed_dataset_problem
 from sc_app.progress import ProgressRecord, RunSummary
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,25 @@ def plan_for(
     )
 
 
+def check_backend_inputs(cfg: AppConfig) -> DatasetRecord | None:
+    """hf backend: the model directory, dataset, reward and prompt lengths (``HFInputError``, one line); returns
+    the dataset record bundles carry. Nothing to check for the tiny backend."""
+    if cfg.model.backend != "hf":
+        return None
+    from sc_app.policy.hf.inputs import check_inputs
+
+    return check_inputs(cfg).dataset
+
+
+def dataset_refusal(cfg: AppConfig, plan: ResumePlan, dataset: DatasetRecord | None) -> str | None:
+    """Why ``plan`` must not resume with ``dataset`` (the file differs from the bundle's), unless
+    ``task.allow_changed_dataset``; None when it may."""
+    if plan.decision != "resume" or dataset is None or cfg.task.allow_changed_dataset:
+        return None
+    recorded = plan.manifest.dataset if plan.manifest is not None else None
+    return changed_dataset_problem(recorded, dataset, bundle=str(plan.bundle))
+
+
 def start_controller(
     cfg: AppConfig,
     plan: ResumePlan,
@@ -145,14 +165,17 @@ def start_controller(
     lease: Lease | None,
     lineage: str | None,
     on_plan: Callable[[ResumePlan], None],
+    dataset: DatasetRecord | None = None,
 ) -> tuple[Setup, ResumePlan]:
     """``setup_single_controller`` for ``plan``; a bundle that verified but cannot be restored is handled like one
     that failed verification: with ``on_corrupt=fallback`` it is moved aside (only when an older bundle verifies)
-    and the next one is tried, in this process; otherwise the run is refused and nothing is moved."""
+    and the next one is tried, in this process; otherwise the run is refused and nothing is moved. ``dataset``:
+    the task's dataset file as checked before the run (recorded in every bundle)."""
     unrestorable: dict[str, str] = {}
     while True:
         try:
-            return setup_single_controller(cfg, plan, run_id=run_id, lease=lease, lineage=lineage), plan
+            setup = setup_single_controller(cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
+            return setup, plan
         except RestoreFailed as exc:
             log.warning("%s", exc)
             unrestorable[exc.bundle.name] = str(exc)
@@ -160,6 +183,8 @@ def start_controller(
             on_plan(plan)
             if plan.decision != "resume":
                 raise ResumeRefused(plan.reason) from None
+            if problem := dataset_refusal(cfg, plan, dataset):
+                raise ResumeRefused(problem) from None
 
 
 @contextmanager
@@ -235,6 +260,7 @@ def run_job(
     publish. ``stop_requested`` (a signal) and a ``sc-app stop`` request addressed to this run's lease both stop
     the run gracefully; the lease is released at the end with how the run ended."""
     started = time.perf_counter()
+    dataset = check_backend_inputs(cfg)  # bad model, data or reward: one line, before anything is taken or started
     root = Path(cfg.checkpoint.dir)
     problem = volume.unwritable(root) if cfg.checkpoint.enabled else volume.unusable_as_dir(root)
     if problem:
@@ -248,6 +274,8 @@ def run_job(
         on_plan(plan)
         on_attempt(AttemptStarted(run_id, lease, plan))
 
+    if problem := dataset_refusal(cfg, plan, dataset):
+        plan = ResumePlan("refuse", problem, plan.bundle, plan.step, plan.reports, plan.quarantined)
     if plan.decision == "refuse" or (plan.decision == "resume" and plan.step >= cfg.run.max_steps):
         announce(plan, None)
         if plan.decision == "refuse":
@@ -258,7 +286,9 @@ def run_job(
         return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "stopped")
     if not cfg.checkpoint.enabled:
         announce(plan, None)
-        return _train(cfg, plan, run_id, None, None, started, on_plan, on_progress, stop_requested, on_ray_ready)
+        return _train(
+            cfg, plan, run_id, None, None, started, on_plan, on_progress, stop_requested, on_ray_ready, dataset
+        )
     try:
         lease = Lease.acquire(root, run_id, ttl_s=cfg.checkpoint.lease_ttl_s)
     except OSError as exc:
@@ -269,6 +299,8 @@ def run_job(
         adopt = plan.reports[-1].manifest.doc.get("lineage") if plan.reports and plan.reports[-1].manifest else None
         lineage = ensure_lineage(root, adopt=adopt if isinstance(adopt, str) else None)
         plan = plan_for(cfg, tidy=True, lineage=lineage)  # as the holder: now it may move leftovers aside
+        if problem := dataset_refusal(cfg, plan, dataset):
+            plan = ResumePlan("refuse", problem, plan.bundle, plan.step, plan.reports, plan.quarantined)
         announce(plan, lease)
         if plan.decision == "refuse":
             outcome = "refused"
@@ -278,7 +310,9 @@ def run_job(
         def stop_now() -> bool:
             return stop_requested() or watch.requested() is not None
 
-        result = _train(cfg, plan, run_id, lease, lineage, started, on_plan, on_progress, stop_now, on_ray_ready)
+        result = _train(
+            cfg, plan, run_id, lease, lineage, started, on_plan, on_progress, stop_now, on_ray_ready, dataset
+        )
         outcome, final_step = result.outcome, result.summary.final_step
         return result
     except LeaseLost:
@@ -306,6 +340,7 @@ def _train(
     on_progress: Callable[[ProgressRecord], None],
     stop_requested: Callable[[], bool],
     on_ray_ready: Callable[[], None],
+    dataset: DatasetRecord | None = None,
 ) -> RunResult:
     """Ray up, the controller set up (falling back past bundles that cannot be restored), driven to its end."""
     try:
@@ -316,7 +351,9 @@ def _train(
         return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "stopped")
     on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
     try:
-        setup, plan = start_controller(cfg, plan, run_id=run_id, lease=lease, lineage=lineage, on_plan=on_plan)
+        setup, plan = start_controller(
+            cfg, plan, run_id=run_id, lease=lease, lineage=lineage, on_plan=on_plan, dataset=dataset
+        )
         summary = drive(
             setup.actor,
             emergency_budget_s=cfg.checkpoint.emergency_budget_s,

@@ -93,6 +93,18 @@ class Manifest:
         """The policy format recorded, ``None`` for the default (``sc_app.checkpoint.policy_formats``)."""
         return self.doc.get("policy_format")
 
+    @property
+    def dataset(self) -> dict[str, Any] | None:
+        """The dataset the loader place points into (``task.name=jsonl``): path, sha256 of its bytes, rows."""
+        value = self.doc.get("dataset")
+        return value if isinstance(value, dict) else None
+
+    def hashes_under(self, directory: str) -> dict[str, str]:
+        """sha256 of every listed file under ``directory/``, keyed by its path inside it: what a reader of that
+        directory checks before it decodes a byte."""
+        prefix = directory.rstrip("/") + "/"
+        return {rel[len(prefix) :]: str(info["sha256"]) for rel, info in self.files.items() if rel.startswith(prefix)}
+
 
 class FileEntry(StrictModel):
     sha256: Hex64
@@ -126,6 +138,14 @@ class KeptStep(StrictModel):
     weights_version: int | None = None
 
 
+class DatasetEntry(StrictModel):
+    """The ``task.name: jsonl`` file a bundle was cut with: a resume with other bytes is refused."""
+
+    path: Name
+    sha256: Hex64
+    rows: PosInt
+
+
 class Signature(StrictModel):
     alg: Literal["hmac-sha256"]
     value: str
@@ -133,8 +153,10 @@ class Signature(StrictModel):
 
 class ManifestDoc(StrictModel):
     """Every key a manifest may hold, with its type: anything else is refused (a newer layout bumps
-    ``schema_version``). ``lineage`` (the directory's training lineage) and ``policy_format`` (which policy
-    checker applies, ``sc_app.checkpoint.policy_formats``) are absent from bundles written before they existed."""
+    ``schema_version``). ``lineage`` (the directory's training lineage), ``policy_format`` (which policy
+    checker applies, ``sc_app.checkpoint.policy_formats``), ``steps`` (the steps since the previous bundle, for the
+    run log) and ``dataset`` (the file a ``task.name=jsonl`` loader place points into) are absent from bundles
+    written before they existed, and ``dataset`` from bundles of tasks without a file."""
 
     format: Literal["sc-app/bundle"]
     schema_version: Literal[1]
@@ -151,6 +173,7 @@ class ManifestDoc(StrictModel):
     lineage: Name | None = None
     policy_format: Name | None = None
     steps: list[KeptStep] = []  # the steps since the previous bundle (run-log recovery); absent in older bundles
+    dataset: DatasetEntry | None = None
     signature: Signature | None = None
 
 

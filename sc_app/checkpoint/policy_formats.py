@@ -10,9 +10,10 @@ names, empty when the policy will restore. A checker
 * uses the same validators its restore uses, so what verifies is what restores;
 * reports files under ``policy/`` that its format does not have.
 
-Adding a format (e.g. the hf backend's DCP checkpoints): write the checker next to the format's own code, add one
-line to ``CHECKERS`` (name → ``"module:function"``, imported only when a bundle of that format is verified, so this
-module stays light), and record the name as ``policy_format`` in the manifests the format's saves write.
+Adding a format (as the hf backend's DCP checkpoints, ``sc-app/dcp-v1``, did): write the checker next to the
+format's own code, add one line to ``CHECKERS`` (name → ``"module:function"``, imported only when a bundle of that
+format is verified, so this module stays light), and record the name as ``policy_format`` in the manifests the
+format's saves write.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ DEFAULT = "sc-app/torch-v1"
 
 CHECKERS: dict[str, str] = {
     DEFAULT: "sc_app.policy.state_schema:check_policy_dir",
+    "sc-app/dcp-v1": "sc_app.policy.hf.policy_check:check_policy_dir",  # the hf backend (policy_ckpt.POLICY_FORMAT)
 }
 
 

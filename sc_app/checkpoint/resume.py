@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.manifest import Manifest
 from sc_app.checkpoint.quarantine import QuarantineError, move_aside
 from sc_app.checkpoint.verify import BundleReport, verify_bundle
 
@@ -37,6 +38,11 @@ class ResumePlan:
     @property
     def ok(self) -> bool:
         return self.decision != "refuse"
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The verified manifest of the bundle to resume (None unless ``decision == "resume"``)."""
+        return self.reports[-1].manifest if self.decision == "resume" and self.reports else None
 
     def as_dict(self) -> dict[str, Any]:
         return {

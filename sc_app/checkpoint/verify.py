@@ -65,16 +65,20 @@ class BundleReport:
         }
 
 
+_UNRECORDED = object()
+
+
 def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     """Each key where a bundle and the running config disagree, named as a config key."""
+    from sc_app.checkpoint.compat import RECORDED_SINCE
+
     out = []
     for key in sorted(expected):
-        if key not in bundle_compat:
+        recorded = bundle_compat.get(key, RECORDED_SINCE.get(key, _UNRECORDED))
+        if recorded is _UNRECORDED:
             out.append(f"incompatible: bundle does not record '{key}'")
-        elif bundle_compat[key] != expected[key]:
-            out.append(
-                f"incompatible: {key} is {bundle_compat[key]!r} in the bundle but {expected[key]!r} in the config"
-            )
+        elif recorded != expected[key]:
+            out.append(f"incompatible: {key} is {recorded!r} in the bundle but {expected[key]!r} in the config")
     return out
 
 

@@ -191,9 +191,8 @@ def restricted_violations(pod: dict) -> list[str]:
 
 
 def test_ckpt_shell_pod_is_admitted_and_verifies_signatures(tmp_path: Path) -> None:
-    from tests.k8s.k8s_helpers import validate_core_object
-
     from sc_app.checkpoint.manifest import HMAC_ENV
+    from tests.k8s.k8s_helpers import validate_core_object
 
     rayjob = _rayjob({"checkpoint": {"hmac": {"existingSecret": "ckpt-hmac", "secretKey": "key"}}})
     env = fake_tools(tmp_path, rayjob)

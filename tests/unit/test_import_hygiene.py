@@ -32,6 +32,10 @@ PURE = [
     "sc_app.strict_json",
     "sc_app.data_plane.schema",
     "sc_app.policy.loader",
+    "sc_app.policy.hf",  # the package, and what the driver checks before anything heavy starts:
+    "sc_app.policy.hf.model_dir",
+    "sc_app.policy.hf.dataset",
+    "sc_app.policy.hf.rewards",
     "sc_app.data_plane.client",
     "sc_app.observe.records",
     "sc_app.observe.reader",
