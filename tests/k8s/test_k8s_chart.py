@@ -45,10 +45,6 @@ helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk (k8s ex
 MATRIX = [pytest.param(BASE_VALUES, id="defaults")] + [
     pytest.param(load_values(p), id=p.stem) for p in CI_VALUES
 ]
-# ci files whose config uses keys sc_app/config.py does not have on this branch yet (issue 10's model.backend,
-# model.path, model.dtype). They are rendered and validated like every other file; only the check that sc-app
-# loads their mounted config skips them. Remove an entry when the keys are merged.
-CONFIG_PENDING_IN_SC_APP = {"gpu-hf-values.yaml"}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -250,12 +246,9 @@ def test_dev_shm_is_sized_from_the_container_memory_like_kuberay() -> None:
 
 
 @pytest.mark.parametrize("values", MATRIX)
-def test_mounted_config_is_accepted_by_sc_app(values: dict[str, Any], tmp_path: Path,
-                                              request: pytest.FixtureRequest) -> None:
+def test_mounted_config_is_accepted_by_sc_app(values: dict[str, Any], tmp_path: Path) -> None:
     from sc_app.config import load_config
 
-    if f"{request.node.callspec.id}.yaml" in CONFIG_PENDING_IN_SC_APP:
-        pytest.skip("its config keys are not in sc_app/config.py on this branch (CONFIG_PENDING_IN_SC_APP)")
     objs = objects(render(values))
     text = _the(objs, "ConfigMap")["data"]["config.yaml"]
     (tmp_path / "config.yaml").write_text(text)
