@@ -1,35 +1,71 @@
 #!/usr/bin/env bash
-# Start pod "ckpt-debug" with the RayJob's image and its checkpoint claim mounted at the same path, as the
-# same non-root user, for `sc-app ckpt ...` / `sc-app preflight --dry-run`. Suspend the job first.
-# Usage: ops/ckpt-shell.sh NAMESPACE RAYJOB_NAME
+# Start pod "ckpt-debug" for `sc-app ckpt ...` / `sc-app preflight --dry-run` on a RayJob's checkpoint claim.
+# Everything is read off the RayJob's head pod template, nothing guessed: image and pull secrets, the claim and its
+# mount path, the pod's user/group, and the head container's SC_APP_* env — among it SC_APP_CHECKPOINT_HMAC_KEY
+# from its Secret, so `sc-app ckpt verify` in the pod checks manifest signatures like the job does. The pod passes
+# the "restricted" Pod Security Standard (non-root, seccomp RuntimeDefault, no privilege escalation, all
+# capabilities dropped, no service account token) and carries requests and limits (the preflight initContainer's)
+# so namespaces with a ResourceQuota admit it. Suspend the job first: one writer on the volume.
+# Usage: ops/ckpt-shell.sh NAMESPACE RAYJOB_NAME        (needs kubectl and python3)
 set -euo pipefail
 ns="${1:?usage: $0 NAMESPACE RAYJOB_NAME}"
 job="${2:?usage: $0 NAMESPACE RAYJOB_NAME}"
-tmpl='{.spec.rayClusterSpec.headGroupSpec.template.spec}'
-image=$(kubectl -n "${ns}" get rayjob "${job}" -o jsonpath="${tmpl%\}}.containers[0].image}")
-claim=$(kubectl -n "${ns}" get rayjob "${job}" \
-  -o jsonpath="${tmpl%\}}.volumes[?(@.name=='checkpoints')].persistentVolumeClaim.claimName}")
-mount=$(kubectl -n "${ns}" get rayjob "${job}" \
-  -o jsonpath="${tmpl%\}}.containers[0].volumeMounts[?(@.name=='checkpoints')].mountPath}")
-[[ -n "${image}" && -n "${claim}" && -n "${mount}" ]] || { echo "rayjob/${job}: cannot read image/claim" >&2; exit 2; }
-kubectl -n "${ns}" apply -f - <<YAML
-apiVersion: v1
-kind: Pod
-metadata:
-  name: ckpt-debug
-  labels: {app.kubernetes.io/component: ckpt-debug}
-spec:
-  restartPolicy: Never
-  securityContext: {runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001, fsGroup: 10001}
-  containers:
-    - name: ckpt-debug
-      image: ${image}
-      command: ["sleep", "86400"]
-      securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
-      volumeMounts: [{name: checkpoints, mountPath: ${mount}}]
-  volumes:
-    - name: checkpoints
-      persistentVolumeClaim: {claimName: ${claim}}
-YAML
-kubectl -n "${ns}" wait --for=condition=Ready pod/ckpt-debug --timeout=300s
-echo "ready: kubectl -n ${ns} exec -it ckpt-debug -- sc-app ckpt list --checkpoint-dir ${mount}"
+pod=ckpt-debug
+
+# RayJob JSON on stdin -> the debug pod's JSON on stdout (line 1: mount path; line 2: HMAC note; line 3: pod).
+build_pod='
+import json, sys
+job_name, pod_name = sys.argv[1], sys.argv[2]
+job = json.load(sys.stdin)
+try:
+    tmpl = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    head = next((c for c in tmpl["containers"] if c.get("name") == "ray-head"), tmpl["containers"][0])
+    mount = next(m["mountPath"] for m in head.get("volumeMounts", []) if m.get("name") == "checkpoints")
+    claim = next(v["persistentVolumeClaim"]["claimName"] for v in tmpl.get("volumes", [])
+                 if v.get("name") == "checkpoints")
+except (KeyError, IndexError, StopIteration, TypeError):
+    sys.exit(f"rayjob/{job_name}: no checkpoints volume/claim in its head pod template; not an sc-app RayJob?")
+preflight = next((c for c in tmpl.get("initContainers", []) if c.get("name") == "preflight"), {})
+resources = preflight.get("resources") or {"requests": {"cpu": "250m", "memory": "512Mi"},
+                                           "limits": {"cpu": "1", "memory": "1Gi"}}
+env = [e for e in head.get("env", []) if e.get("name", "").startswith("SC_APP_")]
+hmac = next((e for e in env if e["name"] == "SC_APP_CHECKPOINT_HMAC_KEY"), None)
+ref = ((hmac or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+sc = dict(tmpl.get("securityContext") or {})
+pod_sc = {"runAsNonRoot": True, "runAsUser": sc.get("runAsUser", 10001), "runAsGroup": sc.get("runAsGroup", 10001),
+          "fsGroup": sc.get("fsGroup", 10001), "seccompProfile": {"type": "RuntimeDefault"}}
+pod = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/component": "ckpt-debug",
+                                              "sc-app/rayjob": job_name}},
+    "spec": {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": pod_sc,
+        "imagePullSecrets": tmpl.get("imagePullSecrets", []),
+        "containers": [{
+            "name": "ckpt-debug", "image": head["image"], "command": ["sleep", "86400"],
+            "env": env, "resources": resources,
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "volumeMounts": [{"name": "checkpoints", "mountPath": mount}],
+        }],
+        "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}],
+    },
+}
+print(mount)
+secret, key = ref.get("name"), ref.get("key")
+print(f"HMAC key from secret/{secret} (key {key}): ckpt verify checks signatures" if ref
+      else "no SC_APP_CHECKPOINT_HMAC_KEY on the RayJob: manifests are hashed, not signed")
+print(json.dumps(pod))
+'
+
+rayjob=$(kubectl -n "${ns}" get rayjob "${job}" -o json) || { echo "rayjob/${job}: cannot read it in namespace ${ns}" >&2; exit 2; }
+built=$(python3 -c "${build_pod}" "${job}" "${pod}" <<< "${rayjob}") || exit 2
+mount=$(sed -n 1p <<< "${built}")
+note=$(sed -n 2p <<< "${built}")
+sed -n 3p <<< "${built}" | kubectl -n "${ns}" create -f -
+kubectl -n "${ns}" wait --for=condition=Ready "pod/${pod}" --timeout=300s
+echo "${note}"
+echo "ready: kubectl -n ${ns} exec -it ${pod} -- sc-app ckpt verify --checkpoint-dir ${mount}"
+echo "done:  kubectl -n ${ns} delete pod ${pod}"

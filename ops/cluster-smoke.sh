@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Real-cluster smoke: install the chart into NAMESPACE, wait for a step_N bundle, delete the head pod (a
-# preemption), check that KubeRay retried and the new head's preflight resumed from a bundle, then uninstall.
-# Needs: kubectl + helm pointed at a cluster with the KubeRay operator, an RWX storage class (or CPU values).
+# Real-cluster smoke: install the chart into NAMESPACE, wait until the driver has published a bundle (and it is on
+# the volume, at the mount path the RayJob itself names), delete the head pod (a preemption), then require that a
+# NEW head's driver resumed from a bundle at least that new, let the job complete, and remove the release (the
+# RayJob first, waiting for KubeRay's finalizer, then helm uninstall; the PVC is kept).
+# A lost head may be absorbed without a KubeRay retry: the RayCluster recreates the head pod and the K8sJobMode
+# submitter submits the same job again, so `retriesUsed` may stay 0. The check is the resume, not the retry count.
+# Needs: kubectl, helm and sc-app (k8s extra) for a cluster with the KubeRay operator, an RWX storage class (or CPU
+# values), and RBAC for `sc-app k8s status`'s live part (ops/README.md). SMOKE_TIMEOUT_S (1800), SMOKE_POLL_S (10).
 # Usage: ops/cluster-smoke.sh NAMESPACE [VALUES_FILE] [IMAGE_TAG]
 set -euo pipefail
 ns="${1:?usage: $0 NAMESPACE [VALUES_FILE] [IMAGE_TAG]}"
@@ -11,49 +16,73 @@ tag="${3:-0.1.0}"
 release="smoke-$(date +%s)"
 job="${release}-sc-app"
 timeout_s="${SMOKE_TIMEOUT_S:-1800}"
+poll_s="${SMOKE_POLL_S:-10}"
 
 say() { printf '[cluster-smoke] %s\n' "$*" >&2; }
 fail() { say "FAIL: $*"; exit 1; }
 cleanup() {
-  say "uninstalling ${release} (PVC ${job}-ckpt is kept; delete it by hand)"
+  say "removing ${release} (PVC ${job}-ckpt is kept; delete it by hand)"
+  kubectl -n "${ns}" delete rayjob "${job}" --wait --timeout=300s > /dev/null 2>&1 || true
   helm uninstall "${release}" -n "${ns}" > /dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
 status_json() { sc-app k8s status "${release}" -n "${ns}" --json; }
-field() { python3 -c "import json,sys; print(json.load(sys.stdin).get('$1'))"; }
+# field DOTTED.KEY < JSON: the value, "" for null/missing.
+field() {
+  python3 -c 'import json, sys
+d = json.load(sys.stdin)
+for k in sys.argv[1].split("."):
+    d = d.get(k) if isinstance(d, dict) else None
+print("" if d is None else d)' "$1"
+}
 
 helm install "${release}" "${repo}/helm/sc-app" -n "${ns}" --create-namespace -f "${values}" \
   --set image.tag="${tag}" --set config.checkpoint.save_period=2 > /dev/null
-say "installed ${release}; waiting for the job to run and save a bundle"
+mount=$(kubectl -n "${ns}" get rayjob "${job}" -o json | python3 -c 'import json, sys
+spec = json.load(sys.stdin)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+head = next(c for c in spec["containers"] if c["name"] == "ray-head")
+print(next(m["mountPath"] for m in head["volumeMounts"] if m["name"] == "checkpoints"))') \
+  || fail "rayjob/${job}: no checkpoints mount on its head container"
+say "installed ${release}; checkpoints at ${mount}; waiting for the driver to publish a bundle"
 
 deadline=$(( $(date +%s) + timeout_s ))
-head=""
+old_head="" before=""
 while :; do
   (( $(date +%s) < deadline )) || fail "no bundle within ${timeout_s}s"
-  state=$(status_json | field jobDeploymentStatus)
-  [[ "${state}" == "Failed" ]] && fail "job failed before the test preempted it"
-  head=$(kubectl -n "${ns}" get pod -l "ray.io/node-type=head,app.kubernetes.io/instance=${release}" \
-    -o jsonpath='{.items[0].metadata.name}' 2> /dev/null || true)
-  if [[ "${state}" == "Running" && -n "${head}" ]] \
-    && kubectl -n "${ns}" exec "${head}" -c ray-head -- sh -c 'ls -d /checkpoints/step_* > /dev/null 2>&1'; then
+  sleep "${poll_s}"
+  doc=$(status_json) || continue  # the API server may blip; the deadline bounds the loop
+  [[ "$(field jobDeploymentStatus <<< "${doc}")" == "Failed" ]] && fail "job failed before the test preempted it"
+  old_head=$(field headPod <<< "${doc}")
+  [[ "$(field live.newestBundleSource <<< "${doc}")" == "saved" ]] || continue
+  before=$(field live.newestBundleStep <<< "${doc}")
+  if [[ -n "${old_head}" ]] \
+    && kubectl -n "${ns}" exec "${old_head}" -c ray-head -- test -d "${mount}/step_${before}"; then
     break
   fi
-  sleep 10
 done
-say "bundle present; deleting head pod ${head} (preemption)"
-kubectl -n "${ns}" delete pod "${head}" --wait=false > /dev/null
+say "driver saved step_${before} (on the volume); deleting head pod ${old_head} (preemption)"
+kubectl -n "${ns}" delete pod "${old_head}" --wait=false > /dev/null
 
 while :; do
-  (( $(date +%s) < deadline )) || fail "no resumed attempt within ${timeout_s}s"
-  doc=$(status_json)
-  retries=$(field retriesUsed <<< "${doc}")
-  decision=$(field resumeDecision <<< "${doc}")
-  if [[ "${retries}" -ge 1 && "${decision}" == "resume" ]]; then
-    say "retry ${retries}: resumed from step $(field resumeStep <<< "${doc}")"
-    break
+  (( $(date +%s) < deadline )) || fail "no new head resumed from a bundle within ${timeout_s}s"
+  sleep "${poll_s}"
+  doc=$(status_json) || continue
+  [[ "$(field jobDeploymentStatus <<< "${doc}")" == "Failed" ]] && fail "job failed after the preemption"
+  head=$(field headPod <<< "${doc}")
+  [[ -n "${head}" && "${head}" != "${old_head}" ]] || continue
+  if [[ "$(field live.freshStart <<< "${doc}")" == "True" ]]; then
+    fail "the new driver on ${head} started fresh although step_${before} was published"
   fi
-  sleep 10
+  resumed=$(field live.resumedFromStep <<< "${doc}")
+  [[ -n "${resumed}" ]] || continue
+  (( resumed >= before )) || fail "the new driver resumed from step ${resumed}, older than step_${before}"
+  retries=$(field retriesUsed <<< "${doc}")
+  how=$([[ "${retries}" == "0" ]] && echo "absorbed without a KubeRay retry" || echo "KubeRay retry ${retries}")
+  say "new head ${head} resumed from step ${resumed} (${how})"
+  break
 done
-sc-app k8s wait "${release}" -n "${ns}" --timeout "${timeout_s}" || fail "job did not complete after the resume"
+left=$(( deadline - $(date +%s) ))
+sc-app k8s wait "${release}" -n "${ns}" --timeout "$(( left > 0 ? left : 1 ))" \
+  || fail "job did not complete after the resume"
 say "OK"

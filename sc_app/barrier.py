@@ -28,6 +28,13 @@ class BarrierStats:
     mutation_waits: list[float] = field(default_factory=list)
     checkpoint_windows: list[float] = field(default_factory=list)
 
+    def drain_mutation_waits(self) -> tuple[float, ...]:
+        """The mutation waits recorded since the previous drain (the newest ``keep_samples``), oldest first; a
+        reader that drains sees every wait once."""
+        waits = tuple(self.mutation_waits)
+        self.mutation_waits.clear()
+        return waits
+
 
 class DataPlaneCheckpointBarrier:
     """Readers-writer style gate: mutations share it, a checkpoint takes it exclusively."""

@@ -7,15 +7,19 @@ model's context — is refused before anything starts.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
 TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (see DESIGN.md: oversubscription hangs tq.init silently)
+REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*"
 
 
 class ConfigError(ValueError):
@@ -31,6 +35,22 @@ class RunConfig(_Section):
     seed: int = Field(0, description="Seeds the prompt stream, model init and sampling.")
     trace_file: str | None = Field(None, description="Optional JSONL trace of issued prompts and trained steps.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_dir: str | None = Field(
+        None,
+        description="Run log: metrics.jsonl (one line per step and per event, appended by every attempt) and "
+        "TensorBoard event files. Default <checkpoint.dir>/logs: on the checkpoint volume, so it survives retries.",
+    )
+    log_enabled: bool = Field(True, description="Write the run log; off: only the printed progress lines.")
+    log_buffer: int = Field(
+        10_000,
+        ge=1,
+        description="Run-log records held while the log volume is slower than training; past that, new steps are "
+        "dropped, counted, and the count logged (training never waits for the log).",
+    )
+    tensorboard: bool = Field(True, description="Write TensorBoard event files beside metrics.jsonl.")
+    metrics_enabled: bool = Field(
+        True, description="Record Prometheus metrics through Ray's metrics pipeline (ray.util.metrics)."
+    )
 
 
 class RayConfig(_Section):
@@ -39,6 +59,13 @@ class RayConfig(_Section):
     )
     num_cpus: int = Field(8, ge=1, description="Logical CPUs of the embedded local Ray (not physical cores).")
     namespace: str = "sc_app"
+    metrics_export_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Embedded Ray only: serve Prometheus metrics on this port (None: a free port Ray picks). "
+        "On a cluster the port is `ray start --metrics-export-port` (8080 in the chart).",
+    )
 
 
 class DataPlaneConfig(_Section):
@@ -62,11 +89,22 @@ class DataPlaneConfig(_Section):
 
 
 class ModelConfig(_Section):
-    vocab_size: int = Field(10, ge=4)
-    d_model: int = Field(64, ge=8)
-    n_layers: int = Field(2, ge=1)
-    n_heads: int = Field(4, ge=1)
-    max_seq_len: int = Field(16, ge=2)
+    backend: Literal["tiny", "hf"] = Field(
+        "tiny",
+        description="tiny: the built-in tiny LM (the keys below); hf: a local Hugging Face causal LM at model.path.",
+    )
+    path: str | None = Field(
+        None, description="hf: a local Hugging Face model directory (config, tokenizer, safetensors); never downloaded."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="hf: compute dtype (auto: float32 on CPU, bfloat16 on GPU); trainer weights and Adam stay float32.",
+    )
+    vocab_size: int = Field(10, ge=4, description="tiny only.")
+    d_model: int = Field(64, ge=8, description="tiny only.")
+    n_layers: int = Field(2, ge=1, description="tiny only.")
+    n_heads: int = Field(4, ge=1, description="tiny only.")
+    max_seq_len: int = Field(16, ge=2, description="tiny only.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -76,12 +114,37 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: Literal["repeat_first"] = Field(
-        "repeat_first", description="repeat_first: answer with the prompt's first token, reward = fraction right."
+    name: Literal["repeat_first", "jsonl"] = Field(
+        "repeat_first",
+        description="repeat_first: answer with the prompt's first token, reward = fraction right; "
+        "jsonl (hf backend): your prompts and answers in task.path, scored by task.reward.",
     )
-    prompt_len: int = Field(4, ge=1)
-    response_len: int = Field(4, ge=1)
-    dataset_size: int = Field(1_000_000, ge=1, description="Prompts per epoch; the loader wraps to a new epoch.")
+    prompt_len: int = Field(
+        4, ge=1, description="Prompt tokens (jsonl: the longest prompt after the chat template; shorter are padded)."
+    )
+    response_len: int = Field(4, ge=1, description="Response tokens generated (hf: at most; generation stops at eos).")
+    dataset_size: int = Field(
+        1_000_000, ge=1, description="repeat_first: prompts per epoch; the loader wraps to a new epoch."
+    )
+    path: str | None = Field(None, description="jsonl: one JSON object per line with 'prompt' and 'answer'.")
+    reward: str = Field(
+        "exact_match",
+        description="jsonl: exact_match | numeric_match | package.module:function (called with keywords prompt, "
+        "completion, answer; returns a number).",
+    )
+    shuffle: bool = Field(True, description="jsonl: a new order of the rows every epoch (keyed by run.seed).")
+    allow_changed_dataset: bool = Field(
+        False,
+        description="jsonl: resume even though task.path's content differs from the file the bundle was cut with "
+        "(the loader place then points into the new file).",
+    )
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_spec(cls, value: str) -> str:
+        if not re.fullmatch(REWARD_PATTERN, value):
+            raise ValueError(f"task.reward {value!r}: expected exact_match, numeric_match or package.module:function")
+        return value
 
 
 class GRPOConfig(_Section):
@@ -91,6 +154,7 @@ class GRPOConfig(_Section):
     max_staleness: int = Field(1, ge=0, description="Train on groups generated at most this many versions ago.")
     max_groups_buffered: int = Field(16, ge=1, description="Backpressure: committed + in-flight groups held at most.")
     temperature: float = Field(1.0, gt=0)
+    max_grad_norm: float | None = Field(None, gt=0, description="hf: clip the gradient norm (None: no clipping).")
 
 
 class WorkerGroupConfig(_Section):
@@ -98,6 +162,20 @@ class WorkerGroupConfig(_Section):
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per worker.")
+
+
+class TrainerConfig(WorkerGroupConfig):
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="hf: ddp (every worker holds the model, gradients averaged) or fsdp (FSDP2: parameters, "
+        "gradients and optimizer state sharded across the workers). A bundle resumes under either, any count.",
+    )
+    micro_batch_rows: int = Field(0, ge=0, description="hf: rows per forward/backward (0: the worker's whole share).")
+
+
+class GenerationWorkersConfig(WorkerGroupConfig):
+    top_k: int = Field(0, ge=0, description="hf: sample from the k likeliest tokens (0: off).")
+    top_p: float = Field(1.0, gt=0, le=1, description="hf: nucleus sampling (1.0: off).")
 
 
 class CheckpointConfig(_Section):
@@ -112,7 +190,16 @@ class CheckpointConfig(_Section):
         "continue", description="A failed save (e.g. full disk): keep training and retry next period, or stop."
     )
     emergency_budget_s: float = Field(
-        60.0, gt=0, description="On SIGTERM: seconds to finish the step and cut a bundle; keep below the grace period."
+        60.0,
+        gt=0,
+        description="On SIGTERM or `sc-app stop`: seconds to finish the step and cut a bundle; keep below the grace "
+        "period.",
+    )
+    lease_ttl_s: float = Field(
+        60.0,
+        ge=3,
+        description="The writer lease expires this long after its holder's last heartbeat (renewed every third of "
+        "it); until then no other command tidies the directory.",
     )
 
 
@@ -123,16 +210,35 @@ class AppConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    trainer: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
-    generation: WorkerGroupConfig = Field(default_factory=WorkerGroupConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    generation: GenerationWorkersConfig = Field(default_factory=GenerationWorkersConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     @model_validator(mode="after")
     def _fits(self) -> AppConfig:
         seq = self.task.prompt_len + self.task.response_len
-        if seq > self.model.max_seq_len:
+        if self.model.backend == "tiny" and seq > self.model.max_seq_len:
             raise ValueError(
                 f"task.prompt_len + task.response_len = {seq} exceeds model.max_seq_len = {self.model.max_seq_len}"
+            )
+        if self.model.backend == "hf" and not self.model.path:
+            raise ValueError("model.backend=hf needs model.path: a local Hugging Face model directory")
+        if self.task.name == "jsonl":
+            if self.model.backend != "hf":
+                raise ValueError("task.name=jsonl needs model.backend=hf (the tiny model has no tokenizer)")
+            if not self.task.path:
+                raise ValueError("task.name=jsonl needs task.path: a JSONL file of {'prompt', 'answer'} lines")
+        rows = self.grpo.prompts_per_step * self.grpo.num_generations_per_prompt
+        if rows < self.trainer.num_workers:
+            raise ValueError(
+                f"a step trains {rows} rows (grpo.prompts_per_step x grpo.num_generations_per_prompt) but "
+                f"trainer.num_workers={self.trainer.num_workers}: every trainer needs at least one row"
+            )
+        if self.ray.address is not None and self.ray.metrics_export_port is not None:
+            raise ValueError(
+                f"ray.metrics_export_port applies to the embedded Ray only, but ray.address={self.ray.address!r}: "
+                "a cluster's port is set by `ray start --metrics-export-port` (the chart's rayPorts.metrics); "
+                "unset ray.metrics_export_port"
             )
         if self.ray.address is None:
             need = self.cpus_required()
@@ -158,72 +264,127 @@ class AppConfig(_Section):
         )
 
 
-def _error_line(err: ValidationError) -> str:
+@dataclass(frozen=True)
+class Override:
+    """One ``key.path=value`` the user gave, and how they gave it (for error lines): ``--set k=v`` by default, or
+    the flag that stands for it (``--checkpoint-dir DIR``)."""
+
+    text: str
+    flag: str | None = None
+
+    @property
+    def source(self) -> str:
+        return self.flag or f"--set '{self.text}'"
+
+
+def _error_line(err: ValidationError, sources: dict[str, str]) -> str:
+    """One line for the first validation error, naming the key and where its value came from."""
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"]
+    origin = _origin(loc, sources)
     if first["type"] == "extra_forbidden":
-        return f"unknown config key '{loc}': check its spelling against `sc-app config` output"
-    if first["type"] == "value_error":
+        line = f"unknown config key '{loc}': check its spelling against `sc-app config` output"
+    elif first["type"] == "value_error":
         return msg.removeprefix("Value error, ")
-    got = first.get("input")
-    where = f"'{loc}'" if loc else "config"
-    return f"{where}: {msg} (got {got!r})" if loc else f"{msg}"
+    elif loc:
+        line = f"'{loc}': {msg} (got {first.get('input')!r})"
+    else:
+        line = msg
+    return f"{origin}: {line}" if origin else line
 
 
-def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``tree[a][b][c] = value`` for ``dotted = "a.b.c"``, creating sections; ``ConfigError`` names the key."""
+def _origin(loc: str, sources: dict[str, str]) -> str | None:
+    """Where the value at ``loc`` (or the section holding it) was set: a config file or a flag."""
+    parts = loc.split(".") if loc else []
+    for n in range(len(parts), 0, -1):
+        found = sources.get(".".join(parts[:n]))
+        if found:
+            return found
+    return None
+
+
+def _leaf_sources(tree: Any, prefix: str, source: str, out: dict[str, str]) -> None:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            out[dotted] = source
+            _leaf_sources(value, dotted, source, out)
+
+
+def set_path(tree: dict[str, Any], dotted: str, value: Any, *, source: str | None = None) -> None:
+    """Set ``tree[a][b][c] = value`` for ``dotted = "a.b.c"``, creating sections; ``ConfigError`` names the key
+    and ``source`` (how the user gave it; default ``--set 'a.b.c'``)."""
+    source = source or f"--set '{dotted}'"
     parts = dotted.split(".")
     if not all(parts):
-        raise ConfigError(f"--set '{dotted}': empty key segment; use --set section.key=value")
+        raise ConfigError(f"{source}: empty key segment; use --set section.key=value")
     node = tree
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set '{dotted}': '{part}' is a value, not a section")
+            raise ConfigError(f"{source}: '{part}' is a value, not a section")
         node = child
     node[parts[-1]] = value
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_override(text: str, *, source: str | None = None) -> tuple[str, Any]:
     """``a.b=c`` → ``("a.b", yaml-typed c)``."""
+    source = source or f"--set '{text}'"
     key, sep, raw = text.partition("=")
     if not sep or not key:
-        raise ConfigError(f"--set '{text}': expected key.path=value, e.g. --set checkpoint.save_period=2")
+        raise ConfigError(f"{source}: expected key.path=value, e.g. --set checkpoint.save_period=2")
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set '{text}': value is not valid YAML ({exc.__class__.__name__})") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ConfigError(f"{source}: value is not valid YAML ({exc.__class__.__name__})") from None
     return key.strip(), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> AppConfig:
-    """Embedded default ← YAML file ← overrides, validated once at the end."""
+def _read_file(p: Path) -> dict[str, Any]:
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file {p}: cannot read ({exc.strerror}); pass an existing YAML file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {p}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+        ) from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {p}: malformed YAML{where}; fix the syntax") from None
+    except RecursionError:
+        raise ConfigError(f"config file {p}: nested too deeply to be a config") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {p}: top level must be a mapping of sections, got {type(loaded).__name__}")
+    return loaded
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str | Override] = ()) -> AppConfig:
+    """Embedded default ← YAML file ← overrides, validated once at the end; an error names the key and whether it
+    came from the file or from which flag."""
     tree: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if path is not None:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise ConfigError(f"config file {p}: cannot read ({exc.strerror}); pass an existing YAML file") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"config file {p}: malformed YAML{where}; fix the syntax") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {p}: top level must be a mapping of sections, got {type(loaded).__name__}")
-        tree = loaded
+        tree = _read_file(Path(path))
+        _leaf_sources(tree, "", f"config file {path}", sources)
     for item in overrides:
-        key, value = parse_override(item)
-        set_path(tree, key, value)
+        override = item if isinstance(item, Override) else Override(item)
+        key, value = parse_override(override.text, source=override.source)
+        set_path(tree, key, value, source=override.source)
+        sources[key] = override.source
+        _leaf_sources(value, key, override.source, sources)
     try:
         return AppConfig.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(_error_line(err)) from None
+        raise ConfigError(_error_line(err, sources)) from None
 
 
 def dump_config(cfg: AppConfig) -> str:

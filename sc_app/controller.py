@@ -1,9 +1,10 @@
 """SingleControllerActor: one Ray actor, one asyncio loop — rollout pumps, sampler, train pump, save.
 
 ``__init__`` does no construction of other objects: everything arrives built in one ``SingleControllerActorArgs``
-(seed flow 2). Only the connect-only data-plane client is built in ``run()`` (a live client cannot be pickled,
-so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses it
-otherwise.
+(seed flow 2). Only the connect-only data-plane client is built in ``restore()`` (a live client cannot be
+pickled, so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses
+it otherwise. The driver awaits ``restore()`` (index rebuilt from the sidecar, inventory checked), then ``run()``
+starts the pumps.
 
 Invariants:
 * commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage (read
@@ -12,7 +13,8 @@ Invariants:
   barrier window); the rest follows behind training in ``sc_app.checkpoint.save.write_bundle``, which states the
   whole save order. At most one save is in flight: the next save, the end of the run and a stop request each
   await it first;
-* the index is loaded and checked against ``list_sample_ids()`` before any pump starts.
+* the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before
+  ``run``).
 """
 
 from __future__ import annotations
@@ -42,9 +44,18 @@ from sc_app.data_plane import stream_io
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
 from sc_app.phases import StepClock
+from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult, policy_format
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
-from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
+from sc_app.progress import (
+    ProgressRecord,
+    RunSummary,
+    SaveFailedRecord,
+    SaveRecord,
+    StepRecord,
+    StopRecord,
+    step_summary,
+)
 from sc_app.replay_buffer import BufferTimes, Group, GroupCommit, TQReplayBuffer
 
 log = logging.getLogger(__name__)
@@ -76,6 +87,9 @@ class SingleControllerActorArgs:
     sidecar_path: str | None = None
     data_plane_checkpoint_metadata: dict[str, Any] | None = None  # what the driver restored (flow 1 → 2)
     lease: Lease | None = None
+    lineage: str | None = None  # the checkpoint directory's lineage, recorded in every manifest
+    dataset: dict[str, Any] | None = None  # the task's dataset file (path, sha256, rows): recorded in every bundle
+    restored_fingerprint: PolicyFingerprint | None = None  # of the state the trainers restored (traced at start)
 
 
 def group_id_for(prompt_index: int) -> str:
@@ -95,8 +109,8 @@ def _versions() -> dict[str, str]:
 
 @ray.remote
 class SingleControllerActor:
-    client: DataPlaneClient  # connect-only, built by run()
-    buffer: TQReplayBuffer  # built by run() on the client
+    client: DataPlaneClient  # connect-only, built by restore()
+    buffer: TQReplayBuffer  # built by restore() on the client
 
     def __init__(self, args: SingleControllerActorArgs) -> None:
         self.args = args
@@ -115,6 +129,9 @@ class SingleControllerActor:
         self._save_io = background_executor("save-io")
         self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
         self._last_saved = self.step
+        self._failed_saves_in_a_row = 0
+        self._unsaved_steps: list[StepRecord] = []  # steps since the newest published bundle: the next one keeps them
+        self._restored = False
         self._trace_fh: Any = None
         self._rollout_seconds = {"generation": 0.0}  # summed over rollout pumps; read and reset per step record
 
@@ -127,8 +144,11 @@ class SingleControllerActor:
         async with self._cond:
             self._cond.notify_all()
 
-    # ------------------------------------------------------------------ run
-    async def run(self) -> RunSummary:
+    # ------------------------------------------------------------------ restore, then run
+    async def restore(self) -> int:
+        """Connect to the data plane, rebuild the index from the sidecar (no data-plane writes) and check it
+        against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
+        the bundle cannot be resumed: the driver then falls back to an older bundle."""
         from sc_app.data_plane.transferqueue import TransferQueueDataPlane
 
         cfg = self.cfg
@@ -155,8 +175,25 @@ class SingleControllerActor:
             )
         if self.args.loader_state is not None:
             self.loader.load_state_dict(self.args.loader_state, skip=self.buffer.prompt_indices())
+        self._restored = True
+        return restored_rows
+
+    async def run(self) -> RunSummary:
+        """Run the pumps to ``run.max_steps`` or a stop request. Pre: ``restore()`` returned."""
+        if not self._restored:
+            raise RuntimeError("run() before restore(): the index must be rebuilt and checked before any pump")
+        cfg = self.cfg
         self._trace_fh = open(cfg.run.trace_file, "a") if cfg.run.trace_file else None  # noqa: SIM115
-        self._trace(ev="start", step=self.step, restored_rows=restored_rows, run_id=self.args.run_id)
+        restored = self.args.restored_fingerprint
+        self._trace(
+            ev="start",
+            step=self.step,
+            restored_rows=self.buffer.rows,
+            run_id=self.args.run_id,
+            restored_policy=None
+            if restored is None
+            else {"weights": restored.weights, "optimizer": restored.optimizer},
+        )
         pumps = [asyncio.create_task(self._rollout_pump(i, w)) for i, w in enumerate(self.args.generators)]
         try:
             return await self._train_pump()
@@ -201,18 +238,14 @@ class SingleControllerActor:
                 self._trace(ev="issue", prompts=idxs, worker=worker_index)
                 try:
                     generating = time.perf_counter()
-                    out = await worker.generate.remote(idxs)
+                    out: Rollout = await worker.generate.remote(idxs)
                     self._rollout_seconds["generation"] += time.perf_counter() - generating
                     # the groups of the call in one put and one barrier slot (data_plane.groups_per_put caps it)
-                    data = TensorDict(
-                        {"tokens": out["tokens"], "logprobs": out["logprobs"], "reward": out["rewards"]},
-                        batch_size=len(idxs) * group_size,
-                    )
-                    version = int(out["version"])
+                    data = TensorDict(dict(out.fields), batch_size=len(idxs) * group_size)
                     per_put = self.cfg.data_plane.groups_per_put or len(idxs)
                     for lo in range(0, len(idxs), per_put):
                         chunk = idxs[lo : lo + per_put]
-                        commits = [GroupCommit(group_id_for(i), i, version) for i in chunk]
+                        commits = [GroupCommit(group_id_for(i), i, out.version) for i in chunk]
                         await self.buffer.commit_groups(commits, data[lo * group_size : (lo + len(chunk)) * group_size])
                         for idx in chunk:
                             self.loader.settled(idx)
@@ -291,34 +324,38 @@ class SingleControllerActor:
             next_version = self.version + 1
             # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
             capture = cfg.checkpoint.enabled and self._save_due(self.step + 1)
-            results = await asyncio.gather(
+            results: list[TrainStepResult] = await asyncio.gather(
                 *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
             )
             clock.lap("trainer")
-            clock.add("trainer_get", max(float(r.get("get_seconds", 0.0)) for r in results))
+            clock.add("trainer_get", max(r.get_seconds for r in results))
             if capture:
                 self._captured_version = next_version
             self.version = next_version
             self.step += 1
             await self._drop(groups)
             clock.lap("clear")
-            weights = self.args.trainers[0].get_weights.remote()
-            await asyncio.gather(*[w.set_weights.remote(weights, self.version) for w in self.args.generators])
+            await self._sync_weights()
             clock.lap("weight_sync")
-            mean_reward = float(rows["reward"].mean())
+            reward = rows["reward"]
+            mean_reward = float(reward.mean())
             rewards.append(mean_reward)
             self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
             clock.add("barrier_wait", self.buffer.times.clear_wait - clear_mark.clear_wait)
             rollout_mark = self._rollout_phases(clock, rollout_mark)
             step_seconds, phases = clock.finish()
-            self._progress.append(
+            self._record_step(
                 StepRecord(
                     step=self.step,
                     reward=mean_reward,
-                    loss=sum(r["loss"] for r in results) / len(results),
+                    loss=sum(r.loss for r in results) / len(results),
                     staleness=staleness,
                     rows_held=self.buffer.rows,
                     step_seconds=step_seconds,
+                    reward_min=float(reward.min()),
+                    reward_max=float(reward.max()),
+                    weights_version=self.version,
+                    commit_waits=self.barrier.stats.drain_mutation_waits(),
                     phase_seconds=phases,
                 )
             )
@@ -328,7 +365,7 @@ class SingleControllerActor:
         await self._collect_save(wait=True)
         if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
             self._progress.append(StopRecord(self.step))
-            await self._start_save()
+            await self._start_save(emergency=True)
             await self._collect_save(wait=True)
         return RunSummary(
             final_step=self.step,
@@ -336,6 +373,7 @@ class SingleControllerActor:
             first_rewards=rewards[:5],
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
+            last_saved_step=self._last_saved,
         )
 
     def _rollout_phases(self, clock: StepClock, mark: tuple[BufferTimes, float]) -> tuple[BufferTimes, float]:
@@ -346,18 +384,29 @@ class SingleControllerActor:
         clock.add("put_barrier_wait", times.put_wait - mark[0].put_wait)
         return times, generation
 
+    async def _sync_weights(self) -> None:
+        """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
+        them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
+        refs = [t.get_weights.remote() for t in self.args.trainers]
+        await asyncio.gather(*[w.set_weights.remote(refs[0], self.version) for w in self.args.generators], *refs[1:])
+
+    def _record_step(self, record: StepRecord) -> None:
+        self._progress.append(record)
+        self._unsaved_steps.append(record)
+
     # ------------------------------------------------------------------ save (flows 5 and 6)
     def _save_due(self, step: int) -> bool:
         return step % self.cfg.checkpoint.save_period == 0 or step == self.cfg.run.max_steps
 
-    async def _start_save(self) -> None:
-        """Cut a bundle of the current step; returns once its window closed (or the save already ended).
+    async def _start_save(self, *, emergency: bool = False) -> None:
+        """Cut a bundle of the current step (``emergency``: on a stop request); returns once its window closed (or
+        the save already ended).
 
         Pre: called from the train pump only. Post: the previous save has finished and been reported; the new
         one's policy, loader place and captured rows are fixed, the rest runs in ``self._pending_save``."""
         await self._collect_save(wait=True)
         released = asyncio.Event()
-        task = asyncio.create_task(self._save_or_report(self.step, released))
+        task = asyncio.create_task(self._save_or_report(self.step, released, emergency))
         self._pending_save = (self.step, task)
         waiter = asyncio.ensure_future(released.wait())
         try:
@@ -378,18 +427,22 @@ class SingleControllerActor:
         self._progress.append(outcome)
         if isinstance(outcome, SaveRecord):
             self._last_saved = step
+            self._failed_saves_in_a_row = 0
+            self._unsaved_steps = [r for r in self._unsaved_steps if r.step > step]
 
     async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
         return await run_blocking(self._save_io, fn, *args, **kwargs)
 
-    async def _save_or_report(self, step: int, released: asyncio.Event) -> SaveRecord | SaveFailedRecord:
+    async def _save_or_report(
+        self, step: int, released: asyncio.Event, emergency: bool = False
+    ) -> SaveRecord | SaveFailedRecord:
         """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
 
         ``LeaseLost`` always propagates: a superseded run must stop, not keep training.
         """
         try:
-            return await self._save(released)
+            return await self._save(released, emergency)
         except LeaseLost:
             raise
         except OSError as exc:
@@ -397,17 +450,27 @@ class SingleControllerActor:
                 f"save of step {step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
                 "its tmp dir was removed and every older bundle is intact"
             )
+            self._failed_saves_in_a_row += 1
             log.error(msg)
+            if self._failed_saves_in_a_row >= 2:
+                log.warning(
+                    "%d saves in a row failed; the newest bundle is step_%d, %d steps behind",
+                    self._failed_saves_in_a_row,
+                    self._last_saved,
+                    step - self._last_saved,
+                )
             self._trace(ev="save_failed", step=step, error=str(exc))
             if self.cfg.checkpoint.on_save_error == "stop":
                 raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
-            return SaveFailedRecord(step, msg)
+            return SaveFailedRecord(step, msg, in_a_row=self._failed_saves_in_a_row, last_saved_step=self._last_saved)
 
-    async def _save(self, released: asyncio.Event) -> SaveRecord:
+    async def _save(self, released: asyncio.Event, emergency: bool = False) -> SaveRecord:
         """Capture (training paused until ``released`` is set), then write behind training."""
         cfg = self.cfg
         t0 = time.perf_counter()
         writer = BundleWriter(cfg.checkpoint.dir, self.step, hmac_key=hmac_key_from_env(), lease=self.args.lease)
+        if cfg.data_plane.snapshot == "native":  # TransferQueue's own save writes into tmp_step_N/ in the window
+            await self._in_background(writer.begin)
         captured, snapshot, window = await self._capture(writer)
         blocked = time.perf_counter() - t0
         released.set()  # the train pump goes on; drops of captured groups wait for thaw()
@@ -422,6 +485,8 @@ class SingleControllerActor:
                 partition=cfg.data_plane.partition,
                 compat=compat_of(cfg),
                 versions=_versions(),
+                dataset=self.args.dataset,
+                policy_format=policy_format(cfg),
             ),
             keep=cfg.checkpoint.keep,
             in_background=self._in_background,
@@ -437,6 +502,7 @@ class SingleControllerActor:
             groups=captured.groups,
             data_plane_bytes=published.data_plane_bytes,
             pruned=published.pruned,
+            emergency=emergency,
         )
 
     async def _capture(self, writer: BundleWriter) -> tuple[CapturedSave, DataPlaneSnapshot, float]:
@@ -445,10 +511,10 @@ class SingleControllerActor:
         ``list_samples()`` must equal it, the data-plane capture, and the freeze of the captured rows.
         Returns the capture, the data plane's snapshot of the captured rows and the window's seconds."""
         cfg = self.cfg
-        trainer = self.args.trainers[0]
         captured_version = self._captured_version
-        if captured_version != self.version:  # e.g. a stop request: copy now
-            captured_version = await trainer.capture_state.remote()
+        if captured_version != self.version:  # e.g. a stop request: copy now, on every rank
+            versions = await asyncio.gather(*[t.capture_state.remote() for t in self.args.trainers])
+            captured_version = min(versions)
         if captured_version != self.version:
             raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {self.version}")
         loader_state = self.loader.state_dict()  # a fresh dict of plain ints and lists
@@ -466,10 +532,12 @@ class SingleControllerActor:
             captured = CapturedSave(
                 step=self.step,
                 run_id=self.args.run_id,
+                lineage=self.args.lineage,
                 epoch=lease.epoch if lease is not None else 0,
                 trainer_version=self.version,
                 loader_state=loader_state,
                 replay_index=replay_index,
+                steps=tuple(step_summary(r) for r in self._unsaved_steps if r.step <= self.step),
             )
             snapshot = await self.client.save_checkpoint(
                 writer.data_plane_dir,
@@ -481,11 +549,13 @@ class SingleControllerActor:
             self.buffer.freeze(stored)  # TQReplayBuffer.freeze: what the snapshot reads stays as captured
         return captured, snapshot, window
 
-    async def _write_policy(self, policy_dir: Path) -> None:
-        """The trainer writes the state it copied in the window (on its io thread); an I/O error stays one."""
+    async def _write_policy(self, policy_dir: Path) -> dict[str, FileRecord]:
+        """Every trainer writes the state it copied in the window, in parallel (each on its io thread); returns
+        the files they hashed as they wrote them. An I/O error stays one."""
         try:
-            await self.args.trainers[0].write_captured.remote(str(policy_dir))
+            written = await asyncio.gather(*[t.write_captured.remote(str(policy_dir)) for t in self.args.trainers])
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
                 raise exc.cause from None
             raise
+        return {name: record for files in written for name, record in files.items()}

@@ -7,6 +7,7 @@ replaces a file atomically, so a reader sees the old content or the new one, nev
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -53,13 +54,20 @@ def _sha256(path: Path, *, fsync: bool) -> tuple[str, int]:
 
 
 def write_durable(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a sibling temp file, fsync, rename, fsync the directory."""
+    """Write ``data`` to ``path`` via a sibling temp file, fsync, rename, fsync the directory.
+
+    On failure (a full or read-only disk) the temp file is removed and ``path`` is as it was."""
     tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(path.parent)
 
 

@@ -5,6 +5,10 @@ per ``SC_APP_FAULT_ACTION``: ``kill`` (SIGKILL this process — the default), ``
 ``enospc`` (``OSError(ENOSPC)``, a full disk), or ``delay`` (a slow disk: wait ``SC_APP_FAULT_DELAY_S`` seconds,
 default 2, then go on; ``await afault_point(...)`` waits without blocking the event loop).
 ``SC_APP_FAULT_AFTER=N`` lets the first N hits pass. Zero cost when unset: one dict lookup per point.
+
+Besides the save points, ``restore.policy.<bundle>`` (e.g. ``restore.policy.step_4``) fires in a trainer loading that
+bundle's policy: a restore failure verification cannot foresee (a device out of memory, a broken node), for the tests
+of the restore-time fallback — a damaged *file* no longer gets that far, verification parses every one.
 """
 
 from __future__ import annotations

@@ -1,28 +1,35 @@
-"""One attempt of the training job: lease → resume plan → Ray → setup → drive the controller → shut down.
+"""One attempt of the training job: resume plan → writer lease → tidy → Ray → setup → drive → release.
 
 ``run_job`` is what ``sc-app run`` calls; each of its steps is one function here. Errors leave it typed:
-``ResumeRefused`` (bad bundles: exit 2), ``LeaseLost`` (superseded: exit 3), ``JobFailed`` / ``EmergencyTimeout``
-/ ``SaveFailed`` / ``InventoryMismatch`` (exit 1) — the CLI maps them to exit codes.
+``CheckpointDirUnusable`` / ``LeaseError`` / ``LineageError`` / ``ResumeRefused`` (bad input: exit 2),
+``LeaseLost`` (superseded: exit 3), ``JobFailed`` / ``EmergencyTimeout`` / ``SaveFailed`` / ``InventoryMismatch``
+(exit 1) — the CLI maps them, and ``RunResult.outcome``, to exit codes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 import ray
 
-from sc_app.checkpoint import ResumePlan, hmac_key_from_env, plan_resume
+from sc_app.checkpoint import ResumePlan, hmac_key_from_env, layout, plan_resume, volume
 from sc_app.checkpoint.compat import compat_of
-from sc_app.checkpoint.lease import Lease
+from sc_app.checkpoint.lease import Lease, LeaseKeeper, LeaseLost, read_lease
+from sc_app.checkpoint.lineage import ensure_lineage, read_lineage
+from sc_app.checkpoint.stop_request import StopWatch
 from sc_app.config import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
-from sc_app.driver import ResumeRefused, setup_single_controller
+from sc_app.driver import RestoreFailed, ResumeRefused, Setup, setup_single_controller
+from sc_app.policy.hf.dataset import DatasetRecord, changed_dataset_problem
 from sc_app.progress import ProgressRecord, RunSummary
 
 log = logging.getLogger(__name__)
@@ -38,16 +45,57 @@ class EmergencyTimeout(RuntimeError):
     """The stop request's emergency checkpoint did not finish inside ``checkpoint.emergency_budget_s``."""
 
 
+class CheckpointDirUnusable(RuntimeError):
+    """The checkpoint directory cannot be used (not a directory, read-only, full); one line naming it."""
+
+
+Outcome = Literal["done", "stopped", "already_done", "unsaved"]
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    """This attempt's identity and how it starts, reported once both the lease and the resume plan are known."""
+
+    run_id: str
+    lease: Lease | None  # None with checkpoint.enabled=false, and for a run refused (or done) before taking it
+    plan: ResumePlan
+
+
 @dataclass(frozen=True)
 class RunResult:
+    """How the run ended: ``done`` (max_steps reached, its bundle published), ``stopped`` (on request, the current
+    step's bundle published — or nothing trained yet), ``already_done`` (the newest bundle already reached
+    max_steps: nothing trained), ``unsaved`` (steps were trained that no bundle covers: saves failed)."""
+
     plan: ResumePlan
-    summary: RunSummary  # final_step == the resumed step and nothing trained when ``already_done``
+    summary: RunSummary
     seconds: float
-    already_done: bool = False
+    outcome: Outcome
+
+
+@contextmanager
+def keep_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` installs a SIGTERM handler that exits the driver at once (exit 15), so a preemption notice that
+    arrives while Ray starts would bypass sc-app's graceful stop. Keep the caller's handler while Ray starts."""
+    utils = ray._private.utils
+    original = getattr(utils, "set_sigterm_handler", None)
+    if original is None:  # another Ray layout: the SystemExit fallback in _train still maps it to a stop
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
 
 
 def init_ray(cfg: AppConfig) -> bool:
     """Start (embedded) or join (cluster) Ray; returns True when this process started it."""
+    with keep_sigterm_handler():
+        return _init_ray(cfg)
+
+
+def _init_ray(cfg: AppConfig) -> bool:
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     verbose = cfg.run.log_level == "DEBUG"
     if cfg.ray.address is None:
@@ -58,6 +106,7 @@ def init_ray(cfg: AppConfig) -> bool:
             namespace=cfg.ray.namespace,
             log_to_driver=verbose,
             logging_level=logging.WARNING,
+            _metrics_export_port=cfg.ray.metrics_export_port,
         )
         return True
     # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
@@ -73,15 +122,69 @@ def init_ray(cfg: AppConfig) -> bool:
     return False
 
 
-def plan_for(cfg: AppConfig) -> ResumePlan:
-    """The resume decision for ``cfg``'s checkpoint dir (the same one ``sc-app preflight`` prints)."""
+def plan_for(
+    cfg: AppConfig, *, tidy: bool, lineage: str | None, unrestorable: dict[str, str] | None = None
+) -> ResumePlan:
+    """The resume decision for ``cfg``'s checkpoint dir (the same one ``sc-app preflight`` prints). ``tidy`` only
+    while holding the directory's lease; ``lineage``: the directory's (bundles of another are never resumed)."""
     return plan_resume(
         cfg.checkpoint.dir,
         policy=cfg.checkpoint.on_corrupt,
         hmac_key=hmac_key_from_env(),
         expected_compat=compat_of(cfg),
-        tidy=True,
+        tidy=tidy,
+        unrestorable=unrestorable,
+        expected_lineage=lineage,
     )
+
+
+def check_backend_inputs(cfg: AppConfig) -> DatasetRecord | None:
+    """hf backend: the model directory, dataset, reward and prompt lengths (``HFInputError``, one line); returns
+    the dataset record bundles carry. Nothing to check for the tiny backend."""
+    if cfg.model.backend != "hf":
+        return None
+    from sc_app.policy.hf.inputs import check_inputs
+
+    return check_inputs(cfg).dataset
+
+
+def dataset_refusal(cfg: AppConfig, plan: ResumePlan, dataset: DatasetRecord | None) -> str | None:
+    """Why ``plan`` must not resume with ``dataset`` (the file differs from the bundle's), unless
+    ``task.allow_changed_dataset``; None when it may."""
+    if plan.decision != "resume" or dataset is None or cfg.task.allow_changed_dataset:
+        return None
+    recorded = plan.manifest.dataset if plan.manifest is not None else None
+    return changed_dataset_problem(recorded, dataset, bundle=str(plan.bundle))
+
+
+def start_controller(
+    cfg: AppConfig,
+    plan: ResumePlan,
+    *,
+    run_id: str,
+    lease: Lease | None,
+    lineage: str | None,
+    on_plan: Callable[[ResumePlan], None],
+    dataset: DatasetRecord | None = None,
+) -> tuple[Setup, ResumePlan]:
+    """``setup_single_controller`` for ``plan``; a bundle that verified but cannot be restored is handled like one
+    that failed verification: with ``on_corrupt=fallback`` it is moved aside (only when an older bundle verifies)
+    and the next one is tried, in this process; otherwise the run is refused and nothing is moved. ``dataset``:
+    the task's dataset file as checked before the run (recorded in every bundle)."""
+    unrestorable: dict[str, str] = {}
+    while True:
+        try:
+            setup = setup_single_controller(cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
+            return setup, plan
+        except RestoreFailed as exc:
+            log.warning("%s", exc)
+            unrestorable[exc.bundle.name] = str(exc)
+            plan = plan_for(cfg, tidy=lease is not None, lineage=lineage, unrestorable=unrestorable)
+            on_plan(plan)
+            if plan.decision != "resume":
+                raise ResumeRefused(plan.reason) from None
+            if problem := dataset_refusal(cfg, plan, dataset):
+                raise ResumeRefused(problem) from None
 
 
 @contextmanager
@@ -115,9 +218,12 @@ def drive(
     ``stop_requested()`` is true the controller is asked to stop (finish the step, cut a bundle of it) and given
     ``emergency_budget_s``; past that it is killed — nothing half-written is renamed, so the newest older bundle
     stays the resume point — and ``EmergencyTimeout`` is raised."""
+    deadline: float | None = None
+    if stop_requested():  # asked before training started (e.g. SIGTERM while Ray started): train nothing
+        ray.get(actor.request_stop.remote())  # type: ignore[attr-defined]
+        deadline = time.monotonic() + emergency_budget_s
     ref = actor.run.remote()  # type: ignore[attr-defined]
     seen = 0
-    deadline: float | None = None
     with job_errors():
         while True:
             ready, _ = ray.wait([ref], timeout=poll_seconds)
@@ -144,33 +250,124 @@ def run_job(
     on_progress: Callable[[ProgressRecord], None] = lambda r: None,
     stop_requested: Callable[[], bool] = lambda: False,
     on_ray_ready: Callable[[], None] = lambda: None,
+    on_attempt: Callable[[AttemptStarted], None] = lambda a: None,
 ) -> RunResult:
-    """Take the writer lease, plan the resume, start Ray + TransferQueue, run to ``run.max_steps``, shut down.
+    """Plan the resume, take the writer lease, tidy, start Ray + TransferQueue, run to ``run.max_steps``, shut down.
 
-    The lease comes first: from then on an older attempt still writing this directory can no longer publish.
-    """
+    Everything that can refuse the run (an unusable directory, bundles that must not be resumed, a malformed
+    LEASE, nothing left to train) is decided read-only *before* the lease is taken, so a refused run never
+    supersedes a live one. From the lease on, an older attempt still writing this directory can no longer
+    publish. ``stop_requested`` (a signal) and a ``sc-app stop`` request addressed to this run's lease both stop
+    the run gracefully; the lease is released at the end with how the run ended."""
     started = time.perf_counter()
+    dataset = check_backend_inputs(cfg)  # bad model, data or reward: one line, before anything is taken or started
+    root = Path(cfg.checkpoint.dir)
+    problem = volume.unwritable(root) if cfg.checkpoint.enabled else volume.unusable_as_dir(root)
+    if problem:
+        raise CheckpointDirUnusable(problem)
+    read_lease(root)  # a malformed LEASE is refused here (LeaseError), before anything else happens
+    lineage = read_lineage(root)
     run_id = uuid.uuid4().hex[:12]
-    lease = Lease.acquire(cfg.checkpoint.dir, run_id) if cfg.checkpoint.enabled else None
-    plan = plan_for(cfg)
-    on_plan(plan)
-    if plan.decision == "refuse":
-        raise ResumeRefused(plan.reason)
-    if plan.decision == "resume" and plan.step >= cfg.run.max_steps:
-        done = RunSummary(final_step=plan.step, version=0)
-        return RunResult(plan, done, time.perf_counter() - started, already_done=True)
-    owns_ray = init_ray(cfg)
+    plan = plan_for(cfg, tidy=False, lineage=lineage)
+
+    def announce(plan: ResumePlan, lease: Lease | None) -> None:
+        on_plan(plan)
+        on_attempt(AttemptStarted(run_id, lease, plan))
+
+    if problem := dataset_refusal(cfg, plan, dataset):
+        plan = ResumePlan("refuse", problem, plan.bundle, plan.step, plan.reports, plan.quarantined)
+    if plan.decision == "refuse" or (plan.decision == "resume" and plan.step >= cfg.run.max_steps):
+        announce(plan, None)
+        if plan.decision == "refuse":
+            raise ResumeRefused(plan.reason)
+        return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "already_done")
+    if stop_requested():
+        announce(plan, None)
+        return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "stopped")
+    if not cfg.checkpoint.enabled:
+        announce(plan, None)
+        return _train(
+            cfg, plan, run_id, None, None, started, on_plan, on_progress, stop_requested, on_ray_ready, dataset
+        )
+    try:
+        lease = Lease.acquire(root, run_id, ttl_s=cfg.checkpoint.lease_ttl_s)
+    except OSError as exc:
+        raise CheckpointDirUnusable(f"checkpoint dir {root}: cannot take its lease ({exc.strerror or exc})") from None
+    keeper = LeaseKeeper(lease, cfg.checkpoint.lease_ttl_s)
+    outcome, final_step = "failed", None
+    try:
+        adopt = plan.reports[-1].manifest.doc.get("lineage") if plan.reports and plan.reports[-1].manifest else None
+        lineage = ensure_lineage(root, adopt=adopt if isinstance(adopt, str) else None)
+        plan = plan_for(cfg, tidy=True, lineage=lineage)  # as the holder: now it may move leftovers aside
+        if problem := dataset_refusal(cfg, plan, dataset):
+            plan = ResumePlan("refuse", problem, plan.bundle, plan.step, plan.reports, plan.quarantined)
+        announce(plan, lease)
+        if plan.decision == "refuse":
+            outcome = "refused"
+            raise ResumeRefused(plan.reason)
+        watch = StopWatch(root, run_id, lease.epoch)
+
+        def stop_now() -> bool:
+            return stop_requested() or watch.requested() is not None
+
+        result = _train(
+            cfg, plan, run_id, lease, lineage, started, on_plan, on_progress, stop_now, on_ray_ready, dataset
+        )
+        outcome, final_step = result.outcome, result.summary.final_step
+        return result
+    except LeaseLost:
+        outcome = "superseded"
+        raise
+    finally:
+        keeper.stop()
+        if outcome != "superseded":
+            newest = layout.step_dirs(root)
+            lease.release(outcome, final_step=final_step, newest_bundle=newest[0][1].name if newest else None)
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
+
+
+def _train(
+    cfg: AppConfig,
+    plan: ResumePlan,
+    run_id: str,
+    lease: Lease | None,
+    lineage: str | None,
+    started: float,
+    on_plan: Callable[[ResumePlan], None],
+    on_progress: Callable[[ProgressRecord], None],
+    stop_requested: Callable[[], bool],
+    on_ray_ready: Callable[[], None],
+    dataset: DatasetRecord | None = None,
+) -> RunResult:
+    """Ray up, the controller set up (falling back past bundles that cannot be restored), driven to its end."""
+    try:
+        owns_ray = init_ray(cfg)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler, before ours is back: a stop like any other
+        if exc.code != signal.SIGTERM:
+            raise
+        return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "stopped")
     on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
     try:
-        setup = setup_single_controller(cfg, plan, run_id=run_id, lease=lease)
+        setup, plan = start_controller(
+            cfg, plan, run_id=run_id, lease=lease, lineage=lineage, on_plan=on_plan, dataset=dataset
+        )
         summary = drive(
             setup.actor,
             emergency_budget_s=cfg.checkpoint.emergency_budget_s,
             on_progress=on_progress,
             stop_requested=stop_requested,
         )
-        return RunResult(plan, summary, time.perf_counter() - started)
+        return RunResult(plan, summary, _since(started), _outcome(cfg, summary))
     finally:
         shutdown_transferqueue()
         if owns_ray:
             ray.shutdown()
+
+
+def _outcome(cfg: AppConfig, summary: RunSummary) -> Outcome:
+    if cfg.checkpoint.enabled and summary.unsaved_steps > 0:
+        return "unsaved"
+    return "stopped" if summary.stopped_early else "done"

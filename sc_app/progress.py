@@ -8,6 +8,7 @@ lines — change them together).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -21,7 +22,35 @@ class StepRecord:
     staleness: float  # mean weights versions between generation and training of the trained groups
     rows_held: int  # rows in TransferQueue after the step
     step_seconds: float
+    reward_min: float = math.nan  # lowest and highest reward of the step's rows
+    reward_max: float = math.nan
+    weights_version: int | None = None  # the trainer's weights version after the step
+    commit_waits: tuple[float, ...] = ()  # seconds each data-plane commit/drop since the previous step waited at the
+    # checkpoint barrier (drained from ``BarrierStats`` with every step)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # where the step went; keys: sc_app/phases.py
+    # (not kept in manifests: KEPT_STEP_FIELDS)
+
+
+KEPT_STEP_FIELDS = (  # what a bundle keeps of each step it covers (the manifest's schema names the same keys)
+    "step",
+    "reward",
+    "loss",
+    "staleness",
+    "rows_held",
+    "step_seconds",
+    "reward_min",
+    "reward_max",
+    "weights_version",
+)
+
+
+def step_summary(record: StepRecord) -> dict[str, float | int | None]:
+    """What a bundle keeps of one step it covers: JSON numbers, non-finite ones as null."""
+    out: dict[str, float | int | None] = {}
+    for key in KEPT_STEP_FIELDS:
+        value = getattr(record, key)
+        out[key] = None if isinstance(value, float) and not math.isfinite(value) else value
+    return out
 
 
 @dataclass(frozen=True)
@@ -36,6 +65,7 @@ class SaveRecord:
     groups: int
     data_plane_bytes: int
     pruned: tuple[str, ...] = ()
+    emergency: bool = False  # the bundle cut on a stop request (SIGTERM), not a periodic or final one
 
 
 @dataclass(frozen=True)
@@ -44,6 +74,8 @@ class SaveFailedRecord:
 
     step: int
     error: str
+    in_a_row: int = 1  # consecutive failed saves, this one included
+    last_saved_step: int = 0  # the step of the newest bundle this run published (or resumed from)
 
 
 @dataclass(frozen=True)
@@ -65,6 +97,12 @@ class RunSummary:
     first_rewards: list[float] = field(default_factory=list)
     last_rewards: list[float] = field(default_factory=list)
     stopped_early: bool = False
+    last_saved_step: int = 0  # the step of the newest bundle published (or resumed from) when the run ended
+
+    @property
+    def unsaved_steps(self) -> int:
+        """Steps trained that no bundle covers: a rerun would redo them."""
+        return self.final_step - self.last_saved_step
 
     @staticmethod
     def mean(values: list[float]) -> float:
@@ -85,5 +123,10 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
             f"{record.blocked_seconds * 1000:.0f} ms, window {record.window_seconds * 1000:.0f} ms)"
         )
     if isinstance(record, SaveFailedRecord):
+        if record.in_a_row > 1:
+            return (
+                f"{head}  SAVE FAILED ({record.in_a_row} in a row; newest bundle step_{record.last_saved_step}, "
+                f"{record.step - record.last_saved_step} steps behind): {record.error}"
+            )
         return f"{head}  SAVE FAILED: {record.error}"
     return f"{head}  stop requested"

@@ -4,17 +4,22 @@ unpickles code.
 * ``save``: torch's zip writer turns a failed write into ``RuntimeError("unexpected pos ...")``; saving through an
   unbuffered Python file keeps the real ``OSError`` (a full disk raises ``OSError(ENOSPC)``), so callers can tell a
   full disk from a bug. Post: on success the file is complete and fsynced.
-* ``load``: ``weights_only=True`` always (tensors and plain containers only), onto the CPU unless told otherwise.
-  Callers load only files whose sha256 already matched a verified manifest.
+* ``load``: ``weights_only=True`` always (tensors and plain containers only), onto the CPU unless told otherwise;
+  a path is opened as a regular file without following a link (``sc_app.safe_files.open_regular``), bytes are read
+  as they are. Callers load only files whose sha256 already matched a verified manifest, and check what they got
+  with the validator of that file (``docs/checkpoint.md``, "What verification checks").
 """
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from sc_app.safe_files import open_regular
 
 
 class _RecordingFile:
@@ -45,6 +50,10 @@ def save(obj: Any, path: str | Path) -> None:
         os.fsync(raw.fileno())
 
 
-def load(path: str | Path, *, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load`` with ``weights_only=True``: tensors and plain containers, never arbitrary objects."""
-    return torch.load(path, map_location=map_location, weights_only=True)
+def load(source: str | Path | bytes, *, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors and plain containers, never arbitrary objects.
+    ``source``: a path (a regular file, no link followed: ``FileProblem`` otherwise) or the file's bytes."""
+    if isinstance(source, bytes | bytearray):
+        return torch.load(io.BytesIO(source), map_location=map_location, weights_only=True)
+    with os.fdopen(open_regular(source), "rb") as f:
+        return torch.load(f, map_location=map_location, weights_only=True)

@@ -1,4 +1,10 @@
-"""What a bundle must share with the config that resumes it (checked by verify/preflight and the driver)."""
+"""What a bundle must share with the config that resumes it (checked by verify/preflight and the driver).
+
+Not listed, on purpose: the trainer count and ``trainer.strategy`` (hf policies reshard on load), ``model.path``
+and ``model.dtype`` (the policy's weights come from the bundle; a model they do not fit is refused when the
+trainers load it), and the dataset file itself (its sha256 is checked separately, so the refusal can say how to
+accept a changed file: ``task.allow_changed_dataset``).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,15 @@ from typing import Any
 
 from sc_app.config import AppConfig
 
+TINY_MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len")
+# Keys a bundle records only since a later sc-app version: one that does not record such a key was written with
+# this value (so bundles cut before ``model.backend`` existed still resume with the tiny default).
+RECORDED_SINCE = {"model.backend": "tiny"}
+
 
 def compat_of(cfg: AppConfig) -> dict[str, Any]:
     """Config keys whose change makes an existing bundle unresumable, named as config keys."""
-    return {
+    keys: dict[str, Any] = {
         "run.seed": cfg.run.seed,
         "data_plane.partition": cfg.data_plane.partition,
         "data_plane.storage_units": cfg.data_plane.storage_units,
@@ -17,5 +28,10 @@ def compat_of(cfg: AppConfig) -> dict[str, Any]:
         "task.name": cfg.task.name,
         "task.prompt_len": cfg.task.prompt_len,
         "task.response_len": cfg.task.response_len,
-        **{f"model.{k}": v for k, v in cfg.model.model_dump().items()},
+        "model.backend": cfg.model.backend,
     }
+    if cfg.model.backend == "tiny":
+        keys.update({f"model.{k}": getattr(cfg.model, k) for k in TINY_MODEL_KEYS})
+    if cfg.task.name == "jsonl":
+        keys["task.shuffle"] = cfg.task.shuffle  # the order the loader place counts in
+    return keys

@@ -6,7 +6,7 @@
     data_plane/                the data plane's own snapshot; its metadata.json is written last
     replay_buffer_metadata.pt  which rows form which group (no tensors)
     manifest.json              written last: step, digest, sha256 + size of every file
-<root>/tmp_step_<N>/           in progress or abandoned: never resumed
+<root>/tmp_step_<N>[.<run>]/   in progress or abandoned: never resumed (named by the run writing it)
 <root>/quarantine/             bundles and leftovers moved aside, each with a .reason.txt; never deleted by sc-app
 <root>/pins/step_<N>           a bundle retention must keep
 <root>/LEASE                   the current writer (see ``sc_app.checkpoint.lease``)
@@ -14,7 +14,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 from sc_app.data_plane.client import METADATA_FILE
@@ -34,15 +36,17 @@ OPTIMIZER_FILE = "optimizer.pt"  # inside policy/
 DATA_PLANE_METADATA = METADATA_FILE  # inside data_plane/: the data-plane client's contract, whichever format wrote it
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
-_TMP_RE = re.compile(r"^tmp_step_(\d+)$")
+_TMP_RE = re.compile(r"^tmp_step_(\d+)(?:\.[0-9A-Za-z_-]+)?$")
 
 
 def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step}"
 
 
-def tmp_name(step: int) -> str:
-    return f"{TMP_PREFIX}{step}"
+def tmp_name(step: int, owner: str | None = None) -> str:
+    """``tmp_step_N``, or ``tmp_step_N.<owner>`` for a writer holding a lease: a fenced-off writer's stale paths
+    can then never land in the tmp dir of the run that superseded it, even for the same step."""
+    return f"{TMP_PREFIX}{step}" + (f".{owner}" if owner else "")
 
 
 def parse_step(name: str) -> int | None:
@@ -56,15 +60,31 @@ def parse_tmp(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step_N`` directory, newest first."""
+def is_real_dir(path: Path) -> bool:
+    """A directory itself, not a link to one: the only kind of entry sc-app moves, prunes or resumes."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def step_entries(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every entry named ``step_N``, newest first — whatever it is: a link or a non-directory is
+    listed too, so that verification reports it (and resume, retention and quarantine leave it alone).
+    ``OSError`` when ``root`` is a directory that cannot be listed."""
     if not root.is_dir():
         return []
-    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := parse_step(p.name)) is not None]
+    found = [(s, p) for p in root.iterdir() if (s := parse_step(p.name)) is not None]
     return sorted(found, key=lambda sp: sp[0], reverse=True)
 
 
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step_N`` that is a real directory (links are not followed), newest first."""
+    return [(s, p) for s, p in step_entries(root) if is_real_dir(p)]
+
+
 def tmp_dirs(root: Path) -> list[Path]:
+    """Every ``tmp_step_N`` that is a real directory (links are not followed)."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and parse_tmp(p.name) is not None)
+    return sorted(p for p in root.iterdir() if parse_tmp(p.name) is not None and is_real_dir(p))

@@ -1,38 +1,174 @@
-"""Writer fencing: one lease per checkpoint directory, with a run id and a monotonically increasing epoch.
+"""Writer fencing: one lease per checkpoint directory, with a run id, an epoch, a heartbeat and a release.
 
 A new run takes the lease with ``epoch = previous + 1``. Every checkpoint write first checks it still holds the
 lease, and a bundle is published (tmp → step_N rename) only while holding the directory lock *and* the lease, so
 an older attempt that is still dying (a retry started while its pods terminate) can never publish or interleave
 after its successor started: it raises ``LeaseLost`` and stops before writing anything further.
 
-``<root>/LEASE`` holds the JSON record; ``<root>/.lease.lock`` is the ``flock`` that serialises takeovers,
-publishes and tmp-dir creation.
+Liveness: the holder renews ``heartbeat_at`` every ``ttl_s / 3`` seconds (``LeaseKeeper``) and marks the lease
+``released`` when it exits. A lease is *live* while it is not released and its heartbeat is at most ``ttl_s`` old
+(clocks of the pods sharing a volume are assumed in sync to well within ``ttl_s``, as NTP keeps them); on the
+holder's own host a lease whose process is gone is not live either (a SIGKILLed embedded run frees it at once).
+Only a run holding the live lease may move or remove anything in the directory; a command that finds no live
+lease (none, released, or expired: its holder died without releasing) may tidy; read-only commands never change
+anything.
+
+``<root>/LEASE`` holds one JSON record, bounded whatever the number of attempts: the holder and a summary of the
+one before (never a chain). ``<root>/.lease.lock`` is the ``flock`` that serialises takeovers, renewals, releases,
+publishes and tmp-dir creation. A LEASE that does not parse is a ``LeaseError`` naming the file and what to do.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sc_app.durable_io import utc_stamp, write_durable
 
+log = logging.getLogger(__name__)
+
 LEASE_FILE = "LEASE"
 LOCK_FILE = ".lease.lock"
+DEFAULT_TTL_S = 60.0
+MAX_LEASE_BYTES = 64 * 1024
 
 
 class LeaseLost(RuntimeError):
     """Another run took this checkpoint directory; this one must stop writing."""
 
 
+class LeaseError(ValueError):
+    """The LEASE file cannot be read as a lease record; ``str()`` is one line naming the file and what to do."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """How the holder left: ``outcome`` is done | stopped | failed | superseded | refused."""
+
+    at: str
+    outcome: str
+    final_step: int | None = None
+    newest_bundle: str | None = None
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    run_id: str
+    epoch: int
+    host: str
+    pid: int
+    acquired_at: str
+    heartbeat_at: float  # unix seconds
+    ttl_s: float
+    released: Release | None = None
+    previous: dict[str, Any] | None = field(default=None)  # run_id, epoch, host, released: one level, no chain
+
+    def live(self, now: float | None = None) -> bool:
+        """Not released, heartbeat at most ``ttl_s`` old, and — when it ran on this host — its process alive."""
+        if self.released is not None:
+            return False
+        if (time.time() if now is None else now) - self.heartbeat_at > self.ttl_s:
+            return False
+        return self.host != socket.gethostname() or _process_alive(self.pid)
+
+    def summary(self) -> dict[str, Any]:
+        """What the next record keeps of this one."""
+        return {
+            "run_id": self.run_id,
+            "epoch": self.epoch,
+            "host": self.host,
+            "released": asdict(self.released) if self.released else None,
+        }
+
+    def to_json(self) -> bytes:
+        return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def parse(cls, path: Path, raw: bytes) -> LeaseRecord:
+        """A record from the bytes of ``path``, or ``LeaseError`` naming what is wrong."""
+
+        def bad(why: str) -> LeaseError:
+            return LeaseError(
+                f"{path}: not a valid lease record ({why}); if no run is writing to {path.parent}, move it aside "
+                f"(mv {path} {path}.bad) and rerun"
+            )
+
+        if len(raw) > MAX_LEASE_BYTES:
+            raise bad(f"{len(raw)} bytes, a lease is under {MAX_LEASE_BYTES}")
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise bad("not JSON") from None
+        if not isinstance(doc, dict):
+            raise bad("not a JSON object")
+        try:
+            release = doc.get("released")
+            record = cls(
+                run_id=_typed(doc, "run_id", str),
+                epoch=_typed(doc, "epoch", int),
+                host=_typed(doc, "host", str),
+                pid=_typed(doc, "pid", int),
+                acquired_at=_typed(doc, "acquired_at", str),
+                heartbeat_at=float(_typed(doc, "heartbeat_at", (int, float))),
+                ttl_s=float(_typed(doc, "ttl_s", (int, float))),
+                released=None if release is None else Release(**_release_fields(release)),
+                previous=doc.get("previous") if isinstance(doc.get("previous"), dict) else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise bad(str(exc).strip("'\"")) from None
+        if record.epoch < 1 or record.ttl_s <= 0:
+            raise bad("epoch must be >= 1 and ttl_s > 0")
+        return record
+
+
+def _process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, killed but not yet reaped, is not running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):  # no /proc (not Linux) or gone meanwhile
+        return os.path.exists(f"/proc/{pid}") or not os.path.isdir("/proc")
+
+
+def _typed(doc: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in doc:
+        raise KeyError(f"'{key}' missing")
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"'{key}' is {value!r}")
+    return value
+
+
+def _release_fields(doc: Any) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise TypeError("'released' is not an object")
+    out = {"at": _typed(doc, "at", str), "outcome": _typed(doc, "outcome", str)}
+    if doc.get("final_step") is not None:
+        out["final_step"] = _typed(doc, "final_step", int)
+    if doc.get("newest_bundle") is not None:
+        out["newest_bundle"] = _typed(doc, "newest_bundle", str)
+    return out
+
+
 @contextmanager
 def dir_lock(root: Path) -> Iterator[None]:
+    """The directory's ``flock``; only writers take it (it creates ``.lease.lock``)."""
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -43,46 +179,67 @@ def dir_lock(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def read_lease(root: Path) -> dict[str, Any] | None:
+def read_lease(root: Path) -> LeaseRecord | None:
+    """The current record, None when there is none; ``LeaseError`` when LEASE is not a lease record. Read-only."""
+    path = Path(root) / LEASE_FILE
     try:
-        return json.loads((root / LEASE_FILE).read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {"epoch": -1, "run_id": "<unreadable>"}
+    except IsADirectoryError:
+        raise LeaseError(f"{path}: is a directory, not a lease record; move it aside and rerun") from None
+    return LeaseRecord.parse(path, raw)
+
+
+def live_holder(root: Path, now: float | None = None) -> LeaseRecord | None:
+    """The record of a run that holds the live lease of ``root``, else None. Read-only."""
+    record = read_lease(root)
+    return record if record is not None and record.live(now) else None
 
 
 @dataclass(frozen=True)
 class Lease:
+    """This run's claim on a checkpoint directory (picklable: actors check it before they write)."""
+
     root: Path
     run_id: str
     epoch: int
 
     @classmethod
-    def acquire(cls, root: str | Path, run_id: str) -> Lease:
+    def acquire(cls, root: str | Path, run_id: str, *, ttl_s: float = DEFAULT_TTL_S) -> Lease:
+        """Take the lease (epoch + 1), whoever holds it: the newest run wins; older ones are fenced off.
+
+        ``LeaseError`` for a LEASE that does not parse (nothing is written then); ``OSError`` when the directory
+        cannot be written (no partial file is left behind)."""
         root = Path(root)
         with dir_lock(root):
-            current = read_lease(root) or {}
-            epoch = max(int(current.get("epoch", 0)), 0) + 1
-            record = {
-                "run_id": run_id,
-                "epoch": epoch,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "acquired_at": utc_stamp(),
-                "previous": current or None,
-            }
-            write_durable(root / LEASE_FILE, (json.dumps(record, indent=2) + "\n").encode())
-        return cls(root, run_id, epoch)
+            current = read_lease(root)
+            now = time.time()
+            record = LeaseRecord(
+                run_id=run_id,
+                epoch=(current.epoch if current else 0) + 1,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                acquired_at=utc_stamp(now),
+                heartbeat_at=now,
+                ttl_s=float(ttl_s),
+                previous=current.summary() if current else None,
+            )
+            write_durable(root / LEASE_FILE, record.to_json())
+        return cls(root, run_id, record.epoch)
+
+    def _current(self) -> LeaseRecord:
+        current = read_lease(self.root)
+        if current is None or current.run_id != self.run_id or current.epoch != self.epoch:
+            raise LeaseLost(
+                f"checkpoint dir {self.root} was taken over by run {current.run_id if current else None} "
+                f"(epoch {current.epoch if current else None}); this run (epoch {self.epoch}) stops writing"
+            )
+        return current
 
     def check(self) -> None:
         """Raise ``LeaseLost`` unless this run still holds the lease."""
-        current = read_lease(self.root) or {}
-        if current.get("run_id") != self.run_id or current.get("epoch") != self.epoch:
-            raise LeaseLost(
-                f"checkpoint dir {self.root} was taken over by run {current.get('run_id')} "
-                f"(epoch {current.get('epoch')}); this run (epoch {self.epoch}) stops writing"
-            )
+        self._current()
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -90,3 +247,48 @@ class Lease:
         with dir_lock(self.root):
             self.check()
             yield
+
+    def renew(self) -> None:
+        """Move the heartbeat to now; ``LeaseLost`` if another run took the lease meanwhile."""
+        with dir_lock(self.root):
+            current = self._current()
+            write_durable(self.root / LEASE_FILE, replace(current, heartbeat_at=time.time()).to_json())
+
+    def release(self, outcome: str, *, final_step: int | None = None, newest_bundle: str | None = None) -> bool:
+        """Mark the lease released with how this run ended; False (and nothing written) if it was taken over."""
+        with dir_lock(self.root):
+            try:
+                current = self._current()
+            except LeaseLost:
+                return False
+            done = Release(utc_stamp(), outcome, final_step, newest_bundle)
+            write_durable(self.root / LEASE_FILE, replace(current, released=done).to_json())
+        return True
+
+
+class LeaseKeeper:
+    """Renews a lease's heartbeat every ``ttl_s / 3`` seconds on a daemon thread until ``stop()``.
+
+    A renewal that finds the lease taken over stops renewing and sets ``lost`` (the next save's lease check then
+    stops the run); an I/O error is logged and retried at the next tick (the lease expires only after ``ttl_s``)."""
+
+    def __init__(self, lease: Lease, ttl_s: float) -> None:
+        self.lease = lease
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(max(0.05, ttl_s / 3),), daemon=True, name="lease")
+        self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            try:
+                self.lease.renew()
+            except LeaseLost:
+                self.lost.set()
+                return
+            except OSError as exc:
+                log.warning("could not renew the lease of %s: %s", self.lease.root, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

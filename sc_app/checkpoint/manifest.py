@@ -2,7 +2,9 @@
 
 Invariants: a manifest is written only after every file it lists is fsynced; a file is handed to any
 deserialiser only after its sha256 matches the manifest; when an HMAC key is configured
-(env ``SC_APP_CHECKPOINT_HMAC_KEY``), unsigned or mis-signed manifests are refused.
+(env ``SC_APP_CHECKPOINT_HMAC_KEY``), unsigned or mis-signed manifests are refused. A manifest is read only as a
+regular file of at most ``MAX_MANIFEST_BYTES`` and accepted only with exactly the keys and types of
+``ManifestDoc`` (every path it lists is checked by the verifier, ``sc_app.checkpoint.verify``).
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sc_app.checkpoint.layout import MANIFEST_FILE
 from sc_app.digest import canonical_bytes
+from sc_app.safe_files import FileProblem, read_regular
+from sc_app.strict_json import Hex64, Name, NonNegInt, PosInt, Scalar, SchemaError, StrictModel, parse, validate
 
 FORMAT = "sc-app/bundle"
 SCHEMA_VERSION = 1
 HMAC_ENV = "SC_APP_CHECKPOINT_HMAC_KEY"
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024  # ~150 bytes per listed file
 
 
 class ManifestError(ValueError):
@@ -78,21 +83,123 @@ class Manifest:
     def run_id(self) -> str | None:
         return self.doc.get("run_id")
 
+    @property
+    def lineage(self) -> str | None:
+        """The training lineage that wrote the bundle; ``None`` for bundles written before lineages existed."""
+        return self.doc.get("lineage")
+
+    @property
+    def policy_format(self) -> str | None:
+        """The policy format recorded, ``None`` for the default (``sc_app.checkpoint.policy_formats``)."""
+        return self.doc.get("policy_format")
+
+    @property
+    def dataset(self) -> dict[str, Any] | None:
+        """The dataset the loader place points into (``task.name=jsonl``): path, sha256 of its bytes, rows."""
+        value = self.doc.get("dataset")
+        return value if isinstance(value, dict) else None
+
+    def hashes_under(self, directory: str) -> dict[str, str]:
+        """sha256 of every listed file under ``directory/``, keyed by its path inside it: what a reader of that
+        directory checks before it decodes a byte."""
+        prefix = directory.rstrip("/") + "/"
+        return {rel[len(prefix) :]: str(info["sha256"]) for rel, info in self.files.items() if rel.startswith(prefix)}
+
+
+class FileEntry(StrictModel):
+    sha256: Hex64
+    size: NonNegInt
+
+
+class ReplayRecord(StrictModel):
+    digest: Hex64
+    groups: NonNegInt | None = None
+    rows: NonNegInt | None = None
+    partition: Name | None = None
+    group_size: PosInt | None = None
+
+
+class LoaderRecord(StrictModel):
+    next_index: NonNegInt
+    reissue: NonNegInt
+
+
+class KeptStep(StrictModel):
+    """One train step the bundle covers, kept for the run log (``progress.step_summary``): null for non-finite."""
+
+    step: PosInt
+    reward: float | None = None
+    loss: float | None = None
+    staleness: float | None = None
+    rows_held: NonNegInt | None = None
+    step_seconds: float | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    weights_version: int | None = None
+
+
+class DatasetEntry(StrictModel):
+    """The ``task.name: jsonl`` file a bundle was cut with: a resume with other bytes is refused."""
+
+    path: Name
+    sha256: Hex64
+    rows: PosInt
+
+
+class Signature(StrictModel):
+    alg: Literal["hmac-sha256"]
+    value: str
+
+
+class ManifestDoc(StrictModel):
+    """Every key a manifest may hold, with its type: anything else is refused (a newer layout bumps
+    ``schema_version``). ``lineage`` (the directory's training lineage), ``policy_format`` (which policy
+    checker applies, ``sc_app.checkpoint.policy_formats``), ``steps`` (the steps since the previous bundle, for the
+    run log) and ``dataset`` (the file a ``task.name=jsonl`` loader place points into) are absent from bundles
+    written before they existed, and ``dataset`` from bundles of tasks without a file."""
+
+    format: Literal["sc-app/bundle"]
+    schema_version: Literal[1]
+    step: NonNegInt
+    files: dict[str, FileEntry]
+    replay: ReplayRecord
+    compat: dict[str, Scalar | list[Scalar]] = {}
+    versions: dict[str, str] = {}
+    run_id: Name | None = None
+    epoch: int | None = None
+    created_at: str | None = None
+    trainer_version: int | None = None
+    loader: LoaderRecord | None = None
+    lineage: Name | None = None
+    policy_format: Name | None = None
+    steps: list[KeptStep] = []  # the steps since the previous bundle (run-log recovery); absent in older bundles
+    dataset: DatasetEntry | None = None
+    signature: Signature | None = None
+
 
 def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
+    """The manifest of ``bundle`` (read as a regular file, never through a link), checked in full."""
     path = bundle / MANIFEST_FILE
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: manifest missing (bundle never completed or was tampered with)") from None
+        raw = read_regular(path, MAX_MANIFEST_BYTES)
+    except FileProblem as exc:
+        if str(exc).endswith(": missing"):
+            raise ManifestError(f"{path}: manifest missing (bundle never completed or was tampered with)") from None
+        raise ManifestError(str(exc)) from None
+    return parse_manifest(raw, path, hmac_key=hmac_key)
+
+
+def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> Manifest:
+    """``raw`` (the bytes of ``path``) as a manifest: JSON, then format and version, then the full schema, then the
+    signature when a key is configured. Any failure is a ``ManifestError`` naming ``path``."""
     try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ManifestError(f"{path}: manifest is not valid JSON (truncated or corrupted)") from None
+        doc = parse(raw)
+    except ValueError as exc:
+        raise ManifestError(f"{path}: manifest is {exc} (truncated or corrupted)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError(f"{path}: not an sc-app bundle manifest")
     version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise ManifestError(
             f"{path}: unknown schema_version {version!r} (this sc-app reads {SCHEMA_VERSION}); "
             "resume it with the sc-app version that wrote it"
@@ -100,7 +207,10 @@ def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
     for key in ("step", "files", "replay"):
         if key not in doc:
             raise ManifestError(f"{path}: manifest lacks '{key}'")
-    _check_shapes(path, doc)
+    try:
+        validate(ManifestDoc, doc)
+    except SchemaError as exc:
+        raise ManifestError(f"{path}: manifest does not have the schema of an sc-app bundle ({exc})") from None
     if hmac_key is not None:
         sig = doc.get("signature")
         if not isinstance(sig, dict) or sig.get("alg") != "hmac-sha256":
@@ -109,29 +219,6 @@ def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
         if not hmac.compare_digest(want, str(sig.get("value", ""))):
             raise ManifestError(f"{path}: manifest signature does not match the configured key; refusing")
     return Manifest(doc)
-
-
-def _check_shapes(path: Path, doc: dict[str, Any]) -> None:
-    """Valid JSON of the wrong shape (hand-edited, or a flip that kept it parseable) is a ManifestError too."""
-    step = doc["step"]
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise ManifestError(f"{path}: 'step' is {step!r}, not an integer")
-    files = doc["files"]
-    if not isinstance(files, dict):
-        raise ManifestError(f"{path}: 'files' is not a mapping of path -> {{sha256, size}}")
-    for rel, info in files.items():
-        if (
-            not isinstance(info, dict)
-            or not isinstance(info.get("sha256"), str)
-            or not isinstance(info.get("size"), int)
-            or isinstance(info.get("size"), bool)
-        ):
-            raise ManifestError(f"{path}: entry for '{rel}' is not a {{sha256, size}} record")
-    replay = doc["replay"]
-    if not isinstance(replay, dict) or not isinstance(replay.get("digest"), str):
-        raise ManifestError(f"{path}: 'replay' lacks a digest string")
-    if not isinstance(doc.get("compat", {}), dict):
-        raise ManifestError(f"{path}: 'compat' is not a mapping")
 
 
 def render(doc: dict[str, Any], hmac_key: bytes | None) -> bytes:

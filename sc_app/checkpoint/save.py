@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sc_app import torch_io
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.retention import prune
 from sc_app.checkpoint.writer import BundleWriter
 from sc_app.data_plane.client import DataPlaneSnapshot
 from sc_app.durable_io import utc_stamp
 from sc_app.faults import afault_point
+
+if TYPE_CHECKING:
+    from sc_app.policy.backend import FileRecord
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +41,12 @@ class CapturedSave:
 
     step: int
     run_id: str
+    lineage: str | None
     epoch: int
     trainer_version: int
     loader_state: dict[str, Any]
     replay_index: dict[str, Any]  # TQReplayBuffer.metadata_state_dict(): the sidecar
+    steps: tuple[dict[str, Any], ...] = ()  # the steps since the previous published bundle (run-log recovery)
 
     @property
     def digest(self) -> str:
@@ -67,10 +73,19 @@ class CapturedSave:
         return {"next_index": self.loader_state["next_index"], "reissue": len(self.loader_state["reissue"])}
 
     def manifest_record(
-        self, *, group_size: int, partition: str, compat: dict[str, Any], versions: dict[str, str]
+        self,
+        *,
+        group_size: int,
+        partition: str,
+        compat: dict[str, Any],
+        versions: dict[str, str],
+        dataset: dict[str, Any] | None = None,
+        policy_format: str | None = None,
     ) -> dict[str, Any]:
-        """Everything ``manifest.json`` says about the bundle besides its step and files."""
-        return {
+        """Everything ``manifest.json`` says about the bundle besides its step and files (``dataset``: the file
+        the loader place points into, when the task reads one; ``policy_format``: the format of ``policy/`` when
+        it is not the default, ``sc_app.checkpoint.policy_formats``)."""
+        record: dict[str, Any] = {
             "run_id": self.run_id,
             "epoch": self.epoch,
             "created_at": utc_stamp(),
@@ -86,6 +101,20 @@ class CapturedSave:
             "compat": compat,
             "versions": versions,
         }
+        if self.lineage is not None:
+            record["lineage"] = self.lineage
+        if self.steps:
+            record["steps"] = list(self.steps)
+        if dataset is not None:
+            record["dataset"] = dataset
+        if policy_format is not None:
+            record["policy_format"] = policy_format
+        return record
+
+
+def _prune_held(writer: BundleWriter, keep: int, newest: Path, lineage: str | None) -> list[str]:
+    with writer.held():  # only while this run still holds the lease
+        return prune(writer.root, keep, newest_verified=newest, expected_lineage=lineage)
 
 
 @dataclass(frozen=True)
@@ -100,7 +129,7 @@ async def write_bundle(
     snapshot: DataPlaneSnapshot,
     writer: BundleWriter,
     *,
-    write_policy: Callable[[Path], Awaitable[Any]],
+    write_policy: Callable[[Path], Awaitable[Mapping[str, FileRecord] | None]],
     thaw: Callable[[], Awaitable[None]],
     manifest_record: dict[str, Any],
     keep: int,
@@ -111,14 +140,15 @@ async def write_bundle(
     then prune to ``keep`` bundles.
 
     ``write_policy(policy_dir)`` starts the trainers' write of the state they copied in the window and returns
-    an awaitable of it (an ``OSError`` there is a failed save like any other I/O error)."""
+    an awaitable of the files they hashed as they wrote them (policy-dir-relative name → ``FileRecord``; the
+    commit reads only the others back); an ``OSError`` there is a failed save like any other I/O error."""
     policy_written: asyncio.Future[Any] | None = None
     try:
         try:
             await afault_point("save.begin")
             await in_background(writer.begin)  # makes tmp_step_N/; checks the lease under the dir lock
             policy_written = asyncio.ensure_future(write_policy(writer.policy_dir))
-            await policy_written
+            policy_files = await policy_written
             await afault_point("save.policy")
             await in_background(torch_io.save, captured.loader_state, writer.loader_path)
             await afault_point("save.loader")
@@ -129,6 +159,8 @@ async def write_bundle(
         await in_background(torch_io.save, captured.replay_index, writer.sidecar_path)
         await afault_point("save.sidecar")
         prehashed = {f"{layout.DATA_PLANE_DIR}/{name}": h for name, h in data_plane.get("files", {}).items()}
+        for name, record in (policy_files or {}).items():
+            prehashed[f"{layout.POLICY_DIR}/{name}"] = {"sha256": record.sha256, "size": record.size}
         final = await in_background(writer.commit, manifest_record, prehashed)
     except BaseException:
         if policy_written is not None:  # let the trainer's write end before its directory goes
@@ -137,8 +169,8 @@ async def write_bundle(
         raise
     await afault_point("save.done")
     try:
-        removed = await in_background(prune, writer.root, keep, newest_verified=final)
-    except OSError as exc:  # the bundle is published and verified; an old one left behind is no failed save
-        log.warning("retention could not prune %s: %s; older bundles stay", writer.root, exc)
+        removed = await in_background(_prune_held, writer, keep, final, captured.lineage)
+    except (OSError, LeaseLost) as exc:  # the bundle is published; an old one left behind is no failed save
+        log.warning("retention did not prune %s: %s; older bundles stay", writer.root, exc)
         removed = []
     return PublishedBundle(final, int(data_plane["bytes"]), tuple(removed))

@@ -1,22 +1,36 @@
-"""Verification of one bundle, before anything in it is deserialised.
+"""Verification of one bundle: what verifies is what restores, and nothing found in a bundle crashes or hangs it.
 
-Order matters: the manifest (and its signature) first, then sizes and sha256 of every file, then — only on
-files whose hashes matched — the JSON and ``weights_only`` reads that cross-check the replay digest.
-A bundle is *verified* only when every check passed; ``problems`` names each failure with its file.
+Order matters: the manifest first (a regular file, bounded, strict schema, signature), then every entry of the
+bundle's tree against it (links and special files are named, never followed or opened; sizes; sha256 of every
+listed file), then — only when all of that passed — every file's *contents*, parsed by the validators the restore
+uses (``sc_app.checkpoint.contents``). Every path read is a plain relative path resolved inside the bundle without
+following a link (``sc_app.safe_files``). A bundle is *verified* only when every check passed; ``problems`` names
+each failure with its file. ``notes`` say what verification could not check (the native data plane's pickles).
 """
 
 from __future__ import annotations
 
-import json
-import os
+import logging
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from sc_app.checkpoint import layout
-from sc_app.checkpoint.manifest import Manifest, ManifestError, read_manifest
-from sc_app.digest import sidecar_digest
-from sc_app.durable_io import sha256_file
+from sc_app.checkpoint.bundle_files import BundleFiles
+from sc_app.checkpoint.contents import MAX_SIDECAR_BYTES, check_contents, limit_for
+from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, parse_manifest
+from sc_app.data_plane import schema
+from sc_app.replay_buffer import check_sidecar
+from sc_app.safe_files import FileProblem, Inventory, Tree, read_regular, show, unsafe_rel
+
+log = logging.getLogger(__name__)
+
+_REQUIRED_KIND = {
+    layout.POLICY_DIR: "a directory",
+    layout.LOADER_FILE: "a regular file",
+    layout.DATA_PLANE_DIR: "a directory",
+    layout.SIDECAR_FILE: "a regular file",
+}
 
 
 @dataclass
@@ -25,6 +39,7 @@ class BundleReport:
     step: int
     problems: list[str] = field(default_factory=list)
     manifest: Manifest | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -37,47 +52,62 @@ class BundleReport:
     def as_dict(self) -> dict[str, Any]:
         m = self.manifest.doc if self.manifest else {}
         return {
-            "name": self.name,
+            "name": show(self.name),
             "step": self.step,
             "ok": self.ok,
             "problems": list(self.problems),
+            "notes": list(self.notes),
             "replay_digest": m.get("replay", {}).get("digest"),
             "groups": m.get("replay", {}).get("groups"),
             "bytes": sum(int(f.get("size", 0)) for f in m.get("files", {}).values()) if m else None,
             "created_at": m.get("created_at"),
+            "lineage": m.get("lineage"),
         }
+
+
+_UNRECORDED = object()
 
 
 def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     """Each key where a bundle and the running config disagree, named as a config key."""
+    from sc_app.checkpoint.compat import RECORDED_SINCE
+
     out = []
     for key in sorted(expected):
-        if key not in bundle_compat:
+        recorded = bundle_compat.get(key, RECORDED_SINCE.get(key, _UNRECORDED))
+        if recorded is _UNRECORDED:
             out.append(f"incompatible: bundle does not record '{key}'")
-        elif bundle_compat[key] != expected[key]:
-            out.append(
-                f"incompatible: {key} is {bundle_compat[key]!r} in the bundle but {expected[key]!r} in the config"
-            )
+        elif recorded != expected[key]:
+            out.append(f"incompatible: {key} is {recorded!r} in the bundle but {expected[key]!r} in the config")
     return out
 
 
+def lineage_problem(manifest: Manifest, expected: str | None) -> str | None:
+    """Why a bundle does not belong to the directory's lineage (``None``: it does, or predates lineages)."""
+    if expected is None or manifest.lineage is None or manifest.lineage == expected:
+        return None
+    return (
+        f"belongs to lineage {manifest.lineage}, this directory is lineage {expected}; never resumed or pruned here "
+        "(copied in from another run? move it elsewhere)"
+    )
+
+
 def data_plane_digest(bundle: Path) -> str | None:
-    meta = bundle / layout.DATA_PLANE_DIR / layout.DATA_PLANE_METADATA
-    doc = json.loads(meta.read_text())
-    user = doc.get("user_metadata") if isinstance(doc, dict) else None
-    if not isinstance(user, dict):
-        raise ValueError("not a JSON object with a 'user_metadata' mapping")
-    return user.get("digest")
+    """The replay digest ``data_plane/metadata.json`` records (either format), read as a bounded regular file."""
+    data = read_regular(bundle / layout.DATA_PLANE_DIR / layout.DATA_PLANE_METADATA, schema.MAX_METADATA_BYTES)
+    fmt = schema.snapshot_format(data)
+    streamed = fmt in schema.READABLE_FORMATS
+    meta = schema.parse_streamed_metadata(data) if streamed else schema.parse_native_metadata(data)
+    return meta.user_metadata.get("digest")
 
 
 def read_sidecar(path: Path) -> dict[str, Any]:
-    """Load the replay sidecar with ``weights_only=True`` (plain containers only)."""
+    """The replay sidecar, loaded ``weights_only`` from a bounded regular file and checked by ``check_sidecar``."""
     from sc_app import torch_io  # deferred: the rest of this module stays torch-free
 
-    obj = torch_io.load(path)
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: sidecar is not a mapping")
-    return obj
+    sd = torch_io.load(read_regular(path, MAX_SIDECAR_BYTES))
+    check_sidecar(sd)
+    return sd
 
 
 def verify_bundle(
@@ -86,79 +116,123 @@ def verify_bundle(
     deep: bool = True,
     hmac_key: bytes | None = None,
     expected_compat: dict[str, Any] | None = None,
+    expected_lineage: str | None = None,
 ) -> BundleReport:
-    """Check one ``step_N/``. ``deep=False`` skips hashing (sizes and structure only)."""
+    """Check one ``step_N/``. ``deep=False`` skips hashing and parsing (manifest, structure and sizes only).
+    ``expected_lineage``: the directory's lineage; a bundle recording another one is a problem. Never raises."""
+    path = Path(path)
     step = layout.parse_step(path.name)
     report = BundleReport(path=path, step=step if step is not None else -1)
     try:
-        manifest = read_manifest(path, hmac_key=hmac_key)
+        with Tree.open(path) as tree:
+            _verify(tree, report, deep, hmac_key, expected_compat, expected_lineage)
+    except FileProblem as exc:
+        report.problems.append(str(exc))
+    except Exception as exc:  # a defect of ours must still leave a report, never a traceback out of `ckpt verify`
+        log.debug("verification of %s failed unexpectedly", path, exc_info=True)
+        report.problems.append(f"{show(path)}: verification failed unexpectedly ({type(exc).__name__}: {exc})")
+    return report
+
+
+def _read_manifest(tree: Tree, hmac_key: bytes | None) -> Manifest:
+    try:
+        raw = tree.read(layout.MANIFEST_FILE, MAX_MANIFEST_BYTES)
+    except FileProblem as exc:
+        if str(exc).endswith(": missing"):
+            raise ManifestError(
+                f"{tree.at(layout.MANIFEST_FILE)}: manifest missing (bundle never completed or was tampered with)"
+            ) from None
+        raise ManifestError(str(exc)) from None
+    return parse_manifest(raw, tree.path / layout.MANIFEST_FILE, hmac_key=hmac_key)
+
+
+def _verify(
+    tree: Tree,
+    report: BundleReport,
+    deep: bool,
+    hmac_key: bytes | None,
+    expected_compat: dict[str, Any] | None,
+    expected_lineage: str | None,
+) -> None:
+    try:
+        manifest = _read_manifest(tree, hmac_key)
     except ManifestError as exc:
         report.problems.append(str(exc))
-        return report
+        return
     report.manifest = manifest
-    if manifest.step != step:
-        report.problems.append(f"{path / layout.MANIFEST_FILE}: records step {manifest.step}, directory says {step}")
-    for entry in layout.REQUIRED_ENTRIES:
-        if not (path / entry).exists():
-            report.problems.append(f"{path / entry}: missing")
-    listed = manifest.files
-    present = set()
-    for dirpath, _, names in os.walk(path):
-        for name in names:
-            rel = (Path(dirpath) / name).relative_to(path).as_posix()
-            if rel != layout.MANIFEST_FILE:
-                present.add(rel)
-    for rel in sorted(present - set(listed)):
-        report.problems.append(f"{path / rel}: not listed in the manifest (added after the bundle was sealed)")
-    hashed_ok: set[str] = set()
-    for rel, info in listed.items():
-        parts = PurePosixPath(rel).parts
-        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
-            report.problems.append(f"{path / layout.MANIFEST_FILE}: lists '{rel}', a path outside the bundle")
+    problems = report.problems
+    if manifest.step != report.step:
+        problems.append(f"{tree.at(layout.MANIFEST_FILE)}: records step {manifest.step}, directory says {report.step}")
+    foreign = lineage_problem(manifest, expected_lineage)
+    if foreign:
+        problems.append(f"{tree.at(layout.MANIFEST_FILE)}: {foreign}")
+    inv = tree.scan()
+    problems.extend(_tree_problems(tree, inv))
+    _check_listed(tree, inv, manifest, deep, problems)
+    if expected_compat is not None:
+        problems.extend(compat_problems(manifest.compat, expected_compat))
+    if not deep or problems:
+        return
+    findings = check_contents(BundleFiles(tree, manifest), manifest)
+    problems.extend(findings.problems)
+    report.notes.extend(findings.notes)
+
+
+def _tree_problems(tree: Tree, inv: Inventory) -> list[str]:
+    """What the tree holds that no bundle may: links, special files, what cannot be listed, wrong kinds."""
+    out = [f"{tree.at(rel)}: {why}" for rel, why in sorted({**inv.odd, **inv.unlisted}.items()) if rel != "."]
+    if "." in inv.unlisted:
+        out.append(f"{show(tree.path)}: {inv.unlisted['.']}")
+    for entry, want in _REQUIRED_KIND.items():
+        have = inv.kind_of(entry)
+        if have is None and not inv.hidden(entry):
+            out.append(f"{tree.at(entry)}: missing")
+        elif have not in (None, "odd", want):
+            out.append(f"{tree.at(entry)}: is {have}, expected {want}")
+    return out
+
+
+def _broken_required(inv: Inventory, rel: str) -> bool:
+    """``rel`` lies under a required entry that is missing or not what it must be (already reported)."""
+    top = rel.split("/", 1)[0]
+    return top in _REQUIRED_KIND and "/" in rel and inv.kind_of(top) != "a directory"
+
+
+def _check_listed(tree: Tree, inv: Inventory, manifest: Manifest, deep: bool, problems: list[str]) -> None:
+    manifest_at = tree.at(layout.MANIFEST_FILE)
+    for rel in sorted(set(inv.files) - set(manifest.files) - {layout.MANIFEST_FILE}):
+        problems.append(f"{tree.at(rel)}: not listed in the manifest (added after the bundle was sealed)")
+    for rel, info in manifest.files.items():
+        why = unsafe_rel(rel)
+        if why is not None:
+            problems.append(f"{manifest_at}: lists '{show(rel)}', which {why}")
             continue
-        p = path / rel
-        if rel not in present:
-            if not any(p.is_relative_to(path / e) for e in layout.REQUIRED_ENTRIES if not (path / e).exists()):
-                report.problems.append(f"{p}: missing")
+        if rel == layout.MANIFEST_FILE:
+            problems.append(f"{manifest_at}: lists itself")
             continue
-        size = p.stat().st_size
-        if size != info.get("size"):
-            report.problems.append(f"{p}: size {size} != {info.get('size')} in the manifest (truncated or grown)")
+        have = inv.kind_of(rel)
+        if have is None:
+            if not inv.hidden(rel) and not _broken_required(inv, rel):
+                problems.append(f"{tree.at(rel)}: missing")
+            continue
+        if have == "a directory":
+            problems.append(f"{tree.at(rel)}: is a directory, the manifest lists a file")
+            continue
+        if have == "odd":
+            continue  # named by _tree_problems
+        size = inv.files[rel]
+        if size != info["size"]:
+            problems.append(f"{tree.at(rel)}: size {size} != {info['size']} in the manifest (truncated or grown)")
+            continue
+        limit = limit_for(rel)
+        if limit is not None and size > limit:
+            problems.append(f"{tree.at(rel)}: {size} bytes, more than the {limit} this file may hold")
             continue
         if deep:
-            digest, _ = sha256_file(p)
-            if digest != info.get("sha256"):
-                report.problems.append(f"{p}: sha256 does not match the manifest (corrupted or tampered)")
+            try:
+                digest, _ = tree.sha256(rel)
+            except FileProblem as exc:
+                problems.append(str(exc))
                 continue
-        hashed_ok.add(rel)
-    if expected_compat is not None:
-        report.problems.extend(compat_problems(manifest.compat, expected_compat))
-    if not deep or report.problems:
-        return report
-    dp_meta = f"{layout.DATA_PLANE_DIR}/{layout.DATA_PLANE_METADATA}"
-    if dp_meta in hashed_ok:
-        try:
-            dp_digest = data_plane_digest(path)
-        except (ValueError, OSError) as exc:
-            report.problems.append(f"{path / dp_meta}: unreadable ({exc})")
-            dp_digest = None
-        if dp_digest != manifest.replay_digest:
-            report.problems.append(
-                f"{path / dp_meta}: data-plane digest {dp_digest} != replay digest {manifest.replay_digest}"
-            )
-    else:
-        report.problems.append(f"{path / dp_meta}: missing from the bundle")
-    if layout.SIDECAR_FILE in hashed_ok:
-        try:
-            sidecar = read_sidecar(path / layout.SIDECAR_FILE)
-            recorded, recomputed = sidecar.get("digest"), sidecar_digest(sidecar)
-        except Exception as exc:  # any unreadable sidecar is a problem to report, not a crash
-            report.problems.append(f"{path / layout.SIDECAR_FILE}: unreadable ({exc.__class__.__name__}: {exc})")
-        else:
-            if recorded != recomputed:
-                report.problems.append(f"{path / layout.SIDECAR_FILE}: digest does not match its own index")
-            elif recorded != manifest.replay_digest:
-                report.problems.append(
-                    f"{path / layout.SIDECAR_FILE}: sidecar digest != data-plane digest {manifest.replay_digest}"
-                )
-    return report
+            if digest != info["sha256"]:
+                problems.append(f"{tree.at(rel)}: sha256 does not match the manifest (corrupted or tampered)")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.manifest import render
 from sc_app.checkpoint.quarantine import move_aside
 from sc_app.durable_io import fsync_dir, fsync_tree_dirs, hash_and_fsync, write_durable
@@ -38,7 +39,7 @@ class BundleWriter:
         self.root = Path(root)
         self.step = step
         self.lease = lease
-        self.tmp = self.root / layout.tmp_name(step)
+        self.tmp = self.root / layout.tmp_name(step, lease.run_id if lease is not None else None)
         self.final = self.root / layout.step_name(step)
         self._hmac_key = hmac_key
         self._created = False
@@ -60,19 +61,24 @@ class BundleWriter:
     def sidecar_path(self) -> Path:
         return self.tmp / layout.SIDECAR_FILE
 
-    def _held(self) -> Any:
+    def held(self) -> Any:
+        """The directory lock and the lease check (nothing without a lease): what every change to the directory
+        by this writer runs under."""
         return self.lease.held() if self.lease is not None else nullcontext()
 
     def begin(self) -> BundleWriter:
+        """Make ``tmp_step_N`` (under the lease); a no-op when this writer already made it."""
+        if self._created:
+            return self
         self.root.mkdir(parents=True, exist_ok=True)
-        with self._held():
+        with self.held():
             self._begin_locked()
         return self
 
     def _begin_locked(self) -> None:
-        if self.final.exists():
+        if os.path.lexists(self.final):  # a link named step_N too: never replaced, never followed
             raise BundleExistsError(f"{self.final} already exists; refusing to overwrite a bundle")
-        if self.tmp.exists():
+        if os.path.lexists(self.tmp):
             moved = move_aside(self.tmp, self.root / layout.QUARANTINE_DIR, "abandoned tmp dir found by a new save")
             log.warning("moved abandoned %s to %s", self.tmp.name, moved)
         self.tmp.mkdir()
@@ -111,8 +117,8 @@ class BundleWriter:
         write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
         fault_point("save.fsync")
         fsync_tree_dirs(self.tmp)
-        with self._held():
-            if self.final.exists():
+        with self.held():
+            if os.path.lexists(self.final):
                 raise BundleExistsError(f"{self.final} appeared while saving; refusing to overwrite it")
             fault_point("save.rename")
             os.rename(self.tmp, self.final)
@@ -121,7 +127,14 @@ class BundleWriter:
         return self.final
 
     def abort(self) -> None:
-        """Remove the tmp dir this writer created (and nothing else)."""
-        if self._created and self.tmp.exists():
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        """Remove the tmp dir this writer created (and nothing else) — only while this run still holds the lease:
+        a fenced-off writer removes nothing (its tmp dir may already be the new holder's to tidy)."""
+        if not self._created:
+            return
         self._created = False
+        try:
+            with self.held():
+                if self.tmp.exists():
+                    shutil.rmtree(self.tmp, ignore_errors=True)
+        except LeaseLost:
+            log.warning("leaving %s: this run no longer holds the lease (the holder tidies it)", self.tmp)

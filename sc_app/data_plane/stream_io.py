@@ -27,7 +27,8 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.data_plane import units
-from sc_app.data_plane.streamed_format import PartWriter, RestoredGroup, iter_groups
+from sc_app.data_plane.streamed_format import PartWriter, RestoredGroup, iter_groups, stream_parts
+from sc_app.safe_files import FileProblem, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -202,13 +203,13 @@ def prefetched(it: Iterator[RestoredGroup], depth: int = 8) -> Iterator[Restored
 
 
 def read_ahead(directory: Path, parts: list[str]) -> None:
-    """Ask the kernel to start reading the stream's part files now (they are mapped, not read, by ``iter_groups``):
-    the disk reads run while the first segments are put."""
+    """Ask the kernel to start reading the stream's part files now (``iter_groups`` reads one part at a time): the
+    disk reads of later parts run while the first segments are put. Regular files only, no link followed."""
     for name in parts:
         try:
-            fd = os.open(directory / f"{name}.bin", os.O_RDONLY)
-        except OSError:
-            continue  # iter_groups names the missing file
+            fd = open_regular(directory / f"{name}.bin")
+        except FileProblem:
+            continue  # iter_groups names the problem
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         finally:
@@ -219,19 +220,21 @@ async def restore_stream(
     source: RowSource,
     directory: Path,
     doc: dict[str, Any],
-    parts: list[str],
+    stream: int,
     global_indexes: list[int],
     *,
     puts_in_flight: int = PUTS_IN_FLIGHT,
 ) -> dict[str, int]:
-    """Put every segment of ``parts`` back, one put per segment, onto the rows registered at ``global_indexes``
-    (the stream's row ids in file order); returns ``{"rows", "segments"}``."""
+    """Put every segment of stream ``stream`` back, one put per segment, onto the rows registered at
+    ``global_indexes`` (the stream's row ids in file order); returns ``{"rows", "segments"}``. Every part is
+    checked (``iter_groups``) before its bytes become tensors."""
+    parts = stream_parts(doc)[stream]
     rows = segments = 0
     inflight: set[asyncio.Task[Any]] = set()
     # not awaited: the kernel may submit the reads synchronously, and the puts should start at once
     threading.Thread(target=read_ahead, args=(Path(directory), parts), name="restore-readahead", daemon=True).start()
     try:
-        for group in prefetched(iter_groups(Path(directory), doc, parts)):
+        for group in prefetched(iter_groups(Path(directory), doc, stream)):
             while len(inflight) >= max(1, puts_in_flight):
                 finished, left = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 for t in finished:
@@ -291,9 +294,9 @@ class StreamWorker:
         return writer.summary()
 
     async def restore(
-        self, directory: str, doc: dict[str, Any], parts: list[str], global_indexes: list[int]
+        self, directory: str, doc: dict[str, Any], stream: int, global_indexes: list[int]
     ) -> dict[str, int]:
-        return await restore_stream(RowSource(self.tq, doc["partition"]), Path(directory), doc, parts, global_indexes)
+        return await restore_stream(RowSource(self.tq, doc["partition"]), Path(directory), doc, stream, global_indexes)
 
 
 _workers: dict[str, Any] = {}  # node id -> StreamWorker of this process

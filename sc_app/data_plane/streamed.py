@@ -37,7 +37,7 @@ from sc_app.data_plane.streamed_format import (
     group_ids,
     merged_metadata,
     read_metadata,
-    stream_parts,
+    stream_headers,
     write_metadata,
 )
 
@@ -96,7 +96,9 @@ class StreamedSnapshot(DataPlaneSnapshot):
         started = time.perf_counter()
         blocking = functools.partial(run_blocking, executor)
 
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # never parents: the bundle's tmp dir must still be where its writer made it (a new lease holder may have
+        # moved a fenced-off writer's tmp dir aside; recreating it would collide with the holder's own save)
+        self.directory.mkdir(exist_ok=True)
         if any(self.directory.iterdir()):
             raise FileExistsError(f"{self.directory}: not empty; a streamed snapshot writes into an empty directory")
         tags: dict[str, Any] = self.tags or {}
@@ -226,26 +228,19 @@ def _interleave(streams: list[list[str]]) -> list[str]:
     return out
 
 
-def _stream_ids(directory: Path, parts: list[str]) -> list[str]:
-    import json
-
-    ids: list[str] = []
-    for name in parts:
-        path = directory / f"{name}.json"
-        try:
-            header = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise StreamedFormatError(f"{path}: unreadable ({exc})") from None
-        for seg in header["segments"]:
-            ids.extend(seg["ids"])
-    return ids
+def _stream_ids(directory: Path, doc: dict[str, Any]) -> list[list[str]]:
+    """Each stream's row ids in file order, from its part headers, every header checked in full and all of them
+    against ``metadata.json`` (``stream_headers``) before a row is registered."""
+    return [
+        [sid for header in headers for seg in header.segments for sid in seg.ids]
+        for headers in stream_headers(directory, doc)
+    ]
 
 
 async def _restore(tq: Any, directory: Path, doc: dict[str, Any], placement: bool) -> dict[str, Any]:
     client = units.tq_client(tq)
     partition = doc["partition"]
-    streams = stream_parts(doc)
-    ids = [await asyncio.to_thread(_stream_ids, directory, parts) for parts in streams]
+    ids = await asyncio.to_thread(_stream_ids, directory, doc)
     order = _interleave(ids)
     if len(set(order)) != len(order):
         raise StreamedFormatError(f"{directory}: a row id is stored twice")
@@ -260,12 +255,12 @@ async def _restore(tq: Any, directory: Path, doc: dict[str, Any], placement: boo
             unit = max(units.route(client, gis), key=lambda u: len(u.positions)).unit
             worker = await asyncio.to_thread(_worker_for_unit, tq, unit, directory)
         if worker is not None:
-            got = await worker.restore.remote(str(directory), doc, streams[k], gis)
+            got = await worker.restore.remote(str(directory), doc, k, gis)
             return {**got, "where": "remote"}
-        got = await stream_io.restore_stream(source, directory, doc, streams[k], gis)
+        got = await stream_io.restore_stream(source, directory, doc, k, gis)
         return {**got, "where": "local"}
 
-    results = await asyncio.gather(*(one(k) for k in range(len(streams))))
+    results = await asyncio.gather(*(one(k) for k in range(len(ids))))
     return {
         "rows": sum(r["rows"] for r in results),
         "segments": sum(r["segments"] for r in results),

@@ -2,7 +2,9 @@
 
 Field bytes <-> tensors, part files and their JSON headers, ``metadata.json``. The format, and why it has no pickle,
 is described in ``docs/checkpoint.md`` ("The streamed data-plane format"); ``sc_app.data_plane.streamed`` moves
-rows between these files and TransferQueue.
+rows between these files and TransferQueue. Reading checks every JSON file with the validators of
+``sc_app.data_plane.schema`` (the ones verification uses) before a byte of a part is viewed as a tensor, reads only
+regular files of the directory (no link followed) and never more than a JSON file may hold.
 
 v2 (written now) holds one *stream* of part files per storage unit (``part-SS-NNNNN``), each written by its own
 writer; a segment is the rows of one group that one unit held, so a group may span a segment per stream.
@@ -14,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,25 +26,48 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.data_plane.client import METADATA_FILE
+from sc_app.data_plane.schema import (
+    DTYPE_SIZES,
+    FORMAT,
+    FORMAT_V1,
+    MAX_HEADER_BYTES,
+    MAX_METADATA_BYTES,
+    READABLE_FORMATS,
+    FieldSpec,
+    PartHeader,
+    PartsTally,
+    StreamedFormatError,
+    StreamedMetadata,
+    group_of,
+    parse_header,
+    parse_streamed_metadata,
+    snapshot_format,
+    streamed_metadata,
+)
 from sc_app.durable_io import write_durable
+from sc_app.safe_files import FileProblem, open_regular, read_regular
 
-FORMAT = "sc-app/streamed-v2"
-FORMAT_V1 = "sc-app/streamed-v1"
-READABLE_FORMATS = (FORMAT_V1, FORMAT)
+__all__ = [
+    "FORMAT",
+    "FORMAT_V1",
+    "PART_BYTES",
+    "READABLE_FORMATS",
+    "PartWriter",
+    "RestoredGroup",
+    "StreamedFormatError",
+    "group_ids",
+    "group_of",
+    "is_streamed",
+    "iter_groups",
+    "merged_metadata",
+    "read_metadata",
+    "stream_headers",
+    "stream_parts",
+    "write_metadata",
+]
+
 PART_BYTES = 64 * 1024 * 1024  # a part file is closed (and fsynced) once it holds this much
 _ALIGN = 64
-
-
-class StreamedFormatError(ValueError):
-    """A streamed data-plane directory is incomplete or does not match its own headers."""
-
-
-def group_of(sample_id: str) -> str:
-    """Group id of a sample id: everything before its last ``':'`` (``"p7:3"`` → ``"p7"``)."""
-    gid, sep, _ = sample_id.rpartition(":")
-    if not sep or not gid:
-        raise ValueError(f"sample id {sample_id!r} has no group part (expected '<group>:<row>')")
-    return gid
 
 
 def group_ids(sample_ids: list[str]) -> dict[str, list[str]]:
@@ -57,10 +81,9 @@ def group_ids(sample_ids: list[str]) -> dict[str, list[str]]:
 def is_streamed(directory: Path) -> bool:
     """True when ``directory/metadata.json`` names a streamed format this version reads (v1 or v2)."""
     try:
-        doc = json.loads((Path(directory) / METADATA_FILE).read_text())
+        return snapshot_format(read_regular(Path(directory) / METADATA_FILE, MAX_METADATA_BYTES)) in READABLE_FORMATS
     except (OSError, ValueError):
         return False
-    return isinstance(doc, dict) and doc.get("format") in READABLE_FORMATS
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -68,7 +91,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
+    dt = getattr(torch, name, None) if name in DTYPE_SIZES else None
     if not isinstance(dt, torch.dtype):
         raise StreamedFormatError(f"unknown dtype {name!r}")
     return dt
@@ -98,17 +121,13 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())
 
 
-def _rebuild(buf: torch.Tensor, spec: dict[str, Any]) -> torch.Tensor:
-    """Tensor described by ``spec`` from the part's uint8 buffer (a view, no copy)."""
-    start, n = int(spec["offset"]), int(spec["nbytes"])
-    if start < 0 or start + n > buf.numel():
-        raise StreamedFormatError(f"field bytes [{start}, {start + n}) lie outside the part file ({buf.numel()})")
-    dtype = _dtype(spec["dtype"])
-    values = buf[start : start + n].view(dtype).reshape(spec["shape"])
-    offsets = spec.get("offsets")
-    if offsets is None:
+def _rebuild(buf: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
+    """Tensor described by ``spec`` (checked by ``parse_header``) from the part's uint8 buffer (a view, no copy)."""
+    start, n = spec.offset, spec.nbytes
+    values = buf[start : start + n].view(_dtype(spec.dtype)).reshape(spec.shape)
+    if spec.offsets is None:
         return values
-    return torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor(offsets, dtype=torch.int64))
+    return torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor(spec.offsets, dtype=torch.int64))
 
 
 # ---------------------------------------------------------------------------------------------------- writing
@@ -176,6 +195,8 @@ class PartWriter:
         rows = len(ids)
         for key in td.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch, not its keys
             tensor, shape, offsets = _as_blocks(td.get(key), rows, str(key))
+            if _dtype_name(tensor.dtype) not in DTYPE_SIZES:  # what a reader could not check, is never written
+                raise TypeError(f"field {key!r} is {tensor.dtype}; the streamed snapshot stores {sorted(DTYPE_SIZES)}")
             pad = -self._pos % _ALIGN
             if pad:
                 self._write(b"\0" * pad)
@@ -255,35 +276,33 @@ def write_metadata(directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- reading
-def read_metadata(directory: Path) -> dict[str, Any]:
-    """``metadata.json`` of a streamed directory (v1 or v2), checked for format, parts and streams."""
+def _metadata(directory: Path) -> StreamedMetadata:
     path = Path(directory) / METADATA_FILE
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StreamedFormatError(f"{path}: missing (the snapshot was never completed)") from None
-    except ValueError as exc:
-        raise StreamedFormatError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") not in READABLE_FORMATS:
-        raise StreamedFormatError(f"{path}: format is not one of {', '.join(READABLE_FORMATS)}")
-    if not isinstance(doc.get("parts"), list) or not isinstance(doc.get("partition"), str):
-        raise StreamedFormatError(f"{path}: parts or partition missing")
-    if doc["format"] != FORMAT_V1:
-        streams = doc.get("streams")
-        if not isinstance(streams, list) or not all(
-            isinstance(st, dict) and isinstance(st.get("parts"), list) for st in streams
-        ):
-            raise StreamedFormatError(f"{path}: streams missing or malformed")
-        if sorted(name for st in streams for name in st["parts"]) != sorted(doc["parts"]):
-            raise StreamedFormatError(f"{path}: the streams' parts are not the parts listed")
-    return doc
+        data = read_regular(path, MAX_METADATA_BYTES)
+    except FileProblem as exc:
+        raise StreamedFormatError(f"{exc} (the snapshot was never completed, or was changed)") from None
+    try:
+        return parse_streamed_metadata(data)
+    except StreamedFormatError as exc:
+        raise StreamedFormatError(f"{path}: {exc}") from None
+
+
+def read_metadata(directory: Path) -> dict[str, Any]:
+    """``metadata.json`` of a streamed directory (v1 or v2), checked in full (``parse_streamed_metadata``); keys
+    a format does not have (v1: ``segments``, ``streams``) are absent."""
+    doc = _metadata(directory).model_dump()
+    return {k: v for k, v in doc.items() if v is not None or k not in ("segments", "streams")}
+
+
+def _meta_of(doc: dict[str, Any]) -> StreamedMetadata:
+    """A ``read_metadata`` document checked again (it may have crossed a process boundary)."""
+    return streamed_metadata(doc)
 
 
 def stream_parts(doc: dict[str, Any]) -> list[list[str]]:
     """The part names of each stream, in write order (a v1 directory is one stream)."""
-    if doc.get("format") == FORMAT_V1:
-        return [list(doc["parts"])]
-    return [list(st["parts"]) for st in doc["streams"]]
+    return _meta_of(doc).stream_parts()
 
 
 @dataclass
@@ -294,38 +313,92 @@ class RestoredGroup:
     data: TensorDict
 
 
-def _map(path: Path, size: int) -> torch.Tensor:
-    """The file's bytes as a uint8 tensor over a private (copy-on-write) memory map: no copy into this process and
-    no zero-filled buffer; the kernel reads the file ahead (``MADV_WILLNEED``) while earlier segments are used.
-    The map lives as long as a tensor viewing it."""
+def _open_part(directory: Path, name: str) -> tuple[PartHeader, int]:
+    """Header of part ``name`` (checked in full against the bin's size) and an open descriptor of its bin (the
+    caller closes it)."""
+    header_path = directory / f"{name}.json"
+    try:
+        data = read_regular(header_path, MAX_HEADER_BYTES)
+        fd = open_regular(directory / f"{name}.bin")
+    except FileProblem as exc:
+        raise StreamedFormatError(str(exc)) from None
+    try:
+        return parse_header(data, name=name, bin_size=os.fstat(fd).st_size), fd
+    except StreamedFormatError as exc:
+        os.close(fd)
+        raise StreamedFormatError(f"{header_path}: {exc}") from None
+
+
+def _read_bin(directory: Path, header: PartHeader, fd: int) -> torch.Tensor:
+    """The bin's bytes into an uninitialised (never zero-filled) uint8 tensor: one plain read of the file."""
+    size = header.bytes
+    buf = torch.empty(size, dtype=torch.uint8)
     if not size:
-        return torch.empty(0, dtype=torch.uint8)
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-    if hasattr(mmap, "MADV_WILLNEED"):
-        mapped.madvise(mmap.MADV_WILLNEED)
-    return torch.frombuffer(mapped, dtype=torch.uint8)
+        return buf
+    view = memoryview(buf.numpy())
+    got = 0
+    while got < size:
+        n = os.readv(fd, [view[got:]])
+        if not n:
+            raise StreamedFormatError(f"{directory / header.bin}: short read at {got} of {size}")
+        got += n
+    return buf
+
+
+def stream_headers(directory: Path, doc: dict[str, Any] | None = None) -> list[list[PartHeader]]:
+    """Every part header of every stream, each checked in full and all of them against each other and
+    ``metadata.json`` (``PartsTally``): what a restore knows before it registers a row."""
+    directory = Path(directory)
+    meta = _meta_of(doc) if doc is not None else _metadata(directory)
+    tally = PartsTally(meta)
+    out: list[list[PartHeader]] = []
+    for parts in meta.stream_parts():
+        headers = []
+        for name in parts:
+            header, fd = _open_part(directory, name)
+            os.close(fd)
+            try:
+                tally.add(header, name)
+            except StreamedFormatError as exc:
+                raise StreamedFormatError(f"{directory / (name + '.json')}: {exc}") from None
+            headers.append(header)
+        out.append(headers)
+    try:
+        tally.finish()
+    except StreamedFormatError as exc:
+        raise StreamedFormatError(f"{directory}: {exc}") from None
+    return out
 
 
 def iter_groups(
-    directory: Path, doc: dict[str, Any] | None = None, parts: list[str] | None = None
+    directory: Path, doc: dict[str, Any] | None = None, stream: int | None = None
 ) -> Iterator[RestoredGroup]:
-    """Every stored segment (a group's rows, or in v2 the rows of a group one unit held) of ``parts`` (default:
-    all), in write order; a part's file is memory-mapped and its fields are views of the map, not copies."""
+    """Every stored segment (a group's rows; in v2 the rows of a group one unit held) of stream ``stream`` (default:
+    every stream), in write order; a part's bytes are read once into memory and viewed, not copied.
+
+    Each part's header is checked in full before any of its bytes is viewed as a tensor, a sample id stored twice
+    is refused before it is yielded again, and after the last part the totals (of the stream, and with every stream
+    of the directory) must be ``metadata.json``'s — the checks verification makes (``sc_app.data_plane.schema``)."""
     directory = Path(directory)
-    doc = doc or read_metadata(directory)
-    for name in doc["parts"] if parts is None else parts:
-        header_path = directory / f"{name}.json"
-        try:
-            header = json.loads(header_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise StreamedFormatError(f"{header_path}: unreadable ({exc})") from None
-        bin_path = directory / header["bin"]
-        size = bin_path.stat().st_size
-        if size != header["bytes"]:
-            raise StreamedFormatError(f"{bin_path}: {size} bytes, header says {header['bytes']}")
-        buf = _map(bin_path, size)
-        for seg in header["segments"]:
-            ids = list(seg["ids"])
-            data = {k: _rebuild(buf, spec) for k, spec in seg["fields"].items()}
-            yield RestoredGroup(seg["group"], ids, list(seg["tags"]), TensorDict(data, batch_size=len(ids)))
+    meta = _meta_of(doc) if doc is not None else _metadata(directory)
+    streams = meta.stream_parts()
+    chosen = range(len(streams)) if stream is None else [stream]
+    tally = PartsTally(meta, chosen)
+    for k in chosen:
+        for name in streams[k]:
+            header, fd = _open_part(directory, name)
+            try:
+                tally.add(header, name)
+                buf = _read_bin(directory, header, fd)
+            except StreamedFormatError as exc:
+                raise StreamedFormatError(f"{directory / (name + '.json')}: {exc}") from None
+            finally:
+                os.close(fd)
+            for seg in header.segments:
+                data = {key: _rebuild(buf, spec) for key, spec in seg.fields.items()}
+                tags = [dict(t) for t in seg.tags]
+                yield RestoredGroup(seg.group, list(seg.ids), tags, TensorDict(data, batch_size=len(seg.ids)))
+    try:
+        tally.finish()
+    except StreamedFormatError as exc:
+        raise StreamedFormatError(f"{directory}: {exc}") from None

@@ -1,7 +1,13 @@
-"""RayJob operations against a Kubernetes API server with the official ``kubernetes`` client.
+"""The Kubernetes API server over REST, through the official ``kubernetes`` client's configuration and transport.
 
-Invariants: every API failure surfaces as ``K8sError`` whose ``str()`` is one line naming the object, the cause
-and what to do; ``delete`` never touches the checkpoint PVC (bundles outlive every job); ``status`` only reads.
+Invariants:
+- every request has a timeout: ``request_timeout`` seconds, never more than what is left before ``deadline``; it is
+  sent once (urllib3's default three silent retries would turn a 30 s timeout into 2 minutes);
+- every failure surfaces as ``K8sError``, whose ``str()`` is one line naming the object, the cause and what to do;
+  ``transient`` marks the ones a later try may not hit (no answer, unreachable, 429/5xx);
+- kinds are resolved through the API server's discovery documents, so any kind the chart renders (CRDs included) is
+  handled without a list kept here, and a kind the cluster does not serve is reported before anything is written.
+The ``kubernetes`` package is imported here only, and only when a client is built.
 """
 
 from __future__ import annotations
@@ -11,307 +17,362 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
-# JobDeploymentStatus values after which KubeRay does nothing more for the job.
-TERMINAL = {"Complete", "Failed", "ValidationFailed"}
-# Core kinds ``submit`` creates besides the RayJob: kind → (api path segment, plural).
-CORE_PATHS = {
-    "ConfigMap": ("/api/v1", "configmaps"),
-    "Secret": ("/api/v1", "secrets"),
-    "ServiceAccount": ("/api/v1", "serviceaccounts"),
-    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
-    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+DEFAULT_REQUEST_TIMEOUT = 30.0
+MAX_BODY_BYTES = 64 * 1024 * 1024  # an answer larger than this is refused, not loaded
+TRANSIENT_STATUS = {429, 500, 502, 503, 504}
+# API group → what to do when the cluster does not serve it.
+SERVED_BY = {
+    "ray.io": "install the KubeRay operator and its CRDs first (ops/README.md, Install)",
+    "monitoring.coreos.com": "install the Prometheus Operator's CRDs, or turn the monitor off in the values",
 }
 
 
 class K8sError(RuntimeError):
-    """One clear line about a failed API call."""
+    """One clear line about a failed API call; ``transient``: a later try may succeed."""
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str = "", transient: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.transient = transient
 
 
-def _status_body(body: Any) -> dict[str, Any] | None:
-    if isinstance(body, bytes):
-        body = body.decode(errors="replace")
-    if not isinstance(body, str):
-        return None
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) and doc.get("kind") == "Status" else None
+class K8sTimeout(K8sError):
+    """The API server did not answer in time, or ``Kube.deadline`` has passed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=True)
 
 
-def explain(exc: BaseException, what: str, namespace: str) -> K8sError:
-    """Map a client exception for ``what`` (e.g. ``rayjob/x``) to one line."""
-    from kubernetes.client.exceptions import ApiException
-
-    if not isinstance(exc, ApiException):
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return K8sError(f"{what}: cannot reach the Kubernetes API server ({text}); check your kubeconfig/context")
-    status = _status_body(exc.body)
-    message = (status or {}).get("message") or (exc.reason or "").strip()
-    reason = (status or {}).get("reason", "")
-    code = exc.status
-    if code == 404 and status is None and what.startswith("rayjob"):
-        return K8sError(
-            f"{what}: the RayJob API (ray.io/v1 rayjobs) is not served by this cluster: install the KubeRay "
-            "operator and its CRDs first (ops/README.md, Install)"
-        )
-    if code == 404:
-        return K8sError(f"{what} not found in namespace {namespace}" + (f" ({message})" if message else ""))
-    if code == 403:
-        return K8sError(f"forbidden: {message or what}; ask for RBAC on this resource in namespace {namespace}")
-    if code == 401:
-        return K8sError(f"{what}: unauthorized: the API server rejected your credentials; refresh your kubeconfig")
-    if code == 409 and reason == "AlreadyExists":
-        return K8sError(f"{what} already exists in namespace {namespace}; delete it first or choose another --name")
-    if code == 409:
-        return K8sError(f"{what}: conflict ({message or 'changed concurrently'}); re-read it and retry")
-    if code == 422 or reason == "Invalid":
-        return K8sError(f"{what} rejected as invalid: {message}")
-    return K8sError(f"{what}: API server answered {code} {reason or exc.reason}: {message}".rstrip(": "))
+class DeadlinePassed(K8sTimeout):
+    """No request was sent: ``Kube.deadline`` had already passed."""
 
 
-@dataclass
-class JobStatus:
-    """What ``sc-app k8s status`` shows about one RayJob."""
+@dataclass(frozen=True)
+class Response:
+    """One HTTP answer, whatever its status."""
 
-    name: str
-    deployment_status: str
-    job_status: str
-    failed: int
-    succeeded: int
-    backoff_limit: int
-    suspended: bool
-    cluster: str
-    message: str
-    resume_step: int | None
-    resume_decision: str | None
+    status: int
+    body: bytes
+    content_type: str
 
     @property
-    def finished(self) -> bool:
-        return self.deployment_status in TERMINAL
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
 
     @property
-    def retries_used(self) -> int:
-        """Attempts beyond the first (KubeRay counts failed attempts in status.failed)."""
-        return self.failed
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "jobDeploymentStatus": self.deployment_status,
-            "jobStatus": self.job_status,
-            "retriesUsed": self.retries_used,
-            "backoffLimit": self.backoff_limit,
-            "suspended": self.suspended,
-            "rayCluster": self.cluster,
-            "message": self.message,
-            "resumeStep": self.resume_step,
-            "resumeDecision": self.resume_decision,
-        }
+    def json(self) -> Any:
+        return json.loads(self.body)
 
-    def lines(self) -> list[str]:
-        step = (
-            "unknown (no preflight log yet)"
-            if self.resume_decision is None
-            else (f"step {self.resume_step}" if self.resume_step is not None else "none (fresh start)")
-        )
-        return [
-            f"rayjob/{self.name}: {self.deployment_status or 'New'}"
-            + (" (suspended)" if self.suspended else "")
-            + (f", job {self.job_status}" if self.job_status else ""),
-            f"retries used: {self.retries_used} of backoffLimit {self.backoff_limit}",
-            f"newest bundle at the last (re)start: {step}"
-            + (f" [{self.resume_decision}]" if self.resume_decision else ""),
-        ] + ([f"message: {self.message}"] if self.message else [])
-
-
-class RayJobs:
-    """RayJob verbs in one namespace. ``api_client`` is a configured ``kubernetes.client.ApiClient``."""
-
-    def __init__(self, api_client: Any, namespace: str) -> None:
-        from kubernetes import client
-
-        self.namespace = namespace
-        self.api_client = api_client
-        self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
-
-    # ---------------------------------------------------------------- helpers
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def status_doc(self) -> dict[str, Any] | None:
+        """The ``Status`` object when the API server itself answered (errors), else None."""
         try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            raise explain(exc, what, self.namespace) from None
-
-    def _create_core(self, obj: dict[str, Any]) -> str:
-        base, plural = CORE_PATHS[obj["kind"]]
-        name = obj["metadata"]["name"]
-        what = f"{obj['kind'].lower()}/{name}"
-        path = f"{base}/namespaces/{self.namespace}/{plural}"
-        try:
-            response = self.api_client.call_api(*self._req("POST", path, body=obj))
-            response.read()
-            self.api_client.response_deserialize(response, {"2XX": "object"})
-            return f"created {what}"
-        except Exception as exc:
-            err = explain(exc, what, self.namespace)
-            if "already exists" in str(err):
-                return f"kept existing {what}"
-            raise err from None
-
-    def _req(self, method: str, path: str, body: Any = None) -> tuple[Any, ...]:
-        """Serialize a raw request the same way the generated APIs do; returns ``call_api`` positional args."""
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        return self.api_client.param_serialize(
-            method=method, resource_path=path, header_params=headers, body=body, auth_settings=["BearerToken"]
-        )
-
-    # ---------------------------------------------------------------- verbs
-    def submit(self, objects: list[dict[str, Any]]) -> list[str]:
-        """Create the companions (kept when they exist), then the RayJob (an existing one is an error)."""
-        done: list[str] = []
-        ray = [o for o in objects if o.get("apiVersion") == "ray.io/v1"]
-        if len(ray) != 1 or ray[0]["kind"] != "RayJob":
-            raise K8sError("submit needs mode: RayJob values (for a RayCluster use helm install)")
-        job = ray[0]
-        name = job["metadata"]["name"]
-        # Fail early and clearly when the CRD is missing or the job exists, before creating anything else.
-        try:
-            self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-            raise K8sError(
-                f"rayjob/{name} already exists in namespace {self.namespace}; delete it first or choose another --name"
-            )
-        except K8sError:
-            raise
-        except Exception as exc:
-            err = explain(exc, f"rayjob/{name}", self.namespace)
-            if "not found in namespace" not in str(err):
-                raise err from None
-        for obj in objects:
-            if obj is not job:
-                done.append(self._create_core(obj))
-        self._call(
-            f"rayjob/{name}", self.custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, job
-        )
-        done.append(f"created rayjob/{name}")
-        return done
-
-    def get(self, name: str) -> dict[str, Any]:
-        return self._call(
-            f"rayjob/{name}", self.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name
-        )
-
-    def set_suspend(self, name: str, suspend: bool) -> None:
-        self._call(
-            f"rayjob/{name}",
-            self.custom.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            name,
-            {"spec": {"suspend": suspend}},
-            _content_type="application/merge-patch+json",
-        )
-
-    def delete(self, name: str) -> None:
-        self._call(
-            f"rayjob/{name}",
-            self.custom.delete_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            name,
-            propagation_policy="Background",
-        )
-
-    def resume_point(self, cluster: str) -> tuple[int | None, str | None]:
-        """(step, decision) from the head's preflight initContainer log (JSON); (None, None) when unavailable."""
-        if not cluster:
-            return None, None
-        try:
-            pods = self.core.list_namespaced_pod(
-                self.namespace, label_selector=f"ray.io/cluster={cluster},ray.io/node-type=head"
-            )
-            if not pods.items:
-                return None, None
-            text = self.core.read_namespaced_pod_log(pods.items[0].metadata.name, self.namespace, container="preflight")
-        except Exception as exc:  # status must still answer when logs are not readable
-            log.debug("preflight log unavailable: %s", exc)
-            return None, None
-        start = text.find("{")
-        try:
-            doc = json.loads(text[start:]) if start >= 0 else None
+            doc = json.loads(self.body)
         except ValueError:
-            doc = None
-        if not isinstance(doc, dict):
-            return None, None
-        decision = str(doc.get("decision"))
-        step = doc.get("step") if decision == "resume" else None  # a fresh start reports step 0: no bundle
-        return (int(step) if step is not None else None), decision
+            return None
+        return doc if isinstance(doc, dict) and doc.get("kind") == "Status" else None
 
-    def status(self, name: str) -> JobStatus:
-        obj = self.get(name)
-        st = obj.get("status") or {}
-        spec = obj.get("spec") or {}
-        step, decision = self.resume_point(st.get("rayClusterName", ""))
-        return JobStatus(
-            name=name,
-            deployment_status=st.get("jobDeploymentStatus", ""),
-            job_status=st.get("jobStatus", ""),
-            failed=int(st.get("failed") or 0),
-            succeeded=int(st.get("succeeded") or 0),
-            backoff_limit=int(spec.get("backoffLimit") or 0),
-            suspended=bool(spec.get("suspend")),
-            cluster=st.get("rayClusterName", ""),
-            message=st.get("message", ""),
-            resume_step=step,
-            resume_decision=decision,
+
+@dataclass(frozen=True)
+class Resource:
+    """Where objects of one kind live, as discovery says."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    def path(self, namespace: str, name: str = "") -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        scope = f"/namespaces/{quote(namespace, safe='')}" if self.namespaced else ""
+        return f"{base}{scope}/{self.plural}" + (f"/{quote(name, safe='')}" if name else "")
+
+
+def ref(obj: dict[str, Any]) -> str:
+    """``kind/name`` as kubectl prints it (``configmap/x``)."""
+    return f"{obj['kind'].lower()}/{obj['metadata']['name']}"
+
+
+def explain(resp: Response, what: str, namespace: str) -> K8sError:
+    """An error answer of the API server about ``what`` (e.g. ``rayjob/x``) as one line."""
+    doc = resp.status_doc() or {}
+    lines = resp.text.strip().splitlines()
+    message = " ".join((str(doc.get("message") or "").strip() or (lines[0] if lines else "")).split())[:300]
+    reason = str(doc.get("reason") or "")
+    code = resp.status
+    transient = code in TRANSIENT_STATUS
+    if code == 404:
+        err = f"{what} not found in namespace {namespace}" + (f" ({message})" if message else "")
+    elif code == 403:
+        err = f"forbidden: {message or what}; ask for RBAC on it in namespace {namespace} (ops/README.md, RBAC)"
+    elif code == 401:
+        err = f"{what}: unauthorized: the API server rejected your credentials; refresh your kubeconfig"
+    elif code == 409 and reason == "AlreadyExists":
+        err = f"{what} already exists in namespace {namespace}"
+    elif code == 409:
+        err = f"{what}: conflict ({message or 'changed concurrently'}); re-read it and retry"
+    elif code == 422 or reason == "Invalid":
+        err = f"{what} rejected as invalid: {message}"
+    elif code == 429:
+        err = f"{what}: the API server is throttling requests (429 {message}); retry later"
+    else:
+        err = f"{what}: API server answered {code} {reason}: {message}".replace("  ", " ").rstrip(": ")
+    return K8sError(err, status=code, reason=reason, transient=transient)
+
+
+def seconds(value: float) -> str:
+    """``30``, ``1.5``, ``0.25``: seconds as a person writes them."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def _transport_error(exc: BaseException, what: str, host: str, timeout: float) -> K8sError:
+    """A request that got no HTTP answer (refused, timed out, TLS) as one line."""
+    import urllib3.exceptions as ux
+
+    cause: BaseException = exc
+    if isinstance(exc, ux.MaxRetryError) and exc.reason is not None:
+        cause = exc.reason
+    # NewConnectionError (refused, no route) subclasses ConnectTimeoutError in urllib3 2: tell them apart first.
+    if isinstance(cause, (ux.TimeoutError, TimeoutError)) and not isinstance(cause, ux.NewConnectionError):
+        return K8sTimeout(
+            f"{what}: the API server at {host} did not answer within {seconds(timeout)}s; check that it is up and that "
+            "your kubeconfig/context points at it (raise --request-timeout for a slow link)"
+        )
+    if isinstance(cause, ux.SSLError):
+        first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        return K8sError(f"{what}: TLS with the API server at {host} failed ({first}); check your kubeconfig's CA")
+    text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    if "refused" in text.lower():
+        text = "connection refused"
+    return K8sError(
+        f"{what}: cannot reach the Kubernetes API server at {host} ({text}); check your kubeconfig/context",
+        transient=True,
+    )
+
+
+class Kube:
+    """Requests to one API server on behalf of one namespace. ``api_client``: a configured ``ApiClient``."""
+
+    def __init__(self, api_client: Any, namespace: str, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self.client = api_client
+        self.namespace = namespace
+        self.request_timeout = request_timeout
+        self.deadline: float | None = None  # time.monotonic() after which no request starts
+        self._discovered: dict[str, dict[str, Resource] | None] = {}
+
+    @property
+    def host(self) -> str:
+        return str(self.client.configuration.host)
+
+    def time_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def _timeout(self, what: str) -> float:
+        left = self.time_left()
+        if left is None:
+            return self.request_timeout
+        if left <= 0:
+            raise DeadlinePassed(f"{what}: out of time (the deadline has passed)")
+        return min(self.request_timeout, left)
+
+    # ------------------------------------------------------------------ transport
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Response:
+        """One request; any HTTP answer is returned, no answer is a ``K8sError``."""
+        timeout = self._timeout(what)
+        hdrs = {"Accept": "application/json, */*", **(headers or {})}
+        if body is not None:
+            hdrs["Content-Type"] = content_type
+        args = self.client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()) or None,
+            header_params=hdrs,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            raw = self.client.call_api(*args, _request_timeout=timeout)
+        except Exception as exc:
+            raise _transport_error(exc, what, self.host, timeout) from None
+        try:
+            data = raw.response.read(amt=MAX_BODY_BYTES + 1, decode_content=True) or b""
+        except Exception as exc:
+            raw.response.close()
+            raise _transport_error(exc, what, self.host, timeout) from None
+        if len(data) > MAX_BODY_BYTES:
+            raw.response.close()
+            raise K8sError(f"{what}: answer larger than {MAX_BODY_BYTES // 2**20} MiB; refused")
+        raw.response.release_conn()
+        return Response(int(raw.status), data, raw.getheader("content-type") or "")
+
+    def call(self, method: str, path: str, *, what: str, **kwargs: Any) -> dict[str, Any]:
+        """A request whose answer must be 2xx JSON; anything else is ``explain``ed."""
+        resp = self.request(method, path, what=what, **kwargs)
+        if not resp.ok:
+            raise explain(resp, what, self.namespace)
+        try:
+            doc = resp.json()
+        except ValueError:
+            raise K8sError(f"{what}: the API server answered {resp.status} without JSON") from None
+        return doc if isinstance(doc, dict) else {}
+
+    # ------------------------------------------------------------------ discovery
+    def resource(self, api_version: str, kind: str) -> Resource:
+        """Where ``kind`` of ``api_version`` lives; ``K8sError`` when the cluster does not serve it."""
+        if api_version not in self._discovered:
+            path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            resp = self.request("GET", path, what=f"discovery of {api_version}")
+            if resp.status == 404:
+                self._discovered[api_version] = None
+            elif not resp.ok:
+                raise explain(resp, f"discovery of {api_version}", self.namespace)
+            else:
+                found: dict[str, Resource] = {}
+                for r in resp.json().get("resources", []):
+                    if "/" not in r.get("name", ""):  # subresources (pods/log) are not kinds
+                        found[r["kind"]] = Resource(api_version, r["kind"], r["name"], bool(r.get("namespaced")))
+                self._discovered[api_version] = found
+        served = self._discovered[api_version]
+        if served is None or kind not in served:
+            group = api_version.rpartition("/")[0]
+            hint = SERVED_BY.get(group, "install the operator or CRD that provides it")
+            raise K8sError(f"{kind} objects ({api_version}) are not served by this cluster: {hint}")
+        return served[kind]
+
+    def resource_of(self, obj: dict[str, Any]) -> Resource:
+        return self.resource(obj["apiVersion"], obj["kind"])
+
+    # ------------------------------------------------------------------ verbs
+    def get(self, res: Resource, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        resp = self.request("GET", res.path(self.namespace, name), what=f"{res.kind.lower()}/{name}")
+        if resp.status == 404 and (resp.status_doc() or {}).get("reason") == "NotFound":
+            return None
+        if not resp.ok:
+            raise explain(resp, f"{res.kind.lower()}/{name}", self.namespace)
+        doc = resp.json()
+        return doc if isinstance(doc, dict) else None
+
+    def must_get(self, res: Resource, name: str) -> dict[str, Any]:
+        obj = self.get(res, name)
+        if obj is None:
+            raise K8sError(f"{res.kind.lower()}/{name} not found in namespace {self.namespace}", status=404)
+        return obj
+
+    def create(self, res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        return self.call("POST", res.path(self.namespace), what=ref(obj), body=obj)
+
+    def replace(self, res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT the whole object (``metadata.resourceVersion`` set: a concurrent change is a conflict, not lost)."""
+        return self.call("PUT", res.path(self.namespace, obj["metadata"]["name"]), what=ref(obj), body=obj)
+
+    def merge_patch(self, res: Resource, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.call(
+            "PATCH",
+            res.path(self.namespace, name),
+            what=f"{res.kind.lower()}/{name}",
+            body=patch,
+            content_type="application/merge-patch+json",
         )
 
-    def wait(self, name: str, timeout: float, poll: float = 5.0) -> JobStatus:
-        """Poll until the job reaches a terminal deployment status; ``TimeoutError`` after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        last = ""
-        while True:
-            st = self.status(name)
-            now = f"{st.deployment_status}/{st.job_status}/{st.failed}"
-            if now != last:
-                log.info(
-                    "rayjob/%s: %s, job %s, retries %d/%d",
-                    name,
-                    st.deployment_status or "New",
-                    st.job_status or "-",
-                    st.failed,
-                    st.backoff_limit,
-                )
-                last = now
-            if st.finished:
-                return st
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"rayjob/{name} still {st.deployment_status or 'New'} after {timeout:g}s")
-            time.sleep(poll)
+    def delete(self, res: Resource, name: str, propagation: str = "Background") -> bool:
+        """Ask for deletion; False when it was already gone. Finalizers may keep the object a while longer."""
+        what = f"{res.kind.lower()}/{name}"
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        resp = self.request("DELETE", res.path(self.namespace, name), what=what, body=body)
+        if resp.status == 404 and (resp.status_doc() or {}).get("reason") == "NotFound":
+            return False
+        if not resp.ok:
+            raise explain(resp, what, self.namespace)
+        return True
+
+    def list(self, res: Resource, selector: str = "") -> list[dict[str, Any]]:
+        doc = self.call(
+            "GET",
+            res.path(self.namespace),
+            what=f"{res.plural}",
+            query={"labelSelector": selector} if selector else None,
+        )
+        return [item for item in doc.get("items") or [] if isinstance(item, dict)]
+
+    def pod_log(self, pod: str, container: str) -> str:
+        path = f"/api/v1/namespaces/{quote(self.namespace, safe='')}/pods/{quote(pod, safe='')}/log"
+        resp = self.request("GET", path, what=f"pod/{pod} log", query={"container": container})
+        if not resp.ok:
+            raise explain(resp, f"pod/{pod} log", self.namespace)
+        return resp.text
+
+    def proxy_get(self, service: str, port: str, path: str, headers: dict[str, str] | None = None) -> Response:
+        """GET ``path`` of ``service:port`` through the API server's service proxy; any answer is returned."""
+        url = (
+            f"/api/v1/namespaces/{quote(self.namespace, safe='')}/services/"
+            f"{quote(service, safe='')}:{quote(port, safe='')}/proxy/{path.lstrip('/')}"
+        )
+        return self.request("GET", url, what=f"service/{service} proxy", headers=headers)
 
 
-def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """A configured ``ApiClient``: in-cluster service account when available, else kubeconfig."""
+def load_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A configured ``ApiClient`` that never retries on its own: in-cluster service account when running in a pod
+    and neither ``kubeconfig`` nor ``context`` is given, else the kubeconfig. Anything unusable → one-line K8sError."""
     from kubernetes import client, config
 
+    cfg = client.Configuration()
+    if kubeconfig is None and context is None:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            pass
+        else:
+            cfg.retries = False
+            return client.ApiClient(cfg)
+    source = kubeconfig or "$KUBECONFIG or ~/.kube/config"
     try:
-        if kubeconfig is None and context is None:
-            try:
-                config.load_incluster_config()
-                return client.ApiClient()
-            except config.ConfigException:
-                pass
-        cfg = client.Configuration()
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-        return client.ApiClient(cfg)
-    except (config.ConfigException, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise K8sError(f"no usable kubeconfig ({first}); set KUBECONFIG or pass --kubeconfig") from None
+    except config.ConfigException as exc:
+        text = " ".join(str(exc).split())
+        if context and f"name {context} " in text:
+            raise K8sError(
+                f"kubeconfig {source}: no context named {context!r}{_contexts(config, kubeconfig)}; "
+                "pass an existing --context"
+            ) from None
+        raise K8sError(f"kubeconfig {source}: {text}; set KUBECONFIG or pass --kubeconfig/--context") from None
+    except OSError as exc:
+        raise K8sError(f"kubeconfig {source}: cannot read ({exc.strerror or exc}); pass --kubeconfig FILE") from None
+    except Exception as exc:  # malformed YAML, wrong types, bad base64: the client raises whatever it hits
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise K8sError(
+            f"kubeconfig {source}: not a valid kubeconfig ({type(exc).__name__}: {first}); "
+            "check it with `kubectl config view`"
+        ) from None
+    cfg.retries = False
+    return client.ApiClient(cfg)
+
+
+def _contexts(config: Any, kubeconfig: str | None) -> str:
+    try:
+        contexts, _ = config.list_kube_config_contexts(kubeconfig)
+    except Exception:  # the names are a courtesy; the error line stands without them
+        return ""
+    names = sorted(str(c.get("name")) for c in contexts or [] if isinstance(c, dict))
+    return f" (it has: {', '.join(names)})" if names else ""

@@ -1,136 +1,151 @@
 """``sc-app k8s submit|status|wait|suspend|resume|delete``: a RayJob from the chart's values, without Helm.
 
-Exit codes: 0 ok; 1 the job failed / timed out waiting; 2 bad input or an API error (one line on stderr).
-Invariant: ``delete`` removes the RayJob (KubeRay then removes its cluster) and never the checkpoint PVC.
+Exit codes (``sc_app/exits.py``): 0 ok; 1 the job failed, ``wait``/``delete`` ran out of ``--timeout``, or the API
+server did not answer / could not be reached (a rerun may succeed); 2 bad input (values, flags, kubeconfig, context)
+or a refused API request. Every error is one line on stderr.
+Invariants: ``delete`` removes what ``submit`` wrote and never the checkpoint PVC; every request is bounded by
+``--request-timeout`` and, for ``wait``/``delete``, by what is left of ``--timeout``. Importing this module imports
+neither ``kubernetes`` nor the Helm engine (``sc-app`` loads it for every command).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+
+from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, fail
+from sc_app.k8s import install
+from sc_app.k8s.api import DEFAULT_REQUEST_TIMEOUT, K8sError, Kube, load_client
+from sc_app.k8s.rayjob import RayJobs
+from sc_app.k8s.release import Release, ReleaseError, deep_merge, load_values, render_release
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+PROG = "sc-app k8s"
+# The image tag that lets the chart render when the caller needs names, not an installable release.
+NAME_PROBE_TAG = "name-probe"
 
 
-def _err(message: str, code: int = EXIT_ERROR) -> int:
-    print(f"sc-app k8s: error: {message}", file=sys.stderr)
-    return code
+def _seconds(text: str) -> float:
+    """A positive number of seconds (argparse type): 0 would mean "no timeout" to urllib3."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    return value
 
 
-def _jobs(args: argparse.Namespace) -> Any:
-    from sc_app.k8s.api import RayJobs, api_client
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 or more")
+    return value
 
-    return RayJobs(api_client(args.kubeconfig, args.context), args.namespace)
+
+def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a verb; its errors become the one error line and exit code of ``sc_app.exits``."""
+
+    @functools.wraps(fn)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except ReleaseError as exc:
+            return fail(str(exc), EXIT_BAD_INPUT, prog=PROG)
+        except K8sError as exc:
+            return fail(str(exc), EXIT_FAILED if exc.transient else EXIT_BAD_INPUT, prog=PROG)
+        except TimeoutError as exc:
+            return fail(str(exc), EXIT_FAILED, prog=PROG)
+
+    return run
+
+
+def _kube(args: argparse.Namespace) -> Kube:
+    return Kube(load_client(args.kubeconfig, args.context), args.namespace, args.request_timeout)
+
+
+def _release(args: argparse.Namespace, *, installable: bool = False) -> Release:
+    """The release as the chart renders it for ``-f``/``--set``; for naming only, a missing image tag is filled in."""
+    values = load_values(args.values, args.set)
+    image = values.get("image")
+    if not installable and (not isinstance(image, dict) or not (image.get("tag") or image.get("digest"))):
+        values = deep_merge(values, {"image": {"tag": NAME_PROBE_TAG}})
+    return render_release(values, name=args.release, namespace=args.namespace, chart=args.chart)
 
 
 def _name(args: argparse.Namespace) -> str:
-    """The RayJob name for a release name (what the chart's fullname helper produces)."""
-    from sc_app.k8s.manifest import render_release
-
-    if args.raw_name:
-        return args.release
-    # Render once with throwaway values to learn the object name rule instead of re-implementing it.
-    rel = render_release(
-        {"image": {"tag": "name-probe"}}, name=args.release, namespace=args.namespace, chart=args.chart
-    )
-    return rel.ray_object["metadata"]["name"]
+    """The RayJob's name: RELEASE itself with --raw-name, else what the chart names it for these values."""
+    return args.release if args.raw_name else _release(args).ray_object["metadata"]["name"]
 
 
+@_command
 def cmd_submit(args: argparse.Namespace) -> int:
-    from sc_app.k8s.api import K8sError
-    from sc_app.k8s.manifest import ManifestError, load_values, render_release
-
-    try:
-        values = load_values(args.values, args.set)
-        release = render_release(values, name=args.release, namespace=args.namespace, chart=args.chart)
-    except ManifestError as exc:
-        return _err(str(exc))
+    release = _release(args, installable=True)
     if args.dry_run:
         sys.stdout.write(release.to_yaml())
         return EXIT_OK
-    try:
-        for line in _jobs(args).submit(release.objects):
-            print(line)
-    except K8sError as exc:
-        return _err(str(exc))
+    for line in install.submit(_kube(args), release):
+        print(line)
     print(f"watch: sc-app k8s status {args.release} -n {args.namespace}")
     return EXIT_OK
 
 
+@_command
 def cmd_status(args: argparse.Namespace) -> int:
-    from sc_app.k8s.api import K8sError
-    from sc_app.k8s.manifest import ManifestError
-
-    try:
-        st = _jobs(args).status(_name(args))
-    except (K8sError, ManifestError) as exc:
-        return _err(str(exc))
-    if args.json:
-        print(json.dumps(st.as_dict(), indent=2))
-    else:
-        print("\n".join(st.lines()))
+    st = RayJobs(_kube(args)).status(_name(args), live=not args.no_live, last_events=args.events)
+    print(json.dumps(st.as_dict(), indent=2) if args.json else "\n".join(st.lines()))
     return EXIT_OK
 
 
+@_command
 def cmd_wait(args: argparse.Namespace) -> int:
-    from sc_app.k8s.api import K8sError
-    from sc_app.k8s.manifest import ManifestError
-
+    started = time.monotonic()
     if not logging.getLogger().handlers:  # progress lines from RayJobs.wait when run from `sc-app`
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        st = _jobs(args).wait(_name(args), timeout=args.timeout, poll=args.poll)
-    except (K8sError, ManifestError) as exc:
-        return _err(str(exc))
-    except TimeoutError as exc:
-        return _err(str(exc), EXIT_FAILED)
+    name = _name(args)
+    jobs = RayJobs(_kube(args))
+    st = jobs.wait(name, timeout=args.timeout, poll=args.poll, started=started)
     print("\n".join(st.lines()))
     return EXIT_OK if st.deployment_status == "Complete" and st.job_status == "SUCCEEDED" else EXIT_FAILED
 
 
 def _suspend(args: argparse.Namespace, value: bool) -> int:
-    from sc_app.k8s.api import K8sError
-    from sc_app.k8s.manifest import ManifestError
-
-    try:
-        name = _name(args)
-        _jobs(args).set_suspend(name, value)
-    except (K8sError, ManifestError) as exc:
-        return _err(str(exc))
-    print(
-        f"rayjob/{name}: "
-        + (
-            "suspended (cluster deleted, PVC kept)"
-            if value
-            else "resumed (new cluster, resumes from the newest bundle)"
-        )
-    )
+    name = _name(args)
+    RayJobs(_kube(args)).set_suspend(name, value)
+    what = "suspended (cluster deleted, PVC kept)" if value else "resumed (new cluster, resumes from the newest bundle)"
+    print(f"rayjob/{name}: {what}")
     return EXIT_OK
 
 
+@_command
 def cmd_suspend(args: argparse.Namespace) -> int:
     return _suspend(args, True)
 
 
+@_command
 def cmd_resume(args: argparse.Namespace) -> int:
     return _suspend(args, False)
 
 
+@_command
 def cmd_delete(args: argparse.Namespace) -> int:
-    from sc_app.k8s.api import K8sError
-    from sc_app.k8s.manifest import ManifestError
-
-    try:
-        name = _name(args)
-        _jobs(args).delete(name)
-    except (K8sError, ManifestError) as exc:
-        return _err(str(exc))
-    print(f"deleted rayjob/{name}; the checkpoint PVC and its bundles are kept")
+    release = _release(args)
+    if args.raw_name:
+        release.ray_object["metadata"]["name"] = args.release
+    done = install.delete(_kube(args), release, timeout=args.timeout, poll=args.poll)
+    for line in done.lines[:-1] if not done.complete else done.lines:
+        print(line)
+    if not done.complete:
+        return fail(done.lines[-1], EXIT_FAILED, prog=PROG)
     return EXIT_OK
 
 
@@ -139,7 +154,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--context", default=None, help="kubeconfig context")
+    p.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=DEFAULT_REQUEST_TIMEOUT,
+        metavar="SECONDS",
+        help=f"longest wait for any one answer of the API server (default {DEFAULT_REQUEST_TIMEOUT:g})",
+    )
     p.add_argument("--chart", default=None, help="chart directory (default: $SC_APP_CHART or helm/sc-app)")
+    p.add_argument("-f", "--values", action="append", default=[], help="values file (repeatable, later wins)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one value")
     p.add_argument("--raw-name", action="store_true", help="RELEASE is the RayJob's exact name")
 
 
@@ -151,34 +175,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     sub = verbs.add_parser("submit", help="render the chart's objects from values and create them")
     _common(sub)
-    sub.add_argument("-f", "--values", action="append", default=[], help="values file (repeatable, later wins)")
-    sub.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one value")
     sub.add_argument("--dry-run", action="store_true", help="print the objects as YAML, create nothing")
     sub.set_defaults(func=cmd_submit)
 
-    st = verbs.add_parser("status", help="deployment status, retries used of backoffLimit, newest bundle step")
+    st = verbs.add_parser(
+        "status", help="deployment status, retries, resume step, and the running driver's step, bundle and events"
+    )
     _common(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--events", type=_count, default=5, metavar="N", help="driver events to show (default 5)")
+    st.add_argument("--no-live", action="store_true", help="do not ask the head's Ray Jobs API (no proxy access)")
     st.set_defaults(func=cmd_status)
 
     wt = verbs.add_parser("wait", help="wait until the job completes or fails (exit 0 only on success)")
     _common(wt)
-    wt.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds (default 86400)")
-    wt.add_argument("--poll", type=float, default=10.0, help="seconds between polls (default 10)")
+    wt.add_argument("--timeout", type=_seconds, default=24 * 3600.0, help="total seconds (default 86400)")
+    wt.add_argument("--poll", type=_seconds, default=10.0, help="seconds between polls (default 10)")
     wt.set_defaults(func=cmd_wait)
 
     for verb, fn, text in [
         ("suspend", cmd_suspend, "suspend: KubeRay deletes the cluster, the PVC stays"),
         ("resume", cmd_resume, "un-suspend: a new cluster starts and resumes from the newest bundle"),
-        ("delete", cmd_delete, "delete the RayJob (never the checkpoint PVC)"),
     ]:
         p = verbs.add_parser(verb, help=text)
         _common(p)
         p.set_defaults(func=fn)
 
+    dl = verbs.add_parser("delete", help="delete the RayJob, then what submit created with it (never the PVC)")
+    _common(dl)
+    dl.add_argument("--timeout", type=_seconds, default=300.0, help="seconds to wait for the RayJob to go (300)")
+    dl.add_argument("--poll", type=_seconds, default=2.0, help="seconds between checks (default 2)")
+    dl.set_defaults(func=cmd_delete)
+
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m sc_app.k8s.cli``) until ``sc-app`` wires :func:`register`."""
+    """Stand-alone entry (``python -m sc_app.k8s.cli``); ``sc-app k8s`` wires :func:`register` the same way."""
     parser = argparse.ArgumentParser(prog="sc-app")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -13,10 +13,24 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
 
 
 def clipped_pg_loss(
-    new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip: float = 0.2
+    new_logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip: float = 0.2,
+    *,
+    mask: torch.Tensor | None = None,
+    num_tokens: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """PPO-style clipped surrogate over response tokens; ``advantages`` is per sequence."""
+    """PPO-style clipped surrogate over response tokens; ``advantages`` is per sequence.
+
+    Without ``mask`` every response token counts (the mean over ``[B, R]``). With ``mask`` (1 = a real response
+    token, 0 = padding after eos) the loss is the sum over real tokens divided by ``num_tokens`` (default: their
+    count), so micro-batches that share one ``num_tokens`` add up to the loss of the whole batch."""
     ratio = torch.exp(new_logp - old_logp)
     adv = advantages.unsqueeze(-1)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
-    return -surrogate.mean()
+    if mask is None:
+        return -surrogate.mean()
+    m = mask.to(surrogate.dtype)
+    denom = m.sum().clamp(min=1.0) if num_tokens is None else num_tokens
+    return -(surrogate * m).sum() / denom

@@ -16,10 +16,14 @@ from sc_app.config import ModelConfig, TaskConfig
 
 def prompt_tokens(seed: int, prompt_index: int, task: TaskConfig, model: ModelConfig) -> torch.Tensor:
     """Prompt number ``prompt_index`` of the stream: the same tokens on every machine and every resume."""
-    position = prompt_index % task.dataset_size
+    return random_prompt(seed, prompt_index % task.dataset_size, model.vocab_size, task.prompt_len)
+
+
+def random_prompt(seed: int, position: int, vocab_size: int, length: int) -> torch.Tensor:
+    """``length`` token ids in ``[0, vocab_size)``, a pure function of (seed, position)."""
     h = hashlib.sha256(f"{seed}:{position}".encode()).digest()
     g = torch.Generator().manual_seed(int.from_bytes(h[:8], "little"))
-    return torch.randint(0, model.vocab_size, (task.prompt_len,), generator=g)
+    return torch.randint(0, vocab_size, (length,), generator=g)
 
 
 def reward(prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:

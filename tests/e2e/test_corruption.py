@@ -190,7 +190,7 @@ def test_tampered_pickle_never_reaches_an_unpickler(ckpt: Path, tmp_path: Path) 
     assert not verify_bundle(ckpt / "step_4").ok  # hash mismatch: never loaded
     reseal(ckpt / "step_4")  # an attacker who can also rewrite the manifest (no HMAC key configured)
     report = verify_bundle(ckpt / "step_4")
-    assert not report.ok and any("unreadable" in p for p in report.problems)  # weights_only refuses it
+    assert not report.ok and any("does not load as a weights-only" in p for p in report.problems)  # refused
     assert not marker.exists()
 
 
@@ -208,6 +208,67 @@ def test_hmac_signed_manifests(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> N
     doc["trainer_version"] = 999  # tamper after signing
     path.write_text(json.dumps(doc))
     assert "signature does not match" in verify_bundle(ckpt / "step_4", hmac_key=b"k1").problems[0]
+
+
+def _wrong_shape_weights(path: Path) -> None:
+    state = torch.load(path, weights_only=True)
+    state["model"]["tok.weight"] = torch.zeros(3, 3)  # loads as tensors; fits no model of this config
+    torch.save(state, path)
+
+
+def _header_naming_a_bin_outside(path: Path) -> None:
+    header = json.loads(path.read_text())
+    header["bin"] = "../../step_2/data_plane/part-00-00000.bin"
+    path.write_text(json.dumps(header))
+
+
+# Files that do not parse (or do not fit), resealed by someone with volume access but without the HMAC key: the
+# hashes match, so only parsing with the restore's validators catches them.
+UNPARSABLE = {
+    "weights of another shape": ("policy/model.pt", _wrong_shape_weights, "'tok.weight' is (3, 3)"),
+    "optimizer state that is no optimizer's": (
+        "policy/optimizer.pt",
+        lambda p: torch.save({"state": {}, "param_groups": []}, p),
+        "param_groups is not a list of 1 group(s)",
+    ),
+    "loader place of the wrong type": (
+        "train_dataloader.pt",
+        lambda p: torch.save({"schema_version": 1, "next_index": "7", "reissue": []}, p),
+        "next_index '7'",
+    ),
+    "part header naming a bin outside": (
+        "data_plane/part-00-00000.json",
+        _header_naming_a_bin_outside,
+        "a part header names only its own part-00-00000.bin",
+    ),
+    "metadata.json that is not JSON": ("data_plane/metadata.json", lambda p: p.write_text("{"), "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNPARSABLE))
+def test_resealed_unparsable_file_fails_verify_and_preflight(ckpt: Path, case: str) -> None:
+    rel, damage, needle = UNPARSABLE[case]
+    damage(ckpt / "step_4" / rel)
+    reseal(ckpt / "step_4")
+    res = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt))
+    assert res.rc == 2 and "step_2: verified" in res.out, res.out[-3000:]
+    assert f"{ckpt / 'step_4' / rel}: " in res.out and needle in res.out, res.out[-3000:]
+    res = sc_app("preflight", "--checkpoint-dir", str(ckpt), "--dry-run")
+    assert res.rc == 0 and "decision: resume step_2 (step 2)" in res.out and needle in res.out, res.out[-3000:]
+    assert "Traceback" not in res.out
+
+
+def test_run_falls_back_over_a_resealed_bundle_that_does_not_restore(ckpt: Path) -> None:
+    """Before parsing, step_4 verified and every retry died at restore ("does not load into the configured model").
+    Now the run resumes from step_2, trains on, and saves its own step_4 and step_6."""
+    _wrong_shape_weights(ckpt / "step_4" / "policy" / "model.pt")
+    reseal(ckpt / "step_4")
+    res = sc_app("run", "--checkpoint-dir", str(ckpt), "--max-steps", "6", "--set", "checkpoint.save_period=2")
+    assert res.rc == 0, res.out[-3000:]
+    assert f"resuming from {ckpt / 'step_2'} (step 2)" in res.out and "Traceback" not in res.out, res.out[-3000:]
+    moved = [p for p in (ckpt / "quarantine").iterdir() if p.name.startswith("step_4.") and p.is_dir()]
+    assert len(moved) == 1, "the bad bundle is kept in quarantine"
+    assert all(verify_bundle(ckpt / f"step_{s}").ok for s in (4, 6))
 
 
 def test_prune_keeps_newest_verified_pinned_and_unverifiable(ckpt: Path) -> None:
@@ -245,3 +306,75 @@ def test_manifest_records_agree_with_the_files(pristine: Path) -> None:
         assert doc["loader"]["next_index"] == loader["next_index"] == data_plane["loader"]["next_index"]
         assert doc["replay"]["digest"] == sidecar["digest"] == data_plane["digest"]
         assert doc["replay"]["groups"] == len(sidecar["groups"]) == data_plane["groups"]
+
+
+# A bundle that verifies but cannot be restored: verification parses every file with the restore's validators, so a
+# damaged file no longer gets this far; what is left is the environment (a device out of memory, a broken node),
+# injected here in the trainers loading step_4 only.
+RESTORE_FAULT = {"SC_APP_FAULT_AT": "restore.policy.step_4", "SC_APP_FAULT_ACTION": "raise"}
+
+
+def test_a_bundle_that_verifies_but_does_not_restore_falls_back_in_the_same_run(ckpt: Path) -> None:
+    """step_4 verifies but its restore fails: the run moves step_4 aside (an older bundle verifies) and resumes
+    step_2, in the same process."""
+    assert verify_bundle(ckpt / "step_4").ok, "only a restore can find this"
+    res = sc_app(
+        "run", "--checkpoint-dir", str(ckpt), "--max-steps", "5", "--set", "checkpoint.save_period=2", env=RESTORE_FAULT
+    )
+    assert res.rc == 0, res.out[-3000:]
+    assert "step_4 verified but could not be restored" in res.out, res.out[-3000:]
+    assert f"resuming from {ckpt / 'step_2'} (step 2)" in res.out and "done: step 5" in res.out
+    moved = [p for p in (ckpt / "quarantine").glob("step_4.*") if p.is_dir()]
+    assert len(moved) == 1 and (moved[0] / "policy" / "model.pt").is_file(), "moved aside, never deleted"
+    assert "Traceback" not in res.out
+
+
+def test_strict_refuses_a_bundle_that_does_not_restore_and_moves_nothing(ckpt: Path) -> None:
+    before = files_under(ckpt)
+    res = sc_app(
+        "run",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        "5",
+        "--set",
+        "checkpoint.on_corrupt=strict",
+        env=RESTORE_FAULT,
+    )
+    assert res.rc == 2 and "could not be restored" in res.out, res.out[-3000:]
+    after = files_under(ckpt)
+    assert {k: v for k, v in after.items() if k.startswith("step_")} == {
+        k: v for k, v in before.items() if k.startswith("step_")
+    }, "strict moves no bundle"
+
+
+def test_a_bundle_of_another_lineage_is_never_resumed_nor_costs_an_own_bundle(ckpt: Path) -> None:
+    """A bundle copied in from another job (another lineage), newer than every own bundle: the run resumes its own
+    newest bundle, and retention neither counts nor deletes anything because of the stranger."""
+    lineage = json.loads((ckpt / "LINEAGE").read_text())["lineage"]
+    stranger = ckpt / "step_100"
+    shutil.copytree(ckpt / "step_4", stranger)
+    meta_path = stranger / "data_plane" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["user_metadata"]["step"] = 100  # what the other job's data plane would record
+    meta_path.write_text(json.dumps(meta))
+    reseal(stranger, lambda doc: doc.update(step=100, lineage="another-job"))
+    assert verify_bundle(stranger).ok, "valid on its own: only the lineage tells it apart"
+    res = sc_app(
+        "run",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        "8",
+        "--set",
+        "checkpoint.save_period=2",
+        "--set",
+        "checkpoint.keep=2",
+    )
+    assert res.rc == 0, res.out[-3000:]
+    assert f"resuming from {ckpt / 'step_4'} (step 4)" in res.out and "another-job" in res.out, res.out[-3000:]
+    own = sorted(int(p.name[5:]) for p in ckpt.glob("step_*") if p.name[5:].isdigit())
+    assert own == [6, 8], own  # keep=2 of its own; the stranger was set aside, not deleted, not counted
+    moved = [p for p in (ckpt / "quarantine").glob("step_100.*") if p.is_dir()]
+    assert len(moved) == 1, "the stranger is moved aside, never deleted"
+    assert json.loads((ckpt / "LINEAGE").read_text())["lineage"] == lineage

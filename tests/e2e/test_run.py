@@ -296,3 +296,19 @@ def test_corrupt_bundle_is_named_and_nothing_deleted(run_a: RunA, tmp_path: Path
     assert "Traceback" not in strict.out
     assert tree_state(root) == before, "a refused run changed or deleted bundle files"
     assert not (tmp_path / "t.jsonl").exists(), "the refused run started training"
+
+
+def test_native_snapshot_saves_verify_and_resume(tmp_path: Path) -> None:
+    """TransferQueue's own snapshot (data_plane.snapshot=native) writes inside the barrier window, into the tmp dir
+    the writer makes for it before the window: bundles publish, verify (with the note that its pickles are taken on
+    their sha256) and resume."""
+    ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
+    native = ("--set", "data_plane.snapshot=native")
+    first = sc_app(*run_args(ckpt, trace, 4, *native))
+    assert first.rc == 0 and "saved step_4" in first.out, first.out[-3000:]
+    assert sorted(step_bundles(ckpt)) == [2, 4] and not list(ckpt.glob("tmp_step_*"))
+    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt))
+    assert verify.rc == 0 and "native format" in verify.out, verify.out
+    second = sc_app(*run_args(ckpt, trace, 6, *native))
+    assert second.rc == 0 and f"resuming from {ckpt / 'step_4'} (step 4)" in second.out, second.out[-3000:]
+    assert "done: step 6" in second.out

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from k8s_helpers import CHART_DIR, REPO_ROOT
+from tests.k8s.k8s_helpers import CHART_DIR, REPO_ROOT
 
 GENERATOR = REPO_ROOT / "ops" / "chart_readme.py"
 

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from k8s_helpers import BASE_VALUES, by_kind, objects, render, render_live
-from lookup_apiserver import LookupApiServer
+
+from tests.k8s.k8s_helpers import BASE_VALUES, by_kind, objects, render, render_live
+from tests.k8s.lookup_apiserver import LookupApiServer
 
 helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
 

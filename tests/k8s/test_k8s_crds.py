@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from k8s_helpers import CRD_DIR, KUBERAY_VERSIONS, crd_path, load_crd
+from tests.k8s.k8s_helpers import CRD_DIR, KUBERAY_VERSIONS, crd_path, load_crd
 
 
 def test_vendored_crds_match_their_recorded_checksums() -> None:

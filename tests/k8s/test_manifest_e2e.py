@@ -6,6 +6,10 @@ rendered Secret) → ``ray job submit`` the rendered entrypoint (what the K8sJob
 exists, SIGKILL every process of that head (the preemption) → a fresh head, preflight again, submit again (the
 ``backoffLimit`` retry) → it resumes from the newest complete bundle and finishes. The only translation is the
 volume: the mount path and the ConfigMap's file are mapped to temp dirs.
+
+While the retry trains, the head's metrics export port (the chart's ``rayPorts.metrics``, what the PodMonitor
+scrapes) is scraped and parsed with ``prometheus_client``: the driver's sc-app metrics must be there. Afterwards the
+run log on the volume must hold both attempts.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
-from test_k8s_runbooks import run_local_commands
+
+from sc_app.observe.reader import read_history
+from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
+from tests.k8s.test_k8s_runbooks import run_local_commands
+from tests.support.prometheus import one, try_scrape
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
@@ -39,20 +46,26 @@ BIN = Path(sys.executable).parent
 MAX_STEPS = 60
 SAVE_PERIOD = 5
 PREEMPT_AT_STEP = 10
+REPORT_INTERVAL_MS = "1000"  # RAY_metrics_report_interval_ms on the heads: the retry's metrics show within seconds
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """One distinct free port per name: every socket stays bound until all are picked, so none repeats."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in names]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return {name: int(sock.getsockname()[1]) for name, sock in zip(names, socks, strict=True)}
 
 
 def _values() -> dict[str, Any]:
     """ci/cpu-values.yaml with free local ports (so a concurrent Ray on this machine cannot collide)."""
     values = load_values(CHART_DIR / "ci" / "cpu-values.yaml")
+    ports = _free_ports(("gcs", "dashboard", "client", "metrics", "nodeManager", "objectManager",
+                         "runtimeEnvAgent", "dashboardAgentGrpc", "dashboardAgentHttp"))
     base = random.randrange(30000, 60000, 200)
-    ports = {k: _free_port() for k in ("gcs", "dashboard", "client", "metrics", "nodeManager", "objectManager",
-                                        "runtimeEnvAgent", "dashboardAgentGrpc", "dashboardAgentHttp")}
+    while any(base <= p <= base + 150 for p in ports.values()):  # the worker range must not hold a component port
+        base = random.randrange(30000, 60000, 200)
     ports |= {"minWorkerPort": base, "maxWorkerPort": base + 150}
     values["rayPorts"] = ports
     values["config"]["run"]["max_steps"] = MAX_STEPS
@@ -78,11 +91,20 @@ def _pids_with(marker: str) -> list[int]:
     return out
 
 
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
 class Head:
     """One Ray head started from the rendered headGroupSpec; ``kill()`` is the node loss."""
 
     def __init__(self, rayjob: dict[str, Any], env: dict[str, str], root: Path) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="scr", dir="/tmp"))  # short: Ray's socket paths have a limit
+        self.job_marker = str(root)  # the driver (a job subprocess with a session of its own) names files under it
         self.params = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
         argv = [str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats", f"--temp-dir={self.root}"]
         argv += [f"--{k}={v}" for k, v in self.params.items()]
@@ -102,12 +124,17 @@ class Head:
         raise AssertionError(f"head not ready after {timeout}s: {Path(self.log.name).read_text()[-2000:]}")
 
     def kill(self) -> None:
-        """SIGKILL the whole head: its process group and every process under its session dir (driver included)."""
+        """SIGKILL the whole head, as a lost pod: its process group, every process under its session dir, and the
+        driver (the job's entrypoint names the test's config file)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        for pid in _pids_with(str(self.root)):
+        doomed = _pids_with(str(self.root)) + _pids_with(self.job_marker)
+        for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30  # a pod is gone once its processes are: wait for them to die
+        while any(_running(pid) for pid in doomed) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self.proc.wait(timeout=30)
         self.log.close()
 
@@ -151,7 +178,8 @@ def test_rendered_rayjob_resumes_after_head_loss(tmp_path: Path, heads: list[Hea
     # What KubeRay injects from authOptions + the rendered Secret, on every Ray container and the submitter.
     token = base64.b64decode(secret["data"]["auth_token"]).decode()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": str(tmp_path / "home"),
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "PYTHONUNBUFFERED": "1",
+           "RAY_metrics_report_interval_ms": REPORT_INTERVAL_MS}
     for e in head_spec["containers"][0].get("env", []):
         if "value" in e:
             env[e["name"]] = mapped(e["value"])
@@ -193,14 +221,39 @@ def test_rendered_rayjob_resumes_after_head_loss(tmp_path: Path, heads: list[Hea
     assert not (ckpt / f"tmp_step_{before[-1] + SAVE_PERIOD}").exists(), "preflight must move leftovers aside"
     head = start_head()
     submit = [str(BIN / "ray"), "job", "submit", "--address", head.address]
-    done = subprocess.run([*submit, "--submission-id", "attempt-2", "--", *entrypoint], env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-3000:]
+    job_log = tmp_path / "attempt-2.log"
+    with job_log.open("w") as sink:
+        job = subprocess.Popen([*submit, "--submission-id", "attempt-2", "--", *entrypoint], env=env,
+                               stdout=sink, stderr=subprocess.STDOUT)
+    scraped: dict[str, Any] = {}
+    deadline = time.monotonic() + 300
+    while job.poll() is None:  # scrape the head's metrics export port while the retry trains
+        assert time.monotonic() < deadline, f"attempt 2 did not finish in 300s: {job_log.read_text()[-3000:]}"
+        got = try_scrape(int(head.params["metrics-export-port"]))
+        if "ray_sc_app_step" in got:
+            scraped = got
+        time.sleep(0.3)
+    out = job_log.read_text()
+    assert job.returncode == 0, out[-3000:]
     assert f"resuming from {ckpt / f'step_{before[-1]}'}" in out, out[-3000:]
     assert f"done: step {MAX_STEPS}" in out, out[-3000:]
     assert _steps(ckpt)[-1] == MAX_STEPS
     head.kill()
+
+    # The retry's driver recorded sc-app's metrics; the head's export port served them, in Prometheus' format.
+    assert scraped, "no sc_app metric on the head's metrics export port while attempt 2 trained"
+    assert one(scraped, "ray_sc_app_attempt") == 2
+    assert one(scraped, "ray_sc_app_resumes_total") == 1
+    assert before[-1] <= one(scraped, "ray_sc_app_step") <= MAX_STEPS
+    assert one(scraped, "ray_sc_app_step_seconds_count") >= 1
+    # The run log on the volume survived the head's loss: every step once or more, the retry's resume recorded.
+    history = read_history(ckpt / "logs")
+    assert [s.step for s in history.effective_steps()] == list(range(1, MAX_STEPS + 1))
+    assert [(e.step, e.data["bundle"]) for e in history.events_named("resume")] == [(before[-1], f"step_{before[-1]}")]
+    first, retry = history.attempts()
+    # the lost head: no exit line, or the driver outlived its actors for a moment and logged the failure
+    assert first.exit_code in (None, 1) and retry.exit_code == 0
+    assert {lab["run_id"] for lab, _ in scraped["ray_sc_app_step"]} == {retry.run_id}
 
     # The runbook's local commands against these real bundles (verify, list, preflight --dry-run, submit --dry-run).
     run_local_commands(ckpt)

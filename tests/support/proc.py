@@ -13,7 +13,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,3 +150,34 @@ def load_sidecar(path: Path) -> dict[str, Any]:
     sd = torch.load(path, map_location="cpu", weights_only=True)
     assert isinstance(sd, dict)
     return sd
+
+
+DROP_DAC = "-dac_override,-dac_read_search"
+
+
+def unprivileged(argv: list[str]) -> list[str] | None:
+    """``argv`` run so that file permission bits apply to it, or ``None`` when this machine cannot do that.
+
+    As root, permission bits do not stop reads (``CAP_DAC_OVERRIDE``, ``CAP_DAC_READ_SEARCH``): the command then
+    runs under ``setpriv`` with both capabilities dropped from its bounding and inheritable sets, so an ``000`` file
+    is unreadable to it exactly as to any other user (the interpreter itself stays reachable, unlike under a uid
+    that cannot enter the directory it is installed in). Not root: permission bits already apply."""
+    if os.geteuid() != 0:
+        return argv
+    setpriv = ["setpriv", f"--bounding-set={DROP_DAC}", f"--inh-caps={DROP_DAC}", "--"]
+    try:
+        probe = subprocess.run([*setpriv, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [*setpriv, *argv] if probe.returncode == 0 else None
+
+
+def finishes(fn: Callable[[], Any], within: float = 300) -> Any:
+    """``fn()``'s result; fails (instead of hanging the suite) if it has not returned after ``within`` seconds."""
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(within)
+    assert not t.is_alive(), f"did not return within {within}s: a hang"
+    assert box, "raised instead of returning"
+    return box[0]

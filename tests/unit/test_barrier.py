@@ -489,3 +489,20 @@ def test_stress_detects_a_broken_barrier() -> None:
     """The stress test's invariant check can fail: a checkpoint that does not wait is caught."""
     state = stress(0, _NoWaitCheckpoint())
     assert state["violations"] > 0, state
+
+
+def test_draining_the_commit_waits_hands_each_one_over_once() -> None:
+    async def body() -> None:
+        b = DataPlaneCheckpointBarrier()
+        for _ in range(3):
+            async with b.mutation():
+                pass
+        first = b.stats.drain_mutation_waits()
+        assert len(first) == 3 and all(w >= 0 for w in first)
+        assert b.stats.drain_mutation_waits() == (), "a second drain sees nothing new"
+        async with b.mutation():
+            pass
+        assert len(b.stats.drain_mutation_waits()) == 1
+        assert b.stats.mutations == 4, "the counter is not drained"
+
+    run(body)

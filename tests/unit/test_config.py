@@ -128,6 +128,9 @@ def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
         ("grpo.num_generations_per_prompt=1", "grpo.num_generations_per_prompt"),
         ("run.max_steps.x=1", "run.max_steps"),
         ("checkpoint=3", "checkpoint"),
+        ("run.log_buffer=0", "run.log_buffer"),
+        ("run.log_enabled=sometimes", "run.log_enabled"),
+        ("ray.metrics_export_port=70000", "ray.metrics_export_port"),
     ],
 )
 def test_wrong_type_or_range_is_named(override: str, key: str) -> None:
@@ -149,6 +152,12 @@ def test_storage_units_that_cannot_be_scheduled() -> None:
     # workers count too: they compete for the same logical CPUs
     msg = refused("trainer.num_workers=4", "generation.num_workers=3")
     assert "ray.num_cpus" in msg
+
+
+def test_metrics_export_port_is_for_the_embedded_ray_only() -> None:
+    assert load_config(None, ["ray.metrics_export_port=9100"]).ray.metrics_export_port == 9100
+    msg = refused("ray.address=auto", "ray.metrics_export_port=9100")
+    assert "ray.metrics_export_port" in msg and "--metrics-export-port" in msg, msg
 
 
 def test_sequence_longer_than_model_context() -> None:
@@ -187,3 +196,42 @@ def test_file_problems(tmp_path: Path) -> None:
     f.write_text("- a\n- b\n")
     msg = refused(path=f)
     assert "top level must be a mapping" in msg
+
+
+def test_error_from_a_file_names_the_file_and_key(tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("checkpoint:\n  save_period: soon\n")
+    msg = refused(path=f)
+    assert msg.startswith(f"config file {f}:") and "'checkpoint.save_period'" in msg and "--set" not in msg, msg
+
+
+def test_error_from_a_flag_names_the_flag_not_a_set(tmp_path: Path) -> None:
+    from sc_app.config import Override
+
+    f = tmp_path / "job.yaml"
+    f.write_text("checkpoint: 5\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f, [Override(f"checkpoint.dir={tmp_path}", flag=f"--checkpoint-dir {tmp_path}")])
+    assert str(info.value).startswith(f"--checkpoint-dir {tmp_path}:") and "--set" not in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [Override("run.max_steps=many", flag="--max-steps many")])
+    assert str(info.value).startswith("--max-steps many:") and "'run.max_steps'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"run:\n  max_steps: 3\n  seed: \xff\xfe\n", "not UTF-8"),
+        (b"[" * 10000, "nested too deeply"),
+    ],
+)
+def test_unreadable_file_content_is_one_line(tmp_path: Path, content: bytes, needle: str) -> None:
+    f = tmp_path / "odd.yaml"
+    f.write_bytes(content)
+    msg = refused(path=f)
+    assert str(f) in msg and needle in msg, msg
+
+
+def test_a_directory_as_config_file_is_one_line(tmp_path: Path) -> None:
+    msg = refused(path=tmp_path)
+    assert "cannot read" in msg, msg

@@ -27,8 +27,23 @@ PURE = [
     "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine
     "sc_app.checkpoint.compat",
     "sc_app.checkpoint.lease",
+    "sc_app.checkpoint.contents",  # the parse half of verify: torch only once a bundle's contents are read
+    "sc_app.checkpoint.policy_formats",
+    "sc_app.safe_files",
+    "sc_app.strict_json",
+    "sc_app.data_plane.schema",
     "sc_app.policy.loader",
+    "sc_app.policy.hf",  # the package, and what the driver checks before anything heavy starts:
+    "sc_app.policy.hf.model_dir",
+    "sc_app.policy.hf.dataset",
+    "sc_app.policy.hf.rewards",
     "sc_app.data_plane.client",
+    "sc_app.observe.records",
+    "sc_app.observe.reader",
+    "sc_app.observe.runlog",  # TensorBoard's writer (torch) is imported by the writer thread only
+    "sc_app.observe.metrics",  # ray.util.metrics is imported when JobMetrics is built, once Ray is up
+    "sc_app.observe.observer",
+    "sc_app.observe.report",
 ]
 HEAVY = ("ray", "torch", "transfer_queue", "tensordict")
 

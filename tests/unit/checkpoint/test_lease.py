@@ -1,13 +1,15 @@
-"""checkpoint.lease: one writer per checkpoint directory; a newer run fences every older one off."""
+"""checkpoint.lease: one writer per checkpoint directory; a newer run fences every older one off; liveness by
+heartbeat and release; a bounded record; a malformed LEASE is one clear error."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from sc_app.checkpoint.lease import LEASE_FILE, Lease, LeaseLost, read_lease
+from sc_app.checkpoint.lease import LEASE_FILE, Lease, LeaseError, LeaseKeeper, LeaseLost, live_holder, read_lease
 
 
 def test_first_lease_has_epoch_one_and_each_takeover_adds_one(tmp_path: Path) -> None:
@@ -39,3 +41,108 @@ def test_the_same_run_id_with_an_older_epoch_is_fenced_too(tmp_path: Path) -> No
 
 def test_no_lease_file_reads_as_none(tmp_path: Path) -> None:
     assert read_lease(tmp_path) is None
+
+
+def test_heartbeat_release_and_expiry_decide_liveness(tmp_path: Path) -> None:
+    lease = Lease.acquire(tmp_path, "run-a", ttl_s=10)
+    record = read_lease(tmp_path)
+    assert record is not None and record.live() and live_holder(tmp_path) == record
+    assert not record.live(now=record.heartbeat_at + 11), "a heartbeat older than ttl_s has expired"
+    before = record.heartbeat_at
+    time.sleep(0.01)
+    lease.renew()
+    assert read_lease(tmp_path).heartbeat_at > before  # type: ignore[union-attr]
+    assert lease.release("done", final_step=7, newest_bundle="step_7")
+    released = read_lease(tmp_path)
+    assert released is not None and not released.live() and live_holder(tmp_path) is None
+    assert released.released is not None and released.released.outcome == "done"
+    assert released.released.final_step == 7 and released.released.newest_bundle == "step_7"
+
+
+def test_a_fenced_off_run_can_neither_renew_nor_release(tmp_path: Path) -> None:
+    a = Lease.acquire(tmp_path, "run-a")
+    Lease.acquire(tmp_path, "run-b")
+    with pytest.raises(LeaseLost):
+        a.renew()
+    assert not a.release("failed")
+    current = read_lease(tmp_path)
+    assert current is not None and current.run_id == "run-b" and current.released is None
+
+
+def test_the_record_stays_bounded_over_many_attempts(tmp_path: Path) -> None:
+    sizes = []
+    for n in range(200):
+        lease = Lease.acquire(tmp_path, f"run-{n}")
+        lease.release("stopped", final_step=n)
+        sizes.append((tmp_path / LEASE_FILE).stat().st_size)
+    record = read_lease(tmp_path)
+    assert record is not None and record.epoch == 200
+    assert record.previous is not None and record.previous["epoch"] == 199 and "previous" not in record.previous
+    assert max(sizes[1:]) - min(sizes[1:]) < 32, "the record must not grow with the number of attempts"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b'{"run_id": "x"}',
+        b'{"run_id": 1, "epoch": 1}',
+        b"\xff\xfe",
+        b"[" * 100000,
+        b'{"run_id": "x", "epoch": true, "host": "h", "pid": 1, "acquired_at": "t", "heartbeat_at": 1, "ttl_s": 60}',
+    ],
+)
+def test_a_malformed_lease_is_one_clear_error_everywhere(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / LEASE_FILE).write_bytes(content)
+    for attempt in (lambda: read_lease(tmp_path), lambda: Lease.acquire(tmp_path, "run-x")):
+        with pytest.raises(LeaseError) as info:
+            attempt()
+        assert str(tmp_path / LEASE_FILE) in str(info.value) and "\n" not in str(info.value)
+    assert (tmp_path / LEASE_FILE).read_bytes() == content, "a malformed lease is never overwritten"
+
+
+def test_a_full_disk_leaves_no_partial_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError):
+        Lease.acquire(tmp_path, "run-a")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lease.lock"], "nothing half-written is left behind"
+
+
+def test_the_keeper_renews_until_stopped_and_notices_a_takeover(tmp_path: Path) -> None:
+    lease = Lease.acquire(tmp_path, "run-a", ttl_s=0.3)
+    keeper = LeaseKeeper(lease, ttl_s=0.3)
+    try:
+        first = read_lease(tmp_path).heartbeat_at  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while read_lease(tmp_path).heartbeat_at == first and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.05)
+        assert read_lease(tmp_path).heartbeat_at > first  # type: ignore[union-attr]
+        Lease.acquire(tmp_path, "run-b", ttl_s=0.3)
+        assert keeper.lost.wait(10), "a renewal after a takeover must notice it"
+    finally:
+        keeper.stop()
+    assert read_lease(tmp_path).run_id == "run-b"  # type: ignore[union-attr]
+
+
+def test_a_holder_process_that_is_gone_on_this_host_is_not_live(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(done.stdout)
+    Lease.acquire(tmp_path, "run-a")
+    doc = json.loads((tmp_path / LEASE_FILE).read_text())
+    (tmp_path / LEASE_FILE).write_text(json.dumps({**doc, "pid": dead_pid}))
+    assert live_holder(tmp_path) is None, "the heartbeat is fresh but the process is gone"
+    (tmp_path / LEASE_FILE).write_text(json.dumps({**doc, "host": "another-pod"}))
+    assert live_holder(tmp_path) is not None, "on another host only the heartbeat can tell"

@@ -64,3 +64,17 @@ def test_malformed_manifest_is_a_problem_not_a_crash(tmp_path: Path, edit: Any) 
     report.as_dict()  # what `ckpt list/verify --json` print must not crash either
     plan = plan_resume(tmp_path, policy="fallback", expected_compat=COMPAT)
     assert plan.decision == "resume" and plan.step == 2
+
+
+def test_hashes_under_a_directory_are_keyed_by_their_path_inside_it(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path, 2)
+    manifest = read_manifest(bundle)
+    policy = manifest.hashes_under("policy")
+    assert policy
+    for name, sha in policy.items():
+        assert manifest.files[f"policy/{name}"]["sha256"] == sha
+    assert not any(name.startswith("policy/") for name in policy)
+    assert set(manifest.hashes_under("data_plane")) == {
+        rel.removeprefix("data_plane/") for rel in manifest.files if rel.startswith("data_plane/")
+    }
+    assert manifest.dataset is None, "a bundle of a task without a dataset file records none"

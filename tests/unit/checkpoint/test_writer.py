@@ -65,3 +65,21 @@ def test_writer_quarantines_an_abandoned_tmp_of_the_same_step(tmp_path: Path) ->
     assert len(moved) == 1 and moved[0].name.startswith("tmp_step_6")
     assert tree(moved[0]) == old_files, "the abandoned save must be kept intact, not deleted"
     assert (tmp_path / layout.QUARANTINE_DIR / f"{moved[0].name}.reason.txt").read_text().strip()
+
+
+def test_a_fenced_off_writer_removes_nothing_and_cannot_reach_its_successors_tmp(tmp_path: Path) -> None:
+    """The old writer's tmp dir and the new holder's (same step) are different directories; the old writer's
+    abort removes nothing once it lost the lease, and its publish is refused."""
+    from sc_app.checkpoint.lease import Lease, LeaseLost
+
+    old = BundleWriter(tmp_path, 6, lease=Lease.acquire(tmp_path, "old-run")).begin()
+    write_contents(old, 6)
+    new = BundleWriter(tmp_path, 6, lease=Lease.acquire(tmp_path, "new-run")).begin()
+    assert old.tmp != new.tmp and old.tmp.is_dir() and new.tmp.is_dir()
+    old.abort()
+    assert old.tmp.is_dir(), "a fenced-off writer must not delete (the holder tidies its leftovers)"
+    with pytest.raises(LeaseLost):
+        old.commit({"replay": {"digest": "x"}})
+    assert not (tmp_path / "step_6").exists()
+    final = new.commit(write_contents(new, 6))
+    assert verify_bundle(final).ok

@@ -45,3 +45,26 @@ def test_gradient_raises_the_logprob_of_good_samples() -> None:
     clipped_pg_loss(new, old, torch.tensor([1.0, -1.0])).backward()
     assert new.grad is not None
     assert torch.all(new.grad[0] < 0) and torch.all(new.grad[1] > 0), "descent raises row 0, lowers row 1"
+
+
+def test_without_a_mask_the_loss_is_the_plain_mean() -> None:
+    new, old, adv = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3)
+    ratio = torch.exp(new - old)
+    want = -torch.minimum(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None]).mean()
+    assert torch.equal(clipped_pg_loss(new, old, adv), want)
+
+
+def test_masked_tokens_carry_no_gradient_and_micro_losses_add_up() -> None:
+    g = torch.Generator().manual_seed(0)
+    new = torch.randn(4, 5, generator=g, requires_grad=True)
+    old = new.detach() + 0.01 * torch.randn(4, 5, generator=g)  # ratios near 1: inside the clip, gradients flow
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.0])
+    mask = torch.ones(4, 5)
+    mask[0, 3:] = 0
+    clipped_pg_loss(new, old, adv, mask=mask).backward()
+    assert new.grad is not None and torch.all(new.grad[0, 3:] == 0) and torch.any(new.grad[0, :3] != 0)
+    whole = clipped_pg_loss(new, old, adv, mask=mask)
+    n = mask.sum()
+    parts = sum(clipped_pg_loss(new[i : i + 2], old[i : i + 2], adv[i : i + 2], mask=mask[i : i + 2], num_tokens=n)
+                for i in (0, 2))  # fmt: skip
+    assert torch.allclose(whole, parts)

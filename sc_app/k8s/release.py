@@ -19,19 +19,25 @@ from sc_app.config import ConfigError, parse_override, set_path
 
 log = logging.getLogger(__name__)
 
-# Creation order: things referenced by pods first, the RayJob/RayCluster last.
+# Creation order: things referenced by pods first; kinds not listed next (in render order); the RayJob/RayCluster
+# always last, so that everything it references exists before the operator sees it.
 KIND_ORDER = [
     "ServiceAccount",
     "Secret",
     "ConfigMap",
     "PersistentVolumeClaim",
     "NetworkPolicy",
-    "RayCluster",
-    "RayJob",
 ]
+RAY_API_VERSION = "ray.io/v1"
 
 
-class ManifestError(ValueError):
+def _creation_rank(obj: dict[str, Any]) -> int:
+    if obj.get("apiVersion") == RAY_API_VERSION:
+        return len(KIND_ORDER) + 1
+    return KIND_ORDER.index(obj["kind"]) if obj["kind"] in KIND_ORDER else len(KIND_ORDER)
+
+
+class ReleaseError(ValueError):
     """The chart cannot be found or the values are refused; ``str()`` is one line."""
 
 
@@ -47,15 +53,15 @@ def find_chart(explicit: str | os.PathLike[str] | None = None) -> Path:
     for c in candidates:
         if (c / "Chart.yaml").is_file():
             return c
-    raise ManifestError(
+    raise ReleaseError(
         f"chart not found (looked in {', '.join(str(c) for c in candidates)}); pass --chart DIR or set SC_APP_CHART"
     )
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _deep_merge(base[k], v)
+            deep_merge(base[k], v)
         else:
             base[k] = v
     return base
@@ -71,17 +77,19 @@ def load_values(files: list[str] | tuple[str, ...] = (), sets: list[str] | tuple
         try:
             loaded = yaml.safe_load(Path(f).read_text()) or {}
         except OSError as exc:
-            raise ManifestError(f"values file {f}: cannot read ({exc.strerror})") from None
+            raise ReleaseError(f"values file {f}: cannot read ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise ReleaseError(f"values file {f}: not UTF-8 text") from None
         except yaml.YAMLError:
-            raise ManifestError(f"values file {f}: not valid YAML") from None
+            raise ReleaseError(f"values file {f}: not valid YAML") from None
         if not isinstance(loaded, dict):
-            raise ManifestError(f"values file {f}: top level must be a mapping")
-        _deep_merge(values, loaded)
+            raise ReleaseError(f"values file {f}: top level must be a mapping")
+        deep_merge(values, loaded)
     for item in sets:
         try:
             set_path(values, *parse_override(item))
         except ConfigError as exc:  # same --set syntax as sc-app's own config
-            raise ManifestError(str(exc)) from None
+            raise ReleaseError(str(exc)) from None
     return values
 
 
@@ -98,9 +106,9 @@ class Release:
     def ray_object(self) -> dict[str, Any]:
         """The RayJob (or RayCluster in RayCluster mode)."""
         for obj in self.objects:
-            if obj.get("apiVersion") == "ray.io/v1":
+            if obj.get("apiVersion") == RAY_API_VERSION:
                 return obj
-        raise ManifestError("the rendered release has no RayJob/RayCluster")
+        raise ReleaseError("the rendered release has no RayJob/RayCluster")
 
     def to_yaml(self) -> str:
         return yaml.safe_dump_all(self.objects, sort_keys=False)
@@ -109,16 +117,16 @@ class Release:
 def render_release(
     values: dict[str, Any], *, name: str, namespace: str, chart: str | os.PathLike[str] | None = None
 ) -> Release:
-    """Render the chart for ``values`` as release ``name`` in ``namespace``; refused values → ``ManifestError``."""
+    """Render the chart for ``values`` as release ``name`` in ``namespace``; refused values → ``ReleaseError``."""
     try:
         import helm_python
     except ImportError:  # pragma: no cover - depends on the install
-        raise ManifestError("helm-python-sdk is not installed: pip install 'sc-app[k8s]'") from None
+        raise ReleaseError("helm-python-sdk is not installed: pip install 'sc-app[k8s]'") from None
     chart_dir = find_chart(chart)
     try:
         rendered = helm_python.Chart.load(chart_dir).render(values, name=name, namespace=namespace, is_install=True)
     except helm_python.HelmError as exc:
-        raise ManifestError(_one_line(str(exc))) from None
+        raise ReleaseError(_one_line(str(exc))) from None
     objs: list[dict[str, Any]] = []
     notes = ""
     for path, text in sorted(rendered.items()):
@@ -128,7 +136,7 @@ def render_release(
         objs.extend(doc for doc in yaml.safe_load_all(text) if doc)
     for obj in objs:
         obj.setdefault("metadata", {})["namespace"] = namespace
-    objs.sort(key=lambda o: KIND_ORDER.index(o["kind"]) if o["kind"] in KIND_ORDER else len(KIND_ORDER))
+    objs.sort(key=_creation_rank)
     log.debug("rendered %d objects from %s", len(objs), chart_dir)
     return Release(name=name, namespace=namespace, objects=objs, notes=notes)
 

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Bystander chaos: a live run, the commands operators and other runs throw at its directory, and random ends.
+
+Usage (repo root):  .venv/bin/python bench/chaos.py --iterations 20 [--seed 1] [--dir DIR]
+
+Each iteration starts (or resumes) a real ``sc-app run`` (embedded Ray + TransferQueue) on one checkpoint directory
+and, while it trains, fires bystander commands at random moments: ``preflight`` (with and without ``--dry-run``),
+``ckpt list``, ``ckpt verify``, ``ckpt prune``, a run that is refused (incompatible config), a run that has nothing
+left to train, and a ``tmp_step_*`` planted as if it were the live writer's save in progress. It then ends the run
+one of three ways: ``sc-app stop --wait`` (graceful), SIGTERM of the driver, or SIGKILL of the whole session.
+Checks, every iteration:
+  * no bystander changed the live run's lease (epoch and run id), moved its in-progress save, or made a save fail;
+    the refused runs exit 2 and the "nothing to train" run exits 0, without taking the lease;
+  * the live run never exits 3 (superseded) or 1 (failed); a graceful end exits 143 with a bundle of the step it
+    reached; every bundle it published that retention keeps is still there and verifies;
+  * afterwards preflight resumes the newest bundle, and the next iteration resumes from it.
+Prints one line per iteration and ``N passed, M failed``; exits 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sc_app.checkpoint import plan_resume, verify_bundle  # noqa: E402
+from tests.support.proc import kill_session, sc_app, start_logged, wait_for  # noqa: E402
+
+KEEP = 3
+SAVE_PERIOD = 2
+
+
+def steps(root: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name))
+
+
+def lease_of(root: Path) -> tuple[str, int] | None:
+    try:
+        doc = json.loads((root / "LEASE").read_text())
+    except (OSError, ValueError):
+        return None
+    return doc.get("run_id"), doc.get("epoch")
+
+
+def saved_steps(log: Path) -> list[int]:
+    return [int(m) for m in re.findall(r"saved step_(\d+)", log.read_text())]
+
+
+def bystander(kind: str, root: Path, work: Path, i: int) -> str | None:
+    """Run one bystander command; returns a problem, or None when it behaved."""
+    if kind == "preflight":
+        res = sc_app("preflight", "--checkpoint-dir", str(root), timeout=300)
+        return None if res.rc == 0 else f"preflight exited {res.rc}: {res.out[-300:]}"
+    if kind == "preflight-dry-run":
+        res = sc_app("preflight", "--checkpoint-dir", str(root), "--dry-run", "--json", timeout=300)
+        return None if res.rc == 0 else f"preflight --dry-run exited {res.rc}"
+    if kind == "list":
+        res = sc_app("ckpt", "list", "--checkpoint-dir", str(root), "--json", timeout=300)
+        return None if res.rc == 0 else f"ckpt list exited {res.rc}"
+    if kind == "verify":
+        res = sc_app("ckpt", "verify", "--checkpoint-dir", str(root), timeout=300)
+        # a bundle pruned by the live run while verify read it is a legitimate report, not a crash
+        return None if res.rc in (0, 2) and "Traceback" not in res.out else f"ckpt verify crashed: {res.out[-300:]}"
+    if kind == "prune":
+        res = sc_app("ckpt", "prune", "--checkpoint-dir", str(root), "--keep", "1", timeout=300)
+        return None if res.rc == 2 and "live lease" in res.out else f"prune beside a live run: rc {res.rc}"
+    if kind == "refused-run":
+        res = sc_app(
+            "run", "--checkpoint-dir", str(root), "--set", "grpo.num_generations_per_prompt=4", timeout=300
+        )
+        return None if res.rc == 2 and "incompatible" in res.out else f"incompatible run: rc {res.rc}"
+    if kind == "nothing-to-train":
+        res = sc_app("run", "--checkpoint-dir", str(root), "--max-steps", "1", timeout=300)
+        return None if res.rc == 0 and "nothing to train" in res.out else f"finished run: rc {res.rc}"
+    raise ValueError(kind)
+
+
+BYSTANDERS = ["preflight", "preflight-dry-run", "list", "verify", "prune", "refused-run", "nothing-to-train"]
+
+
+def one_iteration(i: int, rng: random.Random, root: Path, work: Path) -> tuple[str, list[str]]:
+    problems: list[str] = []
+    before = steps(root)
+    log = work / f"live{i}.log"
+    live = start_logged(
+        "run",
+        "--checkpoint-dir",
+        str(root),
+        "--max-steps",
+        "1000000",
+        "--set",
+        f"checkpoint.save_period={SAVE_PERIOD}",
+        "--set",
+        f"checkpoint.keep={KEEP}",
+        log=log,
+    )
+    planted = root / f"tmp_step_{90_000_000 + i}"
+    end = rng.choice(["stop", "sigterm", "sigkill"])
+    fired: list[str] = []
+    code: int | None = None
+    try:
+        wait_for(lambda: any(s > (before[-1] if before else 0) for s in saved_steps(log)), 300, "a save", live)
+        holder = lease_of(root)
+        planted.mkdir()
+        for kind in rng.sample(BYSTANDERS, k=rng.randint(3, len(BYSTANDERS))):
+            time.sleep(rng.uniform(0.0, 3.0))
+            fired.append(kind)
+            problem = bystander(kind, root, work, i)
+            if problem:
+                problems.append(problem)
+            if lease_of(root) != holder:
+                problems.append(f"the lease changed after {kind}: {holder} -> {lease_of(root)}")
+            if not planted.is_dir():
+                problems.append(f"the live writer's tmp dir was moved by {kind}")
+            if live.poll() is not None:
+                problems.append(f"the live run exited {live.returncode} after {kind}")
+                break
+        if live.poll() is None:
+            if end == "stop":
+                res = sc_app("stop", "--checkpoint-dir", str(root), "--wait", "240", timeout=300)
+                if res.rc != 0:
+                    problems.append(f"stop --wait exited {res.rc}: {res.out[-300:]}")
+                code = live.wait(timeout=120)
+            elif end == "sigterm":
+                os.kill(live.pid, signal.SIGTERM)
+                code = live.wait(timeout=240)
+            else:
+                time.sleep(rng.uniform(0.0, 5.0))
+    except subprocess.TimeoutExpired:
+        problems.append(f"the live run did not end after {end}")
+    finally:
+        kill_session(live.pid)
+    out = log.read_text()
+    if "SAVE FAILED" in out:
+        problems.append("a save of the live run failed")
+    if end in ("stop", "sigterm") and code is not None:
+        stopped_at = re.search(r"stopped: step (\d+) saved on request", out)
+        if code != 143:
+            problems.append(f"a graceful {end} ended with exit {code}, expected 143")
+        elif stopped_at and int(stopped_at.group(1)) not in steps(root):
+            problems.append(f"no bundle of the step it stopped at ({stopped_at.group(1)}): {steps(root)}")
+        elif not stopped_at and "nothing trained since the newest bundle" not in out:
+            problems.append("exit 143 without saying which bundle covers the step it stopped at")
+    kept_from = min(steps(root)[-KEEP:], default=0)  # retention keeps the newest KEEP bundles on disk
+    for step in saved_steps(log):
+        if step >= kept_from and step not in steps(root):
+            problems.append(f"step_{step} was published and is gone")
+    for step in steps(root):
+        report = verify_bundle(root / f"step_{step}")
+        if not report.ok:
+            problems.append(f"step_{step} does not verify: {report.problems[0]}")
+    if planted.exists():  # the harness's own leftover, not a bystander's: out of the way of the next iteration
+        planted.rename(work / planted.name)
+    plan = plan_resume(root, tidy=False)
+    if steps(root) and (plan.decision != "resume" or plan.step != steps(root)[-1]):
+        problems.append(f"preflight would resume {plan.step} ({plan.decision}), newest is {steps(root)[-1]}")
+    return f"{','.join(fired)} then {end}: bundles {steps(root)}", problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dir", type=Path, default=None, help="work dir (default: a new temp dir)")
+    args = ap.parse_args()
+    work = args.dir or Path(tempfile.mkdtemp(prefix="sc-app-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    root = work / "ckpt"
+    rng = random.Random(args.seed)
+    failures = 0
+    started = time.monotonic()
+    for i in range(args.iterations):
+        what, problems = one_iteration(i, rng, root, work)
+        failures += bool(problems)
+        verdict = "ok" if not problems else "FAIL " + "; ".join(problems)
+        print(f"[{i + 1:>3}/{args.iterations}] {what}: {verdict}", flush=True)
+    summary = {"iterations": args.iterations, "failures": failures, "seconds": round(time.monotonic() - started)}
+    print(json.dumps(summary))
+    print(f"{args.iterations - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())

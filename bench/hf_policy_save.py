@@ -1,0 +1,276 @@
+"""hf backend: sharded policy save (DCP) against a raw write of the same bytes, with 1 and 2 trainer ranks
+writing in parallel, and the time training is paused per save. Side by side, in one run.
+
+Run from the repo root: ``.venv/bin/python bench/hf_policy_save.py [--quick] [--out DIR] [--work DIR]``.
+Each world size runs as that many gloo ranks (fresh processes, ``fsdp`` for 2 ranks, one unsharded rank for 1)
+holding a random Llama built locally (nothing downloaded) with Adam state. Per repetition, interleaved (DCP, raw,
+raw, DCP, ...), after a barrier:
+
+* paused: ``HFTrainer.capture()`` — the CPU copy of the rank's shard a save takes inside the train step (the only
+  part of a save training waits for);
+* DCP save: ``HFTrainer.write_captured()`` into a fresh ``policy/`` — DCP plan + every rank writing its shard +
+  fsync + the sha256 of what it wrote (what the bundle manifest then reuses);
+* raw: each rank writes as many bytes as its DCP files hold, sequentially, + fsync of file and directory.
+
+Throughput = all ranks' bytes / the slowest rank's seconds. Then the step time with a save written behind it on
+the io thread (at the lowered priority the trainer actor gives it), against steps with none.
+Writes ``<out>/hf_policy_save.json`` and ``<out>/hf_policy_save.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+MiB = 1024 * 1024
+FULL_SPECS = {"small": {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4},
+              "medium": {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 8}}  # fmt: skip
+QUICK_SPECS = {"small": FULL_SPECS["small"]}
+P, R = 8, 8
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def raw_write(path: Path, nbytes: int, pattern: bytes) -> float:
+    t0 = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        left = nbytes
+        while left > 0:
+            n = min(left, len(pattern))
+            f.write(memoryview(pattern)[:n])
+            left -= n
+        os.fsync(f.fileno())
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+    return time.perf_counter() - t0
+
+
+def write_behind(trainer: Any, d: Path) -> None:
+    """What the trainer actor's io thread does: lower its own priority, then write."""
+    from sc_app.background import lower_current_thread_priority
+
+    lower_current_thread_priority()
+    trainer.write_captured(d)
+
+
+def rank_main(rank: int, world: int, model_dir: str, work: str, reps: int, steps: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from sc_app.policy.hf.logprobs import sequence_logprobs
+    from sc_app.policy.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
+
+    strategy = "fsdp" if world > 1 else "ddp"
+    trainer = HFTrainer(TrainerSettings(model_dir, strategy=strategy, prompt_len=P), rank, world, torch.device("cpu"))
+    g = torch.Generator().manual_seed(rank)
+    tokens = torch.randint(4, trainer.hf_model.config.vocab_size, (16, P + R), generator=g)
+    mask = torch.ones_like(tokens)
+    with torch.no_grad():
+        old = sequence_logprobs(trainer.model, tokens, mask, P)
+    batch = TrainBatch(tokens, mask, torch.ones(16, R, dtype=torch.long), old, torch.randn(16, generator=g))
+    version = 0
+
+    def step() -> float:
+        nonlocal version
+        version += 1
+        t0 = time.perf_counter()
+        trainer.train_step(batch, version)
+        return time.perf_counter() - t0
+
+    barrier = (lambda: dist.barrier(group=trainer.ckpt_group)) if world > 1 else (lambda: None)
+    step()  # Adam state exists from here on
+    pattern = os.urandom(8 * MiB)
+    paused, dcp_s, raw_s, my_bytes, total_bytes = [], [], [], [], []
+    for rep in range(reps):
+        for kind in ("dcp", "raw") if rep % 2 == 0 else ("raw", "dcp"):
+            d = Path(work, f"rep{rep}-{kind}")
+            barrier()
+            if kind == "dcp":
+                t0 = time.perf_counter()
+                trainer.capture()
+                paused.append(time.perf_counter() - t0)
+                if rank == 0:
+                    d.mkdir(parents=True)
+                barrier()
+                t0 = time.perf_counter()
+                written = trainer.write_captured(d)
+                dcp_s.append(time.perf_counter() - t0)
+                my_bytes.append(written.bytes)
+                barrier()
+                on_disk = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+                total_bytes.append(on_disk)
+            else:
+                nbytes = my_bytes[-1] if my_bytes else 0
+                d.mkdir(parents=True, exist_ok=True)
+                barrier()
+                raw_s.append(raw_write(d / f"raw-{rank}", nbytes, pattern) if nbytes else float("nan"))
+            barrier()
+            if rank == 0:
+                shutil.rmtree(d, ignore_errors=True)
+    if raw_s and raw_s[0] != raw_s[0]:  # the first raw ran before the first DCP save had told its size
+        raw_s = raw_s[1:]
+    # steps with no save, then steps while a save is written behind them on another thread
+    plain = [step() for _ in range(steps)]
+    behind: list[float] = []
+    d = Path(work, "behind")
+    for _ in range(max(1, steps // 3)):
+        trainer.capture()
+        if rank == 0:
+            d.mkdir(parents=True)
+        barrier()
+        t = threading.Thread(target=write_behind, args=(trainer, d))
+        t.start()
+        while True:  # every rank takes the same steps (they are collective): until every rank's write is done
+            behind.append(step())
+            alive = torch.tensor([float(t.is_alive())])
+            if world > 1:
+                dist.all_reduce(alive)
+            if alive.item() == 0:
+                break
+        t.join()
+        barrier()
+        if rank == 0:
+            shutil.rmtree(d)
+    return {
+        "paused": paused,
+        "dcp_seconds": dcp_s,
+        "raw_seconds": raw_s,
+        "rank_bytes": my_bytes,
+        "total_bytes": total_bytes,
+        "step_plain": plain,
+        "step_behind": behind,
+        "params": sum(p.numel() for p in trainer.hf_model.parameters()) if world == 1 else None,
+    }
+
+
+def run_world(world: int, model_dir: Path, work: Path, reps: int, steps: int) -> list[dict[str, Any]]:
+    from tests.support.hf import run_ranks
+
+    work.mkdir(parents=True, exist_ok=True)
+    return run_ranks(rank_main, world, str(model_dir), str(work), reps, steps, tmp=work)
+
+
+def fold(world: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per repetition: the slowest rank's seconds; bytes of every rank together."""
+    n = min(len(r["dcp_seconds"]) for r in ranks)
+    m = min(len(r["raw_seconds"]) for r in ranks)
+    total = ranks[0]["total_bytes"][0]
+    written = sum(r["rank_bytes"][0] for r in ranks)
+    if written != total:
+        raise AssertionError(f"ranks report {written} bytes written, {total} on disk")
+    dcp = [max(r["dcp_seconds"][i] for r in ranks) for i in range(n)]
+    raw = [max(r["raw_seconds"][i] for r in ranks) for i in range(m)]
+    paused = [max(r["paused"][i] for r in ranks) for i in range(n)]
+    plain = [x for r in ranks for x in r["step_plain"]]
+    behind = [x for r in ranks for x in r["step_behind"]]
+    return {
+        "world": world,
+        "bytes": total,
+        "per_rank_bytes": [r["rank_bytes"][0] for r in ranks],
+        "dcp_mib_s": summary([total / MiB / s for s in dcp]),
+        "raw_mib_s": summary([total / MiB / s for s in raw]),
+        "paused_ms": summary([1000 * s for s in paused]),
+        "step_plain_ms": summary([1000 * s for s in plain]),
+        "step_behind_ms": summary([1000 * s for s in behind]) if behind else None,
+    }
+
+
+def fmt(s: dict[str, float] | None, digits: int = 0) -> str:
+    if s is None:
+        return "—"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [
+        f"Run: `bench/hf_policy_save.py{' --quick' if doc['quick'] else ''}` — {doc['host']['cpus']} CPUs, "
+        f"Python {doc['host']['python']}, torch {doc['host']['torch']}, {doc['finished']}, {doc['wall_s']:.0f} s wall, "
+        f"1-min load average {doc['host']['load_avg_1m'][0]} at the start, {doc['host']['load_avg_1m'][1]} at the end.",
+        "Values: median (min-max) over repetitions. MiB/s of the policy files (weights + Adam state, fp32).",
+        "",
+        "| model | params | ranks | policy MiB | per-rank MiB | raw write MiB/s | DCP save MiB/s | xraw "
+        "| training paused per save ms | step ms, no save | step ms, save behind | x |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size, entry in doc["results"].items():
+        for r in entry["worlds"]:
+            ratio = r["dcp_mib_s"]["median"] / r["raw_mib_s"]["median"]
+            slow = (
+                (r["step_behind_ms"]["median"] / r["step_plain_ms"]["median"]) if r["step_behind_ms"] else float("nan")
+            )
+            lines.append(
+                f"| {size} | {entry['params'] / 1e6:.1f} M | {r['world']} | {r['bytes'] / MiB:.0f} | "
+                f"{' + '.join(f'{b / MiB:.0f}' for b in r['per_rank_bytes'])} | {fmt(r['raw_mib_s'])} | "
+                f"{fmt(r['dcp_mib_s'])} | {ratio:.2f} | {fmt(r['paused_ms'], 1)} | {fmt(r['step_plain_ms'])} | "
+                f"{fmt(r['step_behind_ms'])} | {slow:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the small model only, 2 repetitions")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    args = ap.parse_args()
+    import torch
+
+    from sc_app.policy.hf.random_model import RandomModelSpec, write_random_model
+
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="hf-bench-", dir=args.work))
+    specs = QUICK_SPECS if args.quick else FULL_SPECS
+    reps, steps = (2, 3) if args.quick else (7, 12)
+    results: dict[str, Any] = {}
+    try:
+        for name, spec in specs.items():
+            model_dir = write_random_model(work / f"model-{name}", RandomModelSpec(**spec, num_attention_heads=8,
+                                                                                  num_key_value_heads=4))  # fmt: skip
+            worlds = []
+            params = 0
+            for world in (1, 2):
+                ranks = run_world(world, model_dir, work / f"{name}-w{world}", reps, steps)
+                params = params or ranks[0]["params"]
+                worlds.append(fold(world, ranks))
+                print(json.dumps({"model": name, **worlds[-1]}), flush=True)
+            results[name] = {"spec": spec, "params": params, "worlds": worlds}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    doc = {
+        "quick": args.quick,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": time.perf_counter() - started,
+        "host": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        },
+        "results": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "hf_policy_save.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (args.out / "hf_policy_save.md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()

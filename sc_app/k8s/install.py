@@ -1,0 +1,201 @@
+"""Create and remove the objects of one release: what ``sc-app k8s submit`` and ``sc-app k8s delete`` do.
+
+Invariants:
+- submit writes nothing until every kind it renders is served and every object that already exists is known to be
+  this release's own (never a Helm release's, never another release's);
+- a resubmit never runs on an older config: a companion left by an earlier submit of the same release (ConfigMap,
+  Secret, ...) is replaced whole; only the checkpoint PVC is kept as it is (its bundles are what a resume needs);
+- the RayJob carries the list of the companions submit wrote (annotation ``INVENTORY``), so delete removes exactly
+  those, whatever kinds the chart renders; ``KEPT_KINDS`` (the checkpoint PVC) are never listed and never deleted;
+- delete removes the RayJob first and its companions only once the RayJob is gone: while the Ray job still runs,
+  KubeRay's finalizer reads the auth Secret to stop it and keeps the RayJob (and its cluster) until it can.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sc_app.k8s.api import K8sError, Kube, Resource, ref, seconds
+from sc_app.k8s.release import Release
+
+log = logging.getLogger(__name__)
+
+INVENTORY = "sc-app/objects"  # RayJob annotation: JSON list of "apiVersion/kind/name", creation order
+KEPT_KINDS = frozenset({"PersistentVolumeClaim"})
+HELM_RELEASE = "meta.helm.sh/release-name"  # what Helm puts on every object it installs
+INSTANCE = "app.kubernetes.io/instance"  # the chart's release label
+
+
+def _item(obj: dict[str, Any]) -> str:
+    return f"{obj['apiVersion']}/{obj['kind']}/{obj['metadata']['name']}"
+
+
+def _parse_item(item: str) -> tuple[str, str, str]:
+    api_version, kind, name = item.rsplit("/", 2)
+    return api_version, kind, name
+
+
+def _owner_problem(live: dict[str, Any], release: str) -> str | None:
+    """Why ``live`` is not this release's to change, or None."""
+    meta = live.get("metadata") or {}
+    helm = (meta.get("annotations") or {}).get(HELM_RELEASE)
+    if helm:
+        return f"it belongs to Helm release {helm!r}: manage it with helm upgrade/uninstall, not sc-app k8s"
+    instance = (meta.get("labels") or {}).get(INSTANCE)
+    if instance != release:
+        who = f"release {instance!r}" if instance else "no release (label app.kubernetes.io/instance unset)"
+        return f"it belongs to {who}; choose another release name or remove it yourself"
+    return None
+
+
+def submit(kube: Kube, release: Release) -> list[str]:
+    """Create (or replace, see the module invariants) the release's companions, then its RayJob; lines to print."""
+    job = release.ray_object
+    if job["kind"] != "RayJob":
+        raise K8sError("submit needs mode: RayJob values (for a RayCluster use helm install)")
+    name = job["metadata"]["name"]
+    job_res = kube.resource_of(job)
+    companions = [(kube.resource_of(o), o) for o in release.objects if o is not job]  # every kind served, first
+    existing = kube.get(job_res, name)
+    if existing is not None:
+        if (existing.get("metadata") or {}).get("deletionTimestamp"):
+            raise K8sError(
+                f"rayjob/{name} is still being deleted (KubeRay stops its Ray job first); wait until it is gone "
+                "(`sc-app k8s delete` waits for it), then submit again"
+            )
+        raise K8sError(
+            f"rayjob/{name} already exists in namespace {kube.namespace}; `sc-app k8s delete {release.name}` it "
+            "first (the checkpoint PVC is kept) or choose another release name"
+        )
+    live: dict[str, dict[str, Any] | None] = {}
+    for res, obj in companions:
+        current = kube.get(res, obj["metadata"]["name"])
+        if current is not None and obj["kind"] not in KEPT_KINDS:
+            problem = _owner_problem(current, release.name)
+            if problem:
+                raise K8sError(f"{ref(obj)} exists in namespace {kube.namespace} and {problem}")
+        live[_item(obj)] = current
+    done: list[str] = []
+    for res, obj in companions:
+        current = live[_item(obj)]
+        if current is None:
+            kube.create(res, obj)
+            done.append(f"created {ref(obj)}")
+        elif obj["kind"] in KEPT_KINDS:
+            done.append(f"kept existing {ref(obj)} (as it is: its bundles are what a resume needs)")
+        else:
+            fresh = json.loads(json.dumps(obj))
+            fresh["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion", "")
+            kube.replace(res, fresh)
+            done.append(f"replaced {ref(obj)} (left by an earlier submit; now as rendered)")
+    job = json.loads(json.dumps(job))
+    inventory = [_item(o) for _, o in companions if o["kind"] not in KEPT_KINDS]
+    job["metadata"].setdefault("annotations", {})[INVENTORY] = json.dumps(inventory)
+    kube.create(job_res, job)
+    done.append(f"created rayjob/{name}")
+    return done
+
+
+@dataclass
+class Deletion:
+    """What ``delete`` did; ``complete`` is False when the RayJob outlived the timeout (companions then kept)."""
+
+    lines: list[str] = field(default_factory=list)
+    complete: bool = True
+
+
+def _claims(job: dict[str, Any] | None, release: Release) -> list[str]:
+    names = [o["metadata"]["name"] for o in release.objects if o["kind"] in KEPT_KINDS]
+    if job is not None:
+        spec = job.get("spec") or {}
+        pod = ((spec.get("rayClusterSpec") or {}).get("headGroupSpec") or {}).get("template", {}).get("spec", {})
+        names += [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod.get("volumes") or []
+            if isinstance(v, dict) and isinstance(v.get("persistentVolumeClaim"), dict)
+        ]
+    return sorted(set(names))
+
+
+def delete(kube: Kube, release: Release, *, timeout: float, poll: float = 2.0) -> Deletion:
+    """Delete the RayJob, wait (at most ``timeout`` s) until it is gone, then the companions submit wrote."""
+    out = Deletion()
+    job_res = kube.resource("ray.io/v1", "RayJob")
+    name = release.ray_object["metadata"]["name"]
+    job = kube.get(job_res, name)
+    if job is None:
+        items = [_item(o) for o in release.objects if o is not release.ray_object and o["kind"] not in KEPT_KINDS]
+        out.lines.append(f"rayjob/{name}: already gone; removing what the chart renders for this release")
+    else:
+        problem = _owner_problem(job, release.name)
+        if problem:
+            raise K8sError(f"rayjob/{name} is not sc-app k8s's to delete: {problem}")
+        recorded = ((job.get("metadata") or {}).get("annotations") or {}).get(INVENTORY)
+        try:
+            items = [str(i) for i in json.loads(recorded)] if recorded else []
+        except ValueError:
+            raise K8sError(f"rayjob/{name}: annotation {INVENTORY} is not JSON; remove the rest by hand") from None
+        if not recorded:
+            items = [_item(o) for o in release.objects if o is not release.ray_object and o["kind"] not in KEPT_KINDS]
+        if not (job.get("metadata") or {}).get("deletionTimestamp"):
+            kube.delete(job_res, name)
+        out.lines.append(f"deleting rayjob/{name} (KubeRay stops the Ray job, then removes its cluster)")
+        if not _wait_gone(kube, job_res, name, timeout, poll):
+            out.complete = False
+            out.lines.append(
+                f"rayjob/{name} is still being deleted after {seconds(timeout)}s (KubeRay's finalizer stops the Ray "
+                "job first; it needs the operator running); its companions are kept until it is gone: run "
+                f"`sc-app k8s delete {release.name}` again later"
+            )
+            return out
+        out.lines.append(f"deleted rayjob/{name}")
+    for item in reversed(items):
+        out.lines.extend(_delete_item(kube, item, release.name))
+    claims = _claims(job, release)
+    what = ", ".join(f"persistentvolumeclaim/{c}" for c in claims) or "the checkpoint PVC"
+    out.lines.append(f"kept {what}: the checkpoint PVC and its bundles are kept")
+    return out
+
+
+def _wait_gone(kube: Kube, res: Resource, name: str, timeout: float, poll: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        saved, kube.deadline = kube.deadline, deadline
+        try:
+            if kube.get(res, name) is None:
+                return True
+        except K8sError as exc:
+            if not exc.transient:
+                raise
+            log.info("%s/%s: %s", res.kind.lower(), name, exc)
+        finally:
+            kube.deadline = saved
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(poll, left))
+
+
+def _delete_item(kube: Kube, item: str, release: str) -> list[str]:
+    api_version, kind, name = _parse_item(item)
+    if kind in KEPT_KINDS:
+        return []
+    what = f"{kind.lower()}/{name}"
+    try:
+        res = kube.resource(api_version, kind)
+    except K8sError as exc:
+        if exc.status is None and "not served" in str(exc):
+            return [f"skipped {what}: {api_version} is no longer served by this cluster"]
+        raise
+    live = kube.get(res, name)
+    if live is None:
+        return [f"{what}: already gone"]
+    problem = _owner_problem(live, release)
+    if problem:
+        return [f"kept {what}: {problem}"]
+    kube.delete(res, name)
+    return [f"deleted {what}"]

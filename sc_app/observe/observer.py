@@ -1,0 +1,322 @@
+"""JobObserver: what the driver calls to watch one attempt — run log, TensorBoard and metrics behind one surface.
+
+The driver owns the only copy of everything worth recording (the resume plan, the lease, every progress record,
+the exit code) and is not the train pump, so it is where records are made. Order of an attempt, each call fed by
+one of ``run_job``'s callbacks or by ``cmd_run``:
+
+    obs = JobObserver(ObserveOptions.of(cfg))            # nothing opened yet
+    obs.started(run_id, lease, plan)                     # run log opened: start, lease taken, quarantine, resume
+    obs.ray_ready()                                      # metrics attached (the resume replayed), keepalive thread
+    obs.progress(record)                                 # every controller progress record, in order
+    obs.finish(code, message)                            # always, whatever the exit: lease lost, exit
+
+None of these block on the log volume (see ``runlog``); metrics are in-process calls into Ray's recorder. A
+background thread keeps the metrics' gauges alive and counts run-log records lost on a slow volume (``tick``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sc_app.checkpoint.lease import Lease, read_lease
+from sc_app.checkpoint.resume import ResumePlan
+from sc_app.exits import EXIT_SUPERSEDED
+from sc_app.observe.reader import RunLogMissing, read_history
+from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, StepMetrics
+from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
+from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
+
+if TYPE_CHECKING:
+    from sc_app.config import AppConfig
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 1.0  # how often the keepalive thread looks (``JobMetrics.tick`` re-records at its own pace)
+
+
+class MetricsSink(Protocol):
+    """What the observer needs from ``metrics.JobMetrics``."""
+
+    def step(self, rec: StepMetrics, commit_waits: Sequence[float] = ()) -> None: ...
+    def event(self, ev: Event, *, at: float | None = None) -> None: ...
+    def dropped(self, n: int) -> None: ...
+    def tick(self) -> None: ...
+
+
+def run_log_dir(cfg: AppConfig) -> Path:
+    """``run.log_dir``, or ``<checkpoint.dir>/logs`` when unset."""
+    return Path(cfg.run.log_dir) if cfg.run.log_dir else Path(cfg.checkpoint.dir) / DEFAULT_LOG_SUBDIR
+
+
+@dataclass(frozen=True)
+class ObserveOptions:
+    log_dir: Path | None  # None: no run log (and no TensorBoard files)
+    log_buffer: int = 10_000  # records held while the log volume is slower than training
+    tensorboard: bool = True
+    metrics: bool = True  # record Prometheus metrics once Ray is up
+    max_steps: int = 0  # what the start event says about the run
+    save_period: int = 0
+    close_timeout_s: float = 10.0  # how long the exit waits for a slow volume before giving up on the rest
+
+    @classmethod
+    def of(cls, cfg: AppConfig) -> ObserveOptions:
+        return cls(
+            log_dir=run_log_dir(cfg) if cfg.run.log_enabled else None,
+            log_buffer=cfg.run.log_buffer,
+            tensorboard=cfg.run.tensorboard,
+            metrics=cfg.run.metrics_enabled,
+            max_steps=cfg.run.max_steps,
+            save_period=cfg.checkpoint.save_period,
+        )
+
+
+def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
+    """A controller progress record → the run log's step figures and events. Pure."""
+    if isinstance(record, StepRecord):
+        return StepMetrics.of(record), []
+    if isinstance(record, SaveRecord):
+        save = Event(
+            "emergency_save" if record.emergency else "save",
+            record.step,
+            {
+                "bundle": record.bundle,
+                "seconds": record.seconds,
+                "paused_seconds": record.blocked_seconds,
+                "window_seconds": record.window_seconds,
+                "bytes": record.data_plane_bytes,
+                "groups": record.groups,
+            },
+        )
+        pruned = [Event("prune", record.step, {"removed": list(record.pruned)})] if record.pruned else []
+        return None, [save, *pruned]
+    if isinstance(record, SaveFailedRecord):
+        return None, [Event("save_failed", record.step, {"error": record.error})]
+    if isinstance(record, StopRecord):
+        return None, [Event("stop_requested", record.step)]
+    raise TypeError(f"not a progress record: {record!r}")
+
+
+def _step_from_bundle(doc: Any) -> StepMetrics | None:
+    """A step a bundle kept (``progress.step_summary``), or None when it is not one."""
+    try:
+        return StepMetrics(
+            step=int(doc["step"]),
+            reward_mean=float(doc["reward"]),
+            reward_min=float(doc["reward_min"]),
+            reward_max=float(doc["reward_max"]),
+            loss=float("nan") if doc["loss"] is None else float(doc["loss"]),
+            staleness=float(doc["staleness"]),
+            rows_held=int(doc["rows_held"]),
+            step_seconds=float(doc["step_seconds"]),
+            weights_version=None if doc.get("weights_version") is None else int(doc["weights_version"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class JobObserver:
+    """One attempt's run log + metrics. Every method is safe to call in any state: before ``started`` (nothing is
+    recorded), with the log or the metrics switched off, after ``finish``."""
+
+    def __init__(self, opts: ObserveOptions) -> None:
+        self.opts = opts
+        self.writer: RunLogWriter | None = None
+        self.metrics: MetricsSink | None = None
+        self.run_id: str | None = None
+        self.attempt = 0
+        self.last_step: int | None = None  # the newest step this attempt trained (or resumed from)
+        self._replay: list[Event] = []  # events metrics must see once attached (the resume happened before Ray)
+        self._dropped_seen = 0
+        self._failure = ""  # the one-line error the attempt ends with, for its exit event
+        self._closed = False
+        self._stop_ticking = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ before Ray
+    def started(self, run_id: str, lease: Lease | None, plan: ResumePlan) -> JobObserver:
+        """Open the attempt's run log and record how it starts: start, lease taken, quarantine, resume."""
+        if self.run_id is not None or self._closed:
+            return self
+        self.run_id = run_id
+        self.attempt = lease.epoch if lease is not None else 0
+        start_step = plan.step if plan.decision == "resume" else 0
+        self.last_step = start_step
+        if self.opts.log_dir is not None:
+            self.writer = RunLogWriter(
+                RunLogOptions(
+                    Path(self.opts.log_dir),
+                    run_id=run_id,
+                    attempt=lease.epoch if lease is not None else None,
+                    start_step=start_step,
+                    capacity=self.opts.log_buffer,
+                    tensorboard=self.opts.tensorboard,
+                )
+            ).start()
+        start = {
+            "decision": plan.decision,
+            "reason": plan.reason,
+            "max_steps": self.opts.max_steps,
+            "save_period": self.opts.save_period,
+        }
+        self.event(Event("start", start_step, start))
+        if lease is not None:
+            record = read_lease(lease.root)
+            previous = (record.previous if record is not None else None) or {}
+            taken = {
+                "epoch": lease.epoch,
+                "previous_run_id": previous.get("run_id"),
+                "previous_epoch": previous.get("epoch"),
+            }
+            self.event(Event("lease_taken", start_step, taken))
+        if plan.quarantined:
+            self.event(Event("quarantine", start_step, {"moved": list(plan.quarantined)}))
+        if plan.decision == "resume" and plan.bundle is not None:
+            resume = Event("resume", plan.step, {"bundle": plan.bundle.name, "reason": plan.reason})
+            self.event(resume)
+            self._replay.append(resume)
+            self._recover(plan)
+        return self
+
+    def _recover(self, plan: ResumePlan) -> None:
+        """Log the steps the resumed bundle covers that no attempt logged (its driver was killed before its writer
+        wrote them): the bundle's manifest keeps every step since the bundle before it. So a step a bundle covers
+        is never missing from the log, whatever killed the attempt that trained it."""
+        manifest = plan.reports[-1].manifest if plan.reports else None
+        kept = manifest.doc.get("steps") if manifest is not None else None
+        if self.writer is None or not isinstance(kept, list) or not kept:
+            return
+        try:
+            logged = {s.step for s in read_history(self.opts.log_dir).steps}  # type: ignore[arg-type]
+        except (OSError, RunLogMissing):
+            logged = set()
+        recovered = []
+        for doc in kept:
+            rec = _step_from_bundle(doc)
+            if rec is not None and rec.step not in logged and rec.step <= plan.step:
+                self.writer.step(rec)
+                recovered.append(rec.step)
+        if recovered:
+            self.event(Event("recovered", plan.step, {"steps": recovered, "bundle": plan.bundle.name}))
+
+    # ------------------------------------------------------------------ once Ray is up
+    def ray_ready(self) -> None:
+        """Attach the job's metrics (Pre: Ray is initialised in this process) and start keeping them alive."""
+        if not self.opts.metrics or self.run_id is None or self.metrics is not None or self._closed:
+            return
+        from sc_app.observe.metrics import JobMetrics  # imports ray.util.metrics
+
+        self.attach_metrics(JobMetrics(self.run_id, self.attempt))
+        self._ticker = threading.Thread(target=self._keepalive, name="observe-tick", daemon=True)
+        self._ticker.start()
+
+    def attach_metrics(self, metrics: MetricsSink) -> None:
+        self.metrics = metrics
+        for ev in self._replay:
+            metrics.event(ev)
+        self._replay.clear()
+
+    def _keepalive(self) -> None:
+        while not self._stop_ticking.wait(TICK_SECONDS):
+            try:
+                self.tick()
+            except Exception:  # metrics are a convenience: never let them take the driver down
+                log.exception("observe: keeping the metrics alive failed; they may age out of Ray's agent")
+                return
+
+    # ------------------------------------------------------------------ during the run
+    def progress(self, record: ProgressRecord) -> None:
+        """One controller progress record (from ``run_job``'s ``on_progress``)."""
+        step, events = translate(record)
+        if step is not None:
+            self.step(step, record.commit_waits if isinstance(record, StepRecord) else ())
+        for ev in events:
+            self.event(ev)
+
+    def step(self, rec: StepMetrics, commit_waits: Sequence[float] = ()) -> None:
+        if self.run_id is None:
+            return
+        self.last_step = rec.step
+        if self.writer is not None:
+            self.writer.step(rec)
+        if self.metrics is not None:
+            self.metrics.step(rec, commit_waits)
+
+    def event(self, ev: Event) -> None:
+        if self.run_id is None:
+            return
+        if self.writer is not None:
+            self.writer.event(ev)
+        if self.metrics is not None:
+            self.metrics.event(ev)
+
+    def tick(self) -> None:
+        """Keep gauges alive, report newly dropped run-log records (the keepalive thread calls it)."""
+        if self.metrics is None:
+            return
+        if self.writer is not None:
+            total = self.writer.dropped.total
+            if total > self._dropped_seen:
+                self.metrics.dropped(total - self._dropped_seen)
+                self._dropped_seen = total
+        self.metrics.tick()
+
+    # ------------------------------------------------------------------ the end
+    def failed(self, message: str) -> None:
+        """The error line the attempt is about to end with (its exit event carries it)."""
+        self._failure = message
+
+    def finish(self, code: int, message: str = "", final_step: int | None = None) -> CloseResult | None:
+        """Log how the attempt ended — ``lease_lost`` when superseded, then ``exit`` (always queued, even on a full
+        buffer) — and close the log. ``message`` defaults to the one noted by ``failed``; ``final_step`` to the
+        newest step seen. Idempotent."""
+        if self._closed:
+            return None
+        message = message or self._failure
+        self._closed = True
+        self._stop_ticking.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        if self.run_id is None:
+            return None
+        step = self.last_step if final_step is None else final_step
+        if code == EXIT_SUPERSEDED:
+            self.event(Event("lease_lost", step, {"message": message}))
+        self.tick()
+        if self.writer is None:
+            return None
+        exit_ev = Event("exit", step, {"code": code, "message": message, "final_step": step})
+        result = self.writer.close(self.opts.close_timeout_s, final=exit_ev)
+        if result.dropped.total:
+            log.warning(
+                "run log %s: %d records lost on a slow volume (%s)",
+                self.writer.path,
+                result.dropped.total,
+                result.dropped.as_dict(),
+            )
+        return result
+
+    def where(self) -> str | None:
+        """Where this attempt's run log is, for the job's last lines (None when the log is off)."""
+        return str(self.writer.path) if self.writer is not None else None
+
+
+def where_lines(cfg: AppConfig, observer: JobObserver) -> list[str]:
+    """The job's last lines: where its run log is and the command that plots it (none when the log is off)."""
+    path = observer.where()
+    if path is None:
+        return []
+    log_dir = Path(path).parent
+    if cfg.run.log_dir:
+        source = f"--log-dir {shlex.quote(str(log_dir))}"
+    else:
+        source = f"--checkpoint-dir {shlex.quote(cfg.checkpoint.dir)}"
+    return [
+        f"run log: {path} (TensorBoard: tensorboard --logdir {shlex.quote(str(log_dir))})",
+        f"plots and summary: sc-app report {source}",
+    ]

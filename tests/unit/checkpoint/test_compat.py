@@ -1,0 +1,39 @@
+"""checkpoint.compat: what a bundle must share with the config that resumes it, across both backends."""
+
+from __future__ import annotations
+
+from sc_app.checkpoint.compat import compat_of
+from sc_app.checkpoint.verify import compat_problems
+from sc_app.config import load_config
+
+HF = ["model.backend=hf", "model.path=/models/m"]
+JSONL = [*HF, "task.name=jsonl", "task.path=/data/d.jsonl"]
+
+
+def test_a_bundle_cut_before_model_backend_existed_resumes_as_tiny() -> None:
+    tiny = compat_of(load_config())
+    old = {k: v for k, v in tiny.items() if k != "model.backend"}
+    assert compat_problems(old, tiny) == []
+    assert compat_problems(old, compat_of(load_config(None, HF))) == [
+        "incompatible: model.backend is 'tiny' in the bundle but 'hf' in the config"
+    ]
+
+
+def test_the_backend_cannot_change_under_a_bundle() -> None:
+    problems = compat_problems(compat_of(load_config(None, HF)), compat_of(load_config()))
+    assert problems[0] == "incompatible: model.backend is 'hf' in the bundle but 'tiny' in the config"
+
+
+def test_hf_bundles_reshard_and_do_not_care_about_tiny_keys_path_or_dtype() -> None:
+    saved = compat_of(load_config(None, [*HF, "trainer.num_workers=2", "trainer.strategy=fsdp"]))
+    later = [*HF, "trainer.strategy=ddp", "model.path=/elsewhere", "model.dtype=bfloat16", "model.d_model=32"]
+    assert compat_problems(saved, compat_of(load_config(None, later))) == []
+    assert not any(k in saved for k in ("model.d_model", "model.vocab_size", "model.path"))
+
+
+def test_jsonl_bundles_record_the_order_their_loader_place_counts_in() -> None:
+    saved = compat_of(load_config(None, JSONL))
+    assert saved["task.shuffle"] is True
+    assert compat_problems(saved, compat_of(load_config(None, [*JSONL, "task.shuffle=false"]))) == [
+        "incompatible: task.shuffle is True in the bundle but False in the config"
+    ]
