@@ -65,6 +65,7 @@ class StepMetrics:
     weights_version: int | None
     commit_wait_p99_s: float | None = None
     commit_wait_max_s: float | None = None
+    phase_seconds: dict[str, float] | None = None  # where the step's time went (keys: ``sc_app.phases``)
 
     @classmethod
     def of(cls, rec: StepRecord) -> StepMetrics:
@@ -81,6 +82,7 @@ class StepMetrics:
             weights_version=rec.weights_version,
             commit_wait_p99_s=nearest_rank(waits, 0.99),
             commit_wait_max_s=waits[-1] if waits else None,
+            phase_seconds=dict(rec.phase_seconds) or None,
         )
 
 
@@ -205,6 +207,9 @@ def decode(line: str) -> Logged:
                 values[k] = int(values[k])
             if values["weights_version"] is not None:
                 values["weights_version"] = int(values["weights_version"])
+            phases = values["phase_seconds"]
+            if phases is not None:
+                values["phase_seconds"] = {str(k): float(v) for k, v in dict(phases).items()}
             rec = StepMetrics(**values)
             return LoggedStep(stamp, rec, bool(obj.get("redone", False)))
         if obj["kind"] == "event":

@@ -37,6 +37,7 @@ def test_a_step_round_trips_and_its_line_is_plain_json() -> None:
         step_seconds=0.08,
         weights_version=7,
         commit_wait_p99_s=0.0001,
+        phase_seconds={"trainer": 0.05, "put": 0.01},
     )
     line = encode_step(rec, STAMP, redone=True)
     assert line.endswith("\n") and line.count("\n") == 1
@@ -46,6 +47,7 @@ def test_a_step_round_trips_and_its_line_is_plain_json() -> None:
     back = decode(line)
     assert isinstance(back, LoggedStep) and back.stamp == STAMP and back.redone
     assert back.record.step == 7 and math.isnan(back.record.loss) and back.record.commit_wait_p99_s == 0.0001
+    assert back.record.phase_seconds == {"trainer": 0.05, "put": 0.01}
 
 
 def test_an_event_round_trips() -> None:
@@ -81,16 +83,19 @@ def test_unreadable_lines_are_refused_with_the_reason(line: str, problem: str) -
 def test_step_figures_summarise_the_controllers_record() -> None:
     waits = tuple(0.001 * n for n in range(1, 201))  # 200 commit waits: the p99 is the 198th smallest
     rec = StepRecord(
-        9, 0.25, -0.5, 1.0, 48, 0.3, reward_min=0.0, reward_max=0.75, weights_version=9, commit_waits=waits
+        9, 0.25, -0.5, 1.0, 48, 0.3, reward_min=0.0, reward_max=0.75, weights_version=9, commit_waits=waits,
+        phase_seconds={"generation": 0.2, "get": 0.01},
     )
     m = StepMetrics.of(rec)
     assert (m.step, m.reward_mean, m.reward_min, m.reward_max, m.loss) == (9, 0.25, 0.0, 0.75, -0.5)
     assert (m.staleness, m.rows_held, m.step_seconds, m.weights_version) == (1.0, 48, 0.3, 9)
     assert m.commit_wait_p99_s == pytest.approx(0.198) and m.commit_wait_max_s == pytest.approx(0.2)
+    assert m.phase_seconds == {"generation": 0.2, "get": 0.01}
     bare = StepMetrics.of(StepRecord(1, 0.5, 0.0, 0.0, 0, 0.1))  # a record without the optional figures
     assert bare.commit_wait_p99_s is None and bare.commit_wait_max_s is None and bare.weights_version is None
     back = decode(encode_step(bare, STAMP, redone=False))
     assert isinstance(back, LoggedStep) and back.record.weights_version is None and math.isnan(back.record.reward_min)
+    assert bare.phase_seconds is None and back.record.phase_seconds is None
 
 
 def test_nearest_rank_is_an_observed_value() -> None:
