@@ -37,7 +37,7 @@ PART_RE = re.compile(r"^part-(\d{2,4}-)?\d{5,9}$")
 _PART_RE_OF = {FORMAT_V1: re.compile(r"^part-\d{5,9}$"), FORMAT: re.compile(r"^part-\d{2,4}-\d{5,9}$")}
 MAX_DIMS = 32
 MAX_METADATA_BYTES = 16 * 1024 * 1024  # metadata.json: a few bytes per part
-MAX_HEADER_BYTES = 256 * 1024 * 1024  # part-NNNNN.json: a few hundred bytes per group of a 64 MiB part
+MAX_HEADER_BYTES = 256 * 1024 * 1024  # a part header: a few hundred bytes per group of a 64 MiB part
 
 # Every dtype the streamed snapshot stores, with its size in bytes (``PartWriter`` refuses any other).
 DTYPE_SIZES: dict[str, int] = {
