@@ -34,7 +34,7 @@ REALISTIC = {
 }
 REALISTIC_ROW_BYTES = (224 + 16) * 8 + 16 * 4 + 4 + 4  # tokens, logprobs, reward, advantage
 STEPS = (120, 6)  # default-config runs: steps (full, quick)
-REALISTIC_STEPS = ((10, 2), (3, 1))  # realistic-shape runs: (steps, warm-up steps not counted), (full, quick)
+REALISTIC_STEPS = ((10, 2), (2, 1))  # realistic-shape runs: (steps, warm-up steps not counted), (full, quick)
 RESUME_ROUNDS = 8  # padded resume vs cold start, full run
 RESUME_TARGET_ROUNDS = 7  # ... of which the target must hold in this many
 
