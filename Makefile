@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench test-sysdeps
+.PHONY: run test test-pods lint bench test-sysdeps
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test-sysdeps:
 test: $(STAMP) test-sysdeps
 	$(VENV)/bin/ruff check sc_app tests bench
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Real jobs across pod stand-ins (NetworkPolicy enforced, the kubelet's preStop/SIGTERM/SIGKILL): ~5 min, root.
+test-pods: $(STAMP) test-sysdeps
+	$(VENV)/bin/pytest --pods -m pods $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sc_app tests bench

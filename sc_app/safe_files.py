@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,26 +196,15 @@ class Tree:
     def open_file(self, rel: str) -> int:
         """A read-only descriptor of the regular file ``rel`` (the caller closes it)."""
         parent, name = self._parent(rel)
-        try:
+
+        def open_() -> int:
             try:
-                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            except FileNotFoundError:
-                raise FileProblem(f"{self.at(rel)}: missing") from None
-            except OSError as exc:
-                raise FileProblem(f"{self.at(rel)}: cannot be examined ({_reason(exc)})") from None
-            if stat.S_ISDIR(st.st_mode):
-                raise FileProblem(f"{self.at(rel)}: is a directory, expected a regular file")
-            if not stat.S_ISREG(st.st_mode):
-                raise FileProblem(f"{self.at(rel)}: {not_regular(st.st_mode)}")
-            try:
-                fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
+                return os.open(name, _FILE_FLAGS, dir_fd=parent)
             except OSError as exc:
                 raise self._explain(parent, name, rel, exc, "a regular file") from None
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):  # swapped between the lstat and the open
-                os.close(fd)
-                raise FileProblem(f"{self.at(rel)}: {not_regular(mode)}")
-            return fd
+
+        try:
+            return _open_checked(self.at(rel), lambda: os.stat(name, dir_fd=parent, follow_symlinks=False), open_)
         finally:
             if parent != self.fd:
                 os.close(parent)
@@ -312,24 +302,34 @@ def open_regular(path: str | Path) -> int:
     """A read-only descriptor of ``path``, which must be a regular file and not a link (its last component is not
     followed; callers pass paths inside a bundle that verified). The caller closes it."""
     path = Path(path)
+
+    def open_() -> int:
+        try:
+            return os.open(path, _FILE_FLAGS)
+        except OSError as exc:
+            raise FileProblem(f"{show(path)}: cannot be read ({_reason(exc)})") from None
+
+    return _open_checked(show(path), lambda: os.lstat(path), open_)
+
+
+def _open_checked(where: str, lstat: Callable[[], os.stat_result], open_: Callable[[], int]) -> int:
+    """The descriptor ``open_()`` returns, only for a regular file: checked before the open (without following a
+    link) and again on the descriptor, since the entry can be swapped in between."""
     try:
-        st = os.lstat(path)
+        st = lstat()
     except FileNotFoundError:
-        raise FileProblem(f"{show(path)}: missing") from None
+        raise FileProblem(f"{where}: missing") from None
     except OSError as exc:
-        raise FileProblem(f"{show(path)}: cannot be examined ({_reason(exc)})") from None
+        raise FileProblem(f"{where}: cannot be examined ({_reason(exc)})") from None
     if stat.S_ISDIR(st.st_mode):
-        raise FileProblem(f"{show(path)}: is a directory, expected a regular file")
+        raise FileProblem(f"{where}: is a directory, expected a regular file")
     if not stat.S_ISREG(st.st_mode):
-        raise FileProblem(f"{show(path)}: {not_regular(st.st_mode)}")
-    try:
-        fd = os.open(path, _FILE_FLAGS)
-    except OSError as exc:
-        raise FileProblem(f"{show(path)}: cannot be read ({_reason(exc)})") from None
+        raise FileProblem(f"{where}: {not_regular(st.st_mode)}")
+    fd = open_()
     mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):  # swapped between the lstat and the open
+    if not stat.S_ISREG(mode):
         os.close(fd)
-        raise FileProblem(f"{show(path)}: {not_regular(mode)}")
+        raise FileProblem(f"{where}: {not_regular(mode)}")
     return fd
 
 

@@ -17,6 +17,21 @@ import pytest
 from tests.support.tq import close_transferqueue
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--pods", action="store_true", help="also run the tests marked pods (make test-pods)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``pods`` run a real job across pod stand-ins (minutes each): ``make test-pods`` runs them, the
+    default suite skips them and says so, to stay within its time budget."""
+    if config.getoption("--pods"):
+        return
+    skip = pytest.mark.skip(reason="a real job across pod stand-ins: run by `make test-pods` (see ops/README.md)")
+    for item in items:
+        if item.get_closest_marker("pods"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[Any]:
     ray = pytest.importorskip("ray")

@@ -96,7 +96,8 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
         pruned = [Event("prune", record.step, {"removed": list(record.pruned)})] if record.pruned else []
         return None, [save, *pruned]
     if isinstance(record, SaveFailedRecord):
-        return None, [Event("save_failed", record.step, {"error": record.error})]
+        data = {"error": record.error, "in_a_row": record.in_a_row, "last_saved_step": record.last_saved_step}
+        return None, [Event("save_failed", record.step, data)]
     if isinstance(record, StopRecord):
         return None, [Event("stop_requested", record.step)]
     raise TypeError(f"not a progress record: {record!r}")

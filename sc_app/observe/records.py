@@ -36,7 +36,7 @@ EventName = Literal[
     "lease_lost",  # a newer attempt took the checkpoint dir: message
     "save",  # a bundle was published: bundle, seconds, paused_seconds, window_seconds, bytes, groups
     "emergency_save",  # the bundle cut on SIGTERM was published (same fields as save)
-    "save_failed",  # a save failed (e.g. full disk), older bundles intact: error
+    "save_failed",  # a save failed (e.g. full disk), older bundles intact: error, in_a_row, last_saved_step
     "prune",  # retention removed bundles: removed
     "stop_requested",  # SIGTERM: finish the step, cut a bundle, exit 143
     "dropped",  # records the writer could not keep (buffer full, write failed) since the last such line

@@ -110,10 +110,13 @@ def _tool(name: str) -> str:
 
 
 def _private_host_dirs_needed() -> list[str]:
-    """Host dirs the pods need from places they do not share (/root, /home): this interpreter's installation,
-    which the venv's ``python`` links to (the image's Python, in the stand-in)."""
-    base = str(Path(sys.base_prefix).resolve())
-    return [base] if base.split("/")[1] in ("root", "home") else []
+    """Host dirs the pods need from places they do not share (/tmp, /root, /home, /run): this interpreter's
+    installation (which the venv's ``python`` links to), the venv and this checkout — the image's Python and
+    ``/app`` in the stand-in — wherever the clone happens to live."""
+    private = HOST_DIRS_NOT_SHARED - {"proc", "sys", "dev", "etc"}
+    wanted = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(__file__).resolve().parents[2]}
+    dirs = sorted(str(p) for p in wanted if len(p.parts) > 1 and p.parts[1] in private)
+    return [d for d in dirs if not any(d.startswith(f"{other}/") for other in dirs)]
 
 
 @dataclass(frozen=True)

@@ -296,6 +296,7 @@ def _placement(c: Cluster) -> dict[str, set[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.pods
 @pytest.mark.timeout(900)
 def test_job_completes_across_pods_under_the_chart_policy(cluster_factory: Any) -> None:
     c = cluster_factory()
@@ -329,6 +330,7 @@ def test_job_completes_across_pods_under_the_chart_policy(cluster_factory: Any) 
 
 
 @pytest.mark.slow
+@pytest.mark.pods
 @pytest.mark.timeout(900)
 def test_job_hangs_under_the_pre_fix_policy(cluster_factory: Any) -> None:
     c = cluster_factory([_old_policy()])

@@ -37,6 +37,7 @@ pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not in
 _MISSING = missing_tools()
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.pods,
     pytest.mark.timeout(900),
     pytest.mark.skipif(bool(_MISSING), reason=f"needs {', '.join(_MISSING)} for pod stand-ins (run as root)"),
 ]

@@ -63,7 +63,7 @@ def test_an_attempt_records_how_it_started_ran_and_ended(tmp_path: Path) -> None
     assert sink.events == ["resume"], "the resume happened before Ray: metrics get it once attached"
     for record in (
         progress_step(5),
-        SaveFailedRecord(5, "No space left on device"),
+        SaveFailedRecord(5, "No space left on device", in_a_row=2, last_saved_step=4),
         progress_step(6, waits=(0.001, 0.004)),
         SaveRecord(6, "step_6", 0.2, 0.003, 0.002, groups=8, data_plane_bytes=4096, pruned=("step_2",)),
         StopRecord(6),
@@ -93,7 +93,7 @@ def test_an_attempt_records_how_it_started_ran_and_ended(tmp_path: Path) -> None
     assert lease_ev.data == {"epoch": 2, "previous_run_id": "earlier", "previous_epoch": 1}
     assert quarantine.data["moved"] and "tmp_step_6" in quarantine.data["moved"][0]
     assert resume.data["bundle"] == "step_4"
-    assert failed.data["error"] == "No space left on device"
+    assert failed.data == {"error": "No space left on device", "in_a_row": 2, "last_saved_step": 4}
     assert save.data == {
         "bundle": "step_6",
         "seconds": 0.2,
