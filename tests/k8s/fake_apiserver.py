@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import sys
 import threading
 import urllib.error
 import urllib.parse
@@ -66,6 +68,22 @@ def status_body(code: int, reason: str, message: str, name: str = "", plural: st
     }
 
 
+log = logging.getLogger(__name__)
+
+
+class QuietHTTPServer(ThreadingHTTPServer):
+    """Errors go to logging, not to stderr (which a test reading the CLI's one error line captures too); a client
+    that hung up first (its own timeout) is what a real server sees as well, and not an error of the stand-in."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("client %s hung up before the answer was written", client_address)
+            return
+        log.exception("fake API server: the request from %s failed", client_address)
+
+
 class _Server:
     """A threaded HTTP server whose handler calls ``self.answer``; ``start()`` returns its URL."""
 
@@ -92,8 +110,7 @@ class _Server:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = QuietHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return f"http://127.0.0.1:{self._httpd.server_address[1]}"
 

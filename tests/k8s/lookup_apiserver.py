@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.k8s.fake_apiserver import QuietHTTPServer
 
 # kind → (plural, group/version) for what the chart looks up.
 RESOURCES: dict[str, tuple[str, str]] = {
@@ -69,7 +71,7 @@ class LookupApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = QuietHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
