@@ -46,6 +46,10 @@ def logged(logs: Path, attempt: int) -> list[int]:
     return [s.step for s in history(logs).steps if s.stamp.attempt == attempt]
 
 
+def logged_saves(logs: Path, attempt: int) -> list[int]:
+    return [e.step for e in history(logs).events_named("save") if e.stamp.attempt == attempt]
+
+
 def tensorboard_steps(logs: Path) -> set[int]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -82,6 +86,8 @@ def three_attempts(tmp_path_factory: pytest.TempPathFactory) -> dict:
     proc = start_logged(*run_args(ckpt, LONG, 2), log=tmp / "a1.log", env=hang)
     try:
         wait_for(lambda: 6 in logged(logs, 1), 300, "attempt 1 to log step 6", proc)
+        # saves publish behind training: step_4's save event may be logged after step 6 trained
+        wait_for(lambda: logged_saves(logs, 1) == [2, 4], 120, "attempt 1 to log the saves of steps 2 and 4", proc)
         wait_for(lambda: 6 in tensorboard_steps(logs), 60, "attempt 1's TensorBoard points up to step 6", proc)
         assert bundles(ckpt) == [2, 4] and len(list(ckpt.glob("tmp_step_6.*"))) == 1  # named after its run
     finally:
