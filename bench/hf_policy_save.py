@@ -36,6 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.scbench.common import raw_write  # noqa: E402
+
 MiB = 1024 * 1024
 FULL_SPECS = {"small": {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4},
               "medium": {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 8}}  # fmt: skip
@@ -45,21 +47,6 @@ P, R = 8, 8
 
 def summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
-def raw_write(path: Path, nbytes: int, pattern: bytes) -> float:
-    t0 = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        left = nbytes
-        while left > 0:
-            n = min(left, len(pattern))
-            f.write(memoryview(pattern)[:n])
-            left -= n
-        os.fsync(f.fileno())
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    os.fsync(fd)
-    os.close(fd)
-    return time.perf_counter() - t0
 
 
 def write_behind(trainer: Any, d: Path) -> None:

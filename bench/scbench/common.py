@@ -87,14 +87,16 @@ def tree_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in files_under(d))
 
 
-def raw_write(path: Path, nbytes: int) -> float:
-    """Sequential write of ``nbytes`` + fsync (file and directory); seconds."""
+def raw_write(path: Path, nbytes: int, pattern: bytes | None = None) -> float:
+    """Sequential write of ``nbytes`` (``pattern`` repeated; 8 MiB of random bytes by default) + fsync (file and
+    directory); seconds."""
+    pattern = _PATTERN if pattern is None else pattern
     t0 = time.perf_counter()
     with open(path, "wb", buffering=0) as f:
         left = nbytes
         while left > 0:
-            n = min(left, len(_PATTERN))
-            f.write(memoryview(_PATTERN)[:n])
+            n = min(left, len(pattern))
+            f.write(memoryview(pattern)[:n])
             left -= n
         os.fsync(f.fileno())
     fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
