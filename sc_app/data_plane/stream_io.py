@@ -11,6 +11,7 @@ by slicing the field tensors.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -126,6 +127,34 @@ async def copy_stream(
             t.cancel()
         if pending:
             await asyncio.gather(*(t for _, t in pending), return_exceptions=True)
+
+
+async def write_stream(
+    source: RowSource,
+    directory: Path,
+    prefix: str,
+    segments: list[Segment],
+    part_bytes: int,
+    *,
+    thread: str,
+    gets_in_flight: int = GETS_IN_FLIGHT,
+) -> PartWriter:
+    """Copy ``segments`` into the part files ``<prefix>-*`` under ``directory``, written on a thread of this stream's
+    own (so streams write in parallel); the finished writer. On any failure its files are removed first."""
+    from sc_app.background import background_executor, run_blocking
+
+    writer = PartWriter(directory, part_bytes, prefix)
+    pool = background_executor(thread)
+    try:
+        blocking = functools.partial(run_blocking, pool)
+        await copy_stream(source, writer, segments, blocking, gets_in_flight=gets_in_flight)
+        await run_blocking(pool, writer.finish)
+    except BaseException:
+        writer.abandon()
+        raise
+    finally:
+        pool.shutdown(wait=False)
+    return writer
 
 
 def td_bytes(td: TensorDict) -> int:
@@ -279,18 +308,8 @@ class StreamWorker:
     async def copy(
         self, directory: str, partition: str, prefix: str, segments: list[Segment], part_bytes: int
     ) -> dict[str, Any]:
-        from sc_app.background import background_executor, run_blocking
-
-        writer = PartWriter(Path(directory), part_bytes, prefix)
-        pool = background_executor("stream-write")
-        try:
-            await copy_stream(RowSource(self.tq, partition), writer, segments, lambda f, *a: run_blocking(pool, f, *a))
-            await run_blocking(pool, writer.finish)
-        except BaseException:
-            writer.abandon()
-            raise
-        finally:
-            pool.shutdown(wait=False)
+        source = RowSource(self.tq, partition)
+        writer = await write_stream(source, Path(directory), prefix, segments, part_bytes, thread="stream-write")
         return writer.summary()
 
     async def restore(

@@ -26,13 +26,12 @@ from typing import Any
 
 import ray
 
-from sc_app.background import background_executor, run_blocking
+from sc_app.background import run_blocking
 from sc_app.data_plane import stream_io, units
 from sc_app.data_plane.client import METADATA_FILE, CapturedRows, DataPlaneSnapshot
 from sc_app.data_plane.stream_io import GET_BYTES, GETS_IN_FLIGHT, PUTS_IN_FLIGHT, RowSource, Segment
 from sc_app.data_plane.streamed_format import (
     PART_BYTES,
-    PartWriter,
     StreamedFormatError,
     group_ids,
     merged_metadata,
@@ -168,23 +167,11 @@ class StreamedSnapshot(DataPlaneSnapshot):
             summary = await worker.copy.remote(str(self.directory), self.partition, prefix, segments, self.part_bytes)
             self.streams.append({"unit": unit, "rows": rows, "where": "remote"})
             return {**summary, "unit": unit}
-        writer = PartWriter(self.directory, self.part_bytes, prefix)
-        pool = background_executor(f"stream-{k}")  # one writer thread per stream, so streams write in parallel
-        try:
-            source = self.source or RowSource(self.tq, self.partition)
-            await stream_io.copy_stream(
-                source,
-                writer,
-                segments,
-                functools.partial(run_blocking, pool),
-                gets_in_flight=self.gets_in_flight,
-            )
-            await run_blocking(pool, writer.finish)
-        except BaseException:
-            writer.abandon()
-            raise
-        finally:
-            pool.shutdown(wait=False)
+        source = self.source or RowSource(self.tq, self.partition)
+        writer = await stream_io.write_stream(
+            source, self.directory, prefix, segments, self.part_bytes, thread=f"stream-{k}",
+            gets_in_flight=self.gets_in_flight,
+        )
         self.streams.append({"unit": unit, "rows": rows, "where": "local"})
         return writer.summary(unit)
 
