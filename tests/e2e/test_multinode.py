@@ -43,8 +43,8 @@ class Nodes:
 
 @pytest.fixture(scope="module")
 def nodes() -> Iterator[Nodes]:
-    if ray.is_initialized():
-        pytest.skip("another test left Ray initialised in this process; this module needs its own cluster")
+    # This process does not join the cluster (it may hold the suite's shared local Ray): the state API is asked
+    # through the cluster's address instead.
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": True},
@@ -53,11 +53,8 @@ def nodes() -> Iterator[Nodes]:
         a = cluster.add_node(num_cpus=NODE_CPUS, resources={"trainer_node": 4})
         b = cluster.add_node(num_cpus=NODE_CPUS, resources={"gen_node": 4, "tq_node": 4})
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, namespace="sc_app_test_observer", log_to_driver=False)
         yield Nodes(cluster, cluster.address, cluster.head_node.node_id, a.node_id, b.node_id)
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         cluster.shutdown()
 
 
@@ -82,22 +79,20 @@ def cluster_args(n: Nodes, ckpt: Path, trace: Path, max_steps: int) -> list[str]
 WATCHED = ("TrainerWorker", "GenerationWorker", "SimpleStorageUnit", "SingleControllerActor")
 
 
-def alive_actors() -> list[dict[str, Any]]:
+def alive_actors(address: str) -> list[dict[str, Any]]:
     from ray.util.state import list_actors
 
-    return [
-        {"class": a.class_name, "node": a.node_id, "pid": a.pid}
-        for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000, raise_on_missing_output=False)
-    ]
+    actors = list_actors(address, filters=[("state", "=", "ALIVE")], limit=1000, raise_on_missing_output=False)
+    return [{"class": a.class_name, "node": a.node_id, "pid": a.pid} for a in actors]
 
 
-def watch_placement(proc: Any, timeout: float) -> dict[str, set[str]]:
+def watch_placement(proc: Any, address: str, timeout: float) -> dict[str, set[str]]:
     """Poll the cluster until every watched actor class is alive (or the run ends); returns class -> node ids."""
     seen: dict[str, set[str]] = defaultdict(set)
     counts: dict[str, set[int]] = defaultdict(set)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        for a in alive_actors():
+        for a in alive_actors(address):
             if a["class"] in WATCHED:
                 seen[a["class"]].add(a["node"])
                 counts[a["class"]].add(a["pid"])
@@ -110,7 +105,7 @@ def watch_placement(proc: Any, timeout: float) -> dict[str, set[str]]:
 def test_multinode_placement_bundles_and_resume(nodes: Nodes, tmp_path: Path) -> None:
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
     proc = start_sc_app(*cluster_args(nodes, ckpt, trace, 4))
-    placement = watch_placement(proc, timeout=240)
+    placement = watch_placement(proc, nodes.address, timeout=240)
     first = finish(proc, 300, "multinode run 1")
     assert first.rc == 0, first.out[-4000:]
 
