@@ -189,11 +189,12 @@ class Harness:
         import transfer_queue as tq
 
         from sc_app.data_plane.transferqueue import tq_conf
+        from tests.support.tq import close_transferqueue
 
         if self.units == units:
             return
         if self.units:
-            _close_transferqueue(tq)
+            close_transferqueue(timeout_s=60)
         tq.init(tq_conf(units, None))
         self.tq = tq
         self.units = units
@@ -218,18 +219,3 @@ class Harness:
         from sc_app.data_plane.transferqueue import TransferQueueDataPlane
 
         return TransferQueueDataPlane(bootstrap=True, namespace=f"bench-{uuid.uuid4().hex[:8]}")
-
-
-def _close_transferqueue(tq: Any) -> None:
-    """Close TransferQueue and wait until its controller's name is free (``ray.kill`` is asynchronous)."""
-    import ray
-
-    tq.close()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor("TransferQueueController", namespace="transfer_queue")
-        except ValueError:
-            return
-        time.sleep(0.1)
-    raise BenchError("the TransferQueue controller did not go away within 60 s")
