@@ -29,6 +29,7 @@ import yaml
 
 from tests.k8s.fake_apiserver import FakeApiServer, FakeRayJobsApi, auth_secret, write_kubeconfig
 from tests.k8s.k8s_helpers import CHART_DIR, REPO_ROOT
+from tests.support.proc import pids_with
 
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
@@ -594,19 +595,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _pids_with(marker: str) -> list[int]:
-    """PIDs whose command line mentions ``marker`` (the head's own temp dir): only processes this test started."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if marker.encode() in (proc / "cmdline").read_bytes():
-                    out.append(int(proc.name))
-            except OSError:
-                continue
-    return out
-
-
 @pytest.fixture
 def ray_head_dir() -> Iterator[Path]:
     """A short temp dir for one ``ray start --head`` (Ray's socket paths have a length limit); every process that
@@ -614,7 +602,7 @@ def ray_head_dir() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="sck", dir="/tmp"))
     yield root
     for _ in range(50):
-        pids = _pids_with(str(root))
+        pids = pids_with(str(root))
         if not pids:
             break
         for pid in pids:

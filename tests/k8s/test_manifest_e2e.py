@@ -37,6 +37,7 @@ import yaml
 from sc_app.observe.reader import read_history
 from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
 from tests.k8s.test_k8s_runbooks import run_local_commands
+from tests.support.proc import pids_with
 from tests.support.prometheus import one, try_scrape
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
@@ -77,20 +78,6 @@ def _steps(ckpt: Path) -> list[int]:
     return sorted(int(p.name.split("_")[1]) for p in ckpt.glob("step_*") if p.name.split("_")[1].isdigit())
 
 
-def _pids_with(marker: str) -> list[int]:
-    """PIDs whose command line mentions ``marker`` (our unique temp dir): only processes this test started."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (proc / "cmdline").read_bytes():
-                out.append(int(proc.name))
-        except OSError:
-            continue
-    return out
-
-
 def _running(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
@@ -128,7 +115,7 @@ class Head:
         driver (the job's entrypoint names the test's config file)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        doomed = _pids_with(str(self.root)) + _pids_with(self.job_marker)
+        doomed = pids_with(str(self.root)) + pids_with(self.job_marker)
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -139,7 +126,7 @@ class Head:
         self.log.close()
 
     def cleanup(self) -> None:
-        if self.proc.poll() is None or _pids_with(str(self.root)):
+        if self.proc.poll() is None or pids_with(str(self.root)):
             self.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -24,6 +24,20 @@ REPO = Path(__file__).resolve().parents[2]
 SC_APP = [sys.executable, "-m", "sc_app"]
 
 
+def pids_with(marker: str) -> list[int]:
+    """PIDs whose command line mentions ``marker`` (a temp dir unique to the caller): only processes it started."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "cmdline").read_bytes():
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
+
+
 def session_members(sid: int) -> list[int]:
     """Live (non-zombie) processes of session ``sid``."""
     found = []
