@@ -38,6 +38,23 @@ def load_values(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) or {}
 
 
+def sim_worker_values() -> dict[str, Any]:
+    """ci/cpu-values.yaml with the checkpoint claim shared (head and worker mount it) and one CPU worker group that
+    offers the ``sim_worker`` resource, which the trainer and the TransferQueue storage unit are placed on: the
+    release the pod stand-in tests run as a real two-pod job."""
+    values = load_values(CHART_DIR / "ci" / "cpu-values.yaml")
+    values["checkpoint"]["persistence"]["accessModes"] = ["ReadWriteMany"]
+    values["workerGroups"] = [{
+        "name": "cpu", "accelerator": "cpu", "gpuResource": "nvidia.com/gpu", "replicas": 1,
+        "terminationGracePeriodSeconds": 120,
+        "rayStartParams": {"resources": '"{\\"sim_worker\\": 4}"'},  # KubeRay's documented quoting
+        "resources": {"requests": {"cpu": "3", "memory": "4Gi"}, "limits": {"cpu": "3", "memory": "4Gi"}},
+    }]
+    values["config"]["trainer"]["resources"] = {"sim_worker": 1}
+    values["config"]["data_plane"]["storage_node_resource"] = "sim_worker"
+    return values
+
+
 def render(values: dict[str, Any] | None = None, *, name: str = "demo", namespace: str = "ml") -> dict[str, str]:
     """Template path → rendered text, through helm_python (Helm v4 engine, schema validation included)."""
     import helm_python

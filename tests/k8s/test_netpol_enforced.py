@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from tests.k8s import netpol_sim
-from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
+from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render, sim_worker_values
 from tests.k8s.kuberay_sim import RayJobSim
 from tests.k8s.netpol_sim import Attempt, Ingress, PodRef
 from tests.k8s.podsim import Network, Pod, Volumes, missing_tools
@@ -64,18 +64,9 @@ STRANGER = ("other", {"app.kubernetes.io/name": "sc-app", "app.kubernetes.io/ins
 
 
 def _values() -> dict[str, Any]:
-    """ci/cpu-values.yaml plus one CPU worker that carries the trainer and the TransferQueue storage unit."""
-    values = load_values(CHART_DIR / "ci" / "cpu-values.yaml")
-    values["checkpoint"]["persistence"]["accessModes"] = ["ReadWriteMany"]  # head and worker mount it
-    values["workerGroups"] = [{
-        "name": "cpu", "accelerator": "cpu", "gpuResource": "nvidia.com/gpu", "replicas": 1,
-        "terminationGracePeriodSeconds": 120,
-        "rayStartParams": {"resources": '"{\\"sim_worker\\": 4}"'},  # KubeRay's documented quoting
-        "resources": {"requests": {"cpu": "3", "memory": "4Gi"}, "limits": {"cpu": "3", "memory": "4Gi"}},
-    }]
+    """The two-pod release (one CPU worker carries the trainer and the TransferQueue storage unit)."""
+    values = sim_worker_values()
     values["config"]["run"]["max_steps"] = MAX_STEPS
-    values["config"]["trainer"]["resources"] = {"sim_worker": 1}
-    values["config"]["data_plane"]["storage_node_resource"] = "sim_worker"
     values["networkPolicy"] = {"monitoringNamespace": PROMETHEUS[0]}
     return values
 

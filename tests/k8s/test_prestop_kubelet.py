@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from sc_app.checkpoint import verify_bundle
-from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render
+from tests.k8s.k8s_helpers import by_kind, objects, render, sim_worker_values
 from tests.k8s.kuberay_sim import RayJobSim
 from tests.k8s.podsim import Network, Volumes, missing_tools
 from tests.support.proc import read_trace, wait_for
@@ -49,18 +49,9 @@ MOUNT = "/checkpoints"
 
 
 def _values() -> dict[str, Any]:
-    values = load_values(CHART_DIR / "ci" / "cpu-values.yaml")
-    values["checkpoint"]["persistence"]["accessModes"] = ["ReadWriteMany"]  # head and worker mount it
-    values["workerGroups"] = [{
-        "name": "cpu", "accelerator": "cpu", "gpuResource": "nvidia.com/gpu", "replicas": 1,
-        "terminationGracePeriodSeconds": 120,
-        "rayStartParams": {"resources": '"{\\"sim_worker\\": 4}"'},
-        "resources": {"requests": {"cpu": "3", "memory": "4Gi"}, "limits": {"cpu": "3", "memory": "4Gi"}},
-    }]
+    values = sim_worker_values()
     values["config"]["run"] = {"max_steps": MAX_STEPS, "trace_file": f"{MOUNT}/trace.jsonl"}
     values["config"]["checkpoint"]["save_period"] = 1000  # no periodic bundle before the end: the stop's is the one
-    values["config"]["trainer"]["resources"] = {"sim_worker": 1}
-    values["config"]["data_plane"]["storage_node_resource"] = "sim_worker"
     values["networkPolicy"] = {"enabled": False}
     return values
 
