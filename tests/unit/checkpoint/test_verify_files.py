@@ -113,35 +113,25 @@ def _assert_named(tmp_path: Path, bundle: Path, rel: str, needle: str, capsys: p
     assert len(moved) == 1 and tree(moved[0]) == bad_tree, "the bad bundle is moved aside intact"
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("rel", FILES)
-def test_anything_but_a_regular_file_where_a_file_belongs(
-    tmp_path: Path, rel: str, kind: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    root = tmp_path / "ckpt"
-    make_bundle(root, 2)
-    bundle = make_bundle(root, 4)
-    make, needle = KINDS[kind]
-    make(bundle / rel, scratch)
-    _assert_named(root, bundle, rel, needle, capsys)
-
-
 DIR_KINDS = {k: v for k, v in KINDS.items() if k != "directory"} | {"regular file": (regular_file, "regular file")}
+# Where a regular file belongs, every other kind of entry; where a directory belongs, every other kind (a file too).
+MISPLACED = [
+    pytest.param(rel, *kinds[kind], id=f"{rel}-{kind}")
+    for rels, kinds in ((FILES, KINDS), (DIRS, DIR_KINDS))
+    for rel in rels
+    for kind in kinds
+]
 
 
-@pytest.mark.parametrize("kind", list(DIR_KINDS))
-@pytest.mark.parametrize("rel", DIRS)
-def test_anything_but_a_directory_where_a_directory_belongs(
-    tmp_path: Path, rel: str, kind: str, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("rel", "make", "needle"), MISPLACED)
+def test_anything_but_the_expected_kind_of_entry_is_named(
+    tmp_path: Path, rel: str, make: Make, needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     root = tmp_path / "ckpt"
     make_bundle(root, 2)
     bundle = make_bundle(root, 4)
-    make, needle = DIR_KINDS[kind]
     make(bundle / rel, scratch)
     _assert_named(root, bundle, rel, needle, capsys)
 
