@@ -25,7 +25,7 @@ from sc_app.checkpoint.manifest import Manifest
 from sc_app.checkpoint.policy_formats import PolicyCheck, check_policy
 from sc_app.data_plane import schema
 from sc_app.policy.loader import LoaderStateError, check_loader_state
-from sc_app.replay_buffer import SidecarError, check_sidecar
+from sc_app.replay_index import SidecarError, check_sidecar
 from sc_app.safe_files import FileProblem
 
 MAX_LOADER_BYTES = 64 * 1024 * 1024

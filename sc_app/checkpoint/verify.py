@@ -20,7 +20,7 @@ from sc_app.checkpoint.bundle_files import BundleFiles
 from sc_app.checkpoint.contents import MAX_SIDECAR_BYTES, check_contents, limit_for
 from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, parse_manifest
 from sc_app.data_plane import schema
-from sc_app.replay_buffer import check_sidecar
+from sc_app.replay_index import check_sidecar
 from sc_app.safe_files import FileProblem, Inventory, Tree, read_regular, show, unsafe_rel
 
 log = logging.getLogger(__name__)

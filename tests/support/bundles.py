@@ -28,7 +28,7 @@ from sc_app.durable_io import sha256_file
 from sc_app.policy.loader import LOADER_SCHEMA_VERSION
 from sc_app.policy.model import TinyCausalLM
 from sc_app.policy.state_schema import new_optimizer
-from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION
+from sc_app.replay_index import SIDECAR_SCHEMA_VERSION
 
 CFG = AppConfig(
     model=ModelConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=2, max_seq_len=8),

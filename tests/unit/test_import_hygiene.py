@@ -24,6 +24,7 @@ PURE = [
     "sc_app.phases",
     "sc_app.background",
     "sc_app.replay_buffer",
+    "sc_app.replay_index",
     "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine
     "sc_app.checkpoint.compat",
     "sc_app.checkpoint.lease",
