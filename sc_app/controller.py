@@ -39,12 +39,14 @@ from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.verify import read_sidecar
+from sc_app.checkpoint.writer import FileRecord
 from sc_app.config import AppConfig
 from sc_app.data_plane import stream_io
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
 from sc_app.phases import StepClock
-from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult, policy_format
+from sc_app.policy.backend import PolicyFingerprint, Rollout, TrainStepResult
+from sc_app.policy.factory import policy_format
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
 from sc_app.progress import (

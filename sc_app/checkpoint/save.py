@@ -16,19 +16,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sc_app import torch_io
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.retention import prune
-from sc_app.checkpoint.writer import BundleWriter
+from sc_app.checkpoint.writer import BundleWriter, FileRecord
 from sc_app.data_plane.client import DataPlaneSnapshot
 from sc_app.durable_io import utc_stamp
 from sc_app.faults import afault_point
-
-if TYPE_CHECKING:
-    from sc_app.policy.backend import FileRecord
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 The Ray actors (``trainer.TrainerWorker``, ``generation.GenerationWorker``) own the process-level concerns — the
 data-plane client, the io thread, the process group — and delegate the model work to a backend chosen by
-``model.backend``. The controller sees only the typed results here, whichever backend runs.
+``model.backend`` (``factory``). The controller sees only the typed results here, whichever backend runs. This
+module is backend-neutral: it imports no backend, so every backend imports it and nothing here imports back.
 
 Invariants every trainer backend keeps: ``capture`` copies this rank's state inside the step (training goes on
 as soon as it returns); ``write_captured`` writes only that copy and is safe on a thread of its own;
@@ -21,15 +22,7 @@ import torch
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-    from sc_app.config import AppConfig
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    """A file a writer wrote and hashed as it wrote it: the manifest takes these instead of reading it back."""
-
-    sha256: str
-    size: int
+    from sc_app.checkpoint.writer import FileRecord
 
 
 @dataclass(frozen=True)
@@ -79,37 +72,6 @@ class GenerationBackend(Protocol):
     def set_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None: ...
 
     def generate(self, prompt_indices: list[int]) -> Rollout: ...
-
-
-def make_trainer_backend(cfg: AppConfig, rank: int, world_size: int, device: torch.device) -> TrainerBackend:
-    """Pre: with ``world_size > 1`` this rank has joined the trainers' process group."""
-    if cfg.model.backend == "hf":
-        from sc_app.policy.hf.backend import HFTrainerBackend
-
-        return HFTrainerBackend(cfg, rank, world_size, device)
-    from sc_app.policy.tiny_backend import TinyTrainerBackend
-
-    return TinyTrainerBackend(cfg, rank, world_size, device)
-
-
-def make_generation_backend(cfg: AppConfig, worker_index: int, dataset_sha256: str | None) -> GenerationBackend:
-    """``dataset_sha256``: the dataset the driver checked; a worker that reads other bytes refuses to start."""
-    if cfg.model.backend == "hf":
-        from sc_app.policy.hf.backend import HFGenerationBackend
-
-        return HFGenerationBackend(cfg, worker_index, dataset_sha256)
-    from sc_app.policy.tiny_backend import TinyGenerationBackend
-
-    return TinyGenerationBackend(cfg, worker_index)
-
-
-def policy_format(cfg: AppConfig) -> str | None:
-    """The ``policy_format`` a bundle's manifest records for ``cfg``'s backend (None: the default, tiny's)."""
-    if cfg.model.backend == "hf":
-        from sc_app.policy.hf.policy_ckpt import POLICY_FORMAT
-
-        return POLICY_FORMAT
-    return None
 
 
 def device_for(num_gpus: float) -> torch.device:

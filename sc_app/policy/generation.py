@@ -9,7 +9,8 @@ import ray
 import torch
 
 from sc_app.config import AppConfig
-from sc_app.policy.backend import GenerationBackend, Rollout, make_generation_backend
+from sc_app.policy.backend import GenerationBackend, Rollout
+from sc_app.policy.factory import make_generation_backend
 
 
 @ray.remote

@@ -17,8 +17,9 @@ from tensordict import TensorDict
 
 from sc_app import torch_io
 from sc_app.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE
+from sc_app.checkpoint.writer import FileRecord
 from sc_app.config import AppConfig
-from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult
+from sc_app.policy.backend import PolicyFingerprint, Rollout, TrainStepResult
 from sc_app.policy.grpo import clipped_pg_loss
 from sc_app.policy.model import TinyCausalLM, response_logprobs
 from sc_app.policy.state_schema import PolicyTemplate, check_model_state, check_optimizer_state, new_optimizer

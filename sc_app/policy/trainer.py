@@ -22,16 +22,11 @@ import ray
 import torch
 
 from sc_app.background import lower_current_thread_priority
+from sc_app.checkpoint.writer import FileRecord
 from sc_app.config import AppConfig
 from sc_app.faults import fault_point
-from sc_app.policy.backend import (
-    FileRecord,
-    PolicyFingerprint,
-    TrainerBackend,
-    TrainStepResult,
-    device_for,
-    make_trainer_backend,
-)
+from sc_app.policy.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, device_for
+from sc_app.policy.factory import make_trainer_backend
 
 log = logging.getLogger(__name__)
 

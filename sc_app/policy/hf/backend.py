@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from sc_app.checkpoint.writer import FileRecord
 from sc_app.config import AppConfig
-from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult, device_for
+from sc_app.policy.backend import PolicyFingerprint, Rollout, TrainStepResult, device_for
 from sc_app.policy.hf.chat import pad_id
 from sc_app.policy.hf.dataset import DatasetError, load_jsonl
 from sc_app.policy.hf.engine import HFGenerateEngine, SamplingParams, eos_ids

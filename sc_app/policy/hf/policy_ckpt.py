@@ -36,8 +36,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from sc_app.checkpoint.writer import FileRecord
 from sc_app.durable_io import write_durable
-from sc_app.policy.backend import FileRecord
 
 FORMAT = "sc_app.hf_policy"
 FORMAT_VERSION = 1
