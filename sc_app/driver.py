@@ -298,7 +298,7 @@ def _build(
         dataset=dataset.as_manifest() if dataset is not None else None,
         restored_fingerprint=fingerprint,
     )
-    setup.actor = SingleControllerActor.options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
+    setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     setup.handles.append(setup.actor)
     order.enter("actor")
     ray.get(setup.actor.restore.remote())  # index from the sidecar + inventory check, before any pump

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -29,14 +30,18 @@ async def until(condition: Callable[[], bool], *, rounds: int = 10_000) -> None:
 
 
 class FakeSnapshot(DataPlaneSnapshot):
-    """The rows a window captured, copied in memory; ``write()`` hands them to the fake's ``snapshots``."""
+    """The rows a window captured, copied in memory; ``write()`` writes their ids and the metadata into the
+    directory (``rows.json``) and hands the snapshot to the fake's ``snapshots``."""
 
     def __init__(self, owner: FakeDataPlane, directory: Path, metadata: dict[str, Any], rows: dict[str, Any]) -> None:
         self.owner, self.directory, self.metadata, self.rows = owner, directory, metadata, rows
 
     async def write(self, *, executor: Executor | None = None) -> dict[str, Any]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"sample_ids": sorted(self.rows), "user_metadata": self.metadata}).encode()
+        (self.directory / "rows.json").write_bytes(data)
         self.owner.snapshots.append(self)
-        return {"bytes": 0, "rows": len(self.rows), "seconds": 0.0, "files": {}}
+        return {"bytes": len(data), "rows": len(self.rows), "seconds": 0.0, "files": {}}
 
 
 class FakeDataPlane(DataPlaneClient):
