@@ -49,8 +49,6 @@ def model_template(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], 
 
 
 def check_policy_dir(ctx: PolicyCheck) -> list[str]:
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
-
     prefix = f"{ctx.policy_dir}/"
     listed = ctx.files.listed(prefix)
     meta_rel, config_rel = prefix + METADATA_FILE, f"{prefix}{MODEL_FILES_DIR}/config.json"
@@ -63,18 +61,33 @@ def check_policy_dir(ctx: PolicyCheck) -> list[str]:
         return [f"{ctx.files.at(meta_rel)}: {exc}"]
     except (json.JSONDecodeError, UnicodeDecodeError):
         return [f"{ctx.files.at(config_rel)}: not JSON"]
+    problems, shards = _check_storage(ctx, metadata, listed, prefix)
+    try:
+        state, params = model_template(config)
+    except Exception as exc:  # transformers on an arbitrary config: whatever it raises is "not a model we can build"
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        return [*problems, f"{ctx.files.at(config_rel)}: does not describe a causal LM transformers builds ({first})"]
+    at_meta = ctx.files.at(meta_rel)
+    problems += [f"{at_meta}: {p}" for p in _check_entries(metadata.state_dict_metadata, state, params)]
+    allowed = {meta_rel, *shards}  # nothing else under policy/
+    for rel in sorted(listed):
+        if rel not in allowed and not rel.startswith(f"{prefix}{MODEL_FILES_DIR}/"):
+            problems.append(f"{ctx.files.at(rel)}: not a file of policy format {POLICY_FORMAT}")
+    return problems
+
+
+def _check_storage(ctx: PolicyCheck, metadata: Any, listed: dict[str, Any], prefix: str) -> tuple[list[str], set[str]]:
+    """Every stored item lies inside a listed shard file and every entry has stored bytes; returns the problems
+    and the shard files the metadata names."""
+    at_meta = ctx.files.at(prefix + METADATA_FILE)
     problems: list[str] = []
-    # storage: each item inside a listed shard file
-    entries = metadata.state_dict_metadata
     shards: set[str] = set()
     stored: set[str] = set()
     for index, info in metadata.storage_data.items():
         rel = prefix + str(info.relative_path)
         stored.add(index.fqn)
         if "/" in str(info.relative_path) or rel not in listed:
-            problems.append(
-                f"{ctx.files.at(meta_rel)}: {index.fqn} is stored in {info.relative_path!r}, not a listed shard"
-            )
+            problems.append(f"{at_meta}: {index.fqn} is stored in {info.relative_path!r}, not a listed shard")
             continue
         shards.add(rel)
         size = int(listed[rel]["size"])
@@ -83,46 +96,46 @@ def check_policy_dir(ctx: PolicyCheck) -> list[str]:
                 f"{ctx.files.at(rel)}: .metadata places {index.fqn} at bytes {info.offset}.."
                 f"{info.offset + info.length}, outside its {size} bytes"
             )
-    if unstored := set(entries) - stored:
-        problems.append(f"{ctx.files.at(meta_rel)}: no stored bytes for {_names(unstored)}")
-    # the entries: exactly the model's state, Adam's state of its parameters, a param group, the policy meta
-    try:
-        state, params = model_template(config)
-    except Exception as exc:  # transformers on an arbitrary config: whatever it raises is "not a model we can build"
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        return [*problems, f"{ctx.files.at(config_rel)}: does not describe a causal LM transformers builds ({first})"]
+    if unstored := set(metadata.state_dict_metadata) - stored:
+        problems.append(f"{at_meta}: no stored bytes for {_names(unstored)}")
+    return problems, shards
+
+
+def _check_entries(
+    entries: dict[str, Any], state: dict[str, tuple[int, ...]], params: dict[str, tuple[int, ...]]
+) -> list[str]:
+    """The entries are exactly the model's state, Adam's state of its parameters, a param group and the policy
+    meta (each problem without the file's name, which the caller adds)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    def shape(entry: Any) -> Any:
+        return tuple(entry.size) if isinstance(entry, TensorStorageMetadata) else type(entry).__name__
+
+    problems: list[str] = []
     model = {k.removeprefix("model."): v for k, v in entries.items() if k.startswith("model.")}
     missing, extra = set(state) - set(model), set(model) - set(state)
     if missing or extra:
         problems.append(
-            f"{ctx.files.at(meta_rel)}: the weights do not fit the model of {MODEL_FILES_DIR}/config.json"
+            f"the weights do not fit the model of {MODEL_FILES_DIR}/config.json"
             + (f"; missing {_names(missing)}" if missing else "")
             + (f"; unexpected {_names(extra)}" if extra else "")
         )
     for name in sorted(set(state) & set(model)):
-        entry = model[name]
-        if not isinstance(entry, TensorStorageMetadata) or tuple(entry.size) != state[name]:
-            got = tuple(entry.size) if isinstance(entry, TensorStorageMetadata) else type(entry).__name__
-            problems.append(f"{ctx.files.at(meta_rel)}: weight {name} is {got}, the model has {state[name]}")
+        if shape(model[name]) != state[name]:
+            problems.append(f"weight {name} is {shape(model[name])}, the model has {state[name]}")
     for key, entry in entries.items():
         if key.startswith("model.") or key in META_KEYS or key.startswith("optimizer.param_groups."):
             continue
         fqn, _, part = key.removeprefix("optimizer.state.").rpartition(".")
         if not key.startswith("optimizer.state.") or fqn not in params or part not in ADAM_STATE:
-            problems.append(f"{ctx.files.at(meta_rel)}: {key} is no entry of an sc-app hf policy")
+            problems.append(f"{key} is no entry of an sc-app hf policy")
             continue
         want = () if part == "step" else params[fqn]
-        if not isinstance(entry, TensorStorageMetadata) or tuple(entry.size) != want:
-            got = tuple(entry.size) if isinstance(entry, TensorStorageMetadata) else type(entry).__name__
-            problems.append(f"{ctx.files.at(meta_rel)}: optimizer state {key} is {got}, expected {want}")
+        if shape(entry) != want:
+            problems.append(f"optimizer state {key} is {shape(entry)}, expected {want}")
     for key in sorted(META_KEYS | {"optimizer.param_groups.0.params", "optimizer.param_groups.0.lr"}):
         if not isinstance(entries.get(key), BytesStorageMetadata):
-            problems.append(f"{ctx.files.at(meta_rel)}: {key} is missing")
-    # nothing else under policy/
-    allowed = {meta_rel, *shards}
-    for rel in sorted(listed):
-        if rel not in allowed and not rel.startswith(f"{prefix}{MODEL_FILES_DIR}/"):
-            problems.append(f"{ctx.files.at(rel)}: not a file of policy format {POLICY_FORMAT}")
+            problems.append(f"{key} is missing")
     return problems
 
 
