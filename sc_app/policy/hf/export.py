@@ -1,7 +1,7 @@
 """Bundle → Hugging Face directory: the policy's weights as safetensors beside the config and tokenizer files the
 run started from, loadable with ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer``.
 
-Every byte read from the bundle is checked against the manifest's sha256 first (``policy_ckpt.VerifiedReader``);
+Every byte read from the bundle is checked against the manifest's sha256 first (``verified_read.VerifiedReader``);
 the export is written into a temporary sibling directory, fsynced, and renamed to ``out`` at the end, so ``out``
 is either complete or absent. An existing non-empty ``out`` is refused, never overwritten.
 """

@@ -2,7 +2,7 @@
 must hold for the restore to take it, checked without decoding the tensor payloads.
 
 Read, through ``ctx.files`` only (listed, bounded, hash-checked): ``.metadata`` — decoded by the restore's own
-allowlist unpickler (``policy_ckpt.decode_metadata``) — and ``hf/config.json``. Checked: every stored item lies
+allowlist unpickler (``verified_read.decode_metadata``) — and ``hf/config.json``. Checked: every stored item lies
 inside a shard file the manifest lists; every entry has storage; the ``model.*`` entries are exactly the state of
 the model ``hf/config.json`` describes (names and shapes, built on the ``meta`` device: no memory, no weights); the
 optimizer's per-parameter state is Adam's (``exp_avg``, ``exp_avg_sq`` shaped like the parameter, ``step``) for
@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from sc_app.policy.hf.policy_ckpt import METADATA_FILE, MODEL_FILES_DIR, POLICY_FORMAT, PolicyIntegrityError
+from sc_app.policy.hf.policy_ckpt import MODEL_FILES_DIR, POLICY_FORMAT
+from sc_app.policy.hf.verified_read import DCP_METADATA_FILE, PolicyIntegrityError
 from sc_app.safe_files import FileProblem
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def model_template(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], 
 def check_policy_dir(ctx: PolicyCheck) -> list[str]:
     prefix = f"{ctx.policy_dir}/"
     listed = ctx.files.listed(prefix)
-    meta_rel, config_rel = prefix + METADATA_FILE, f"{prefix}{MODEL_FILES_DIR}/config.json"
+    meta_rel, config_rel = prefix + DCP_METADATA_FILE, f"{prefix}{MODEL_FILES_DIR}/config.json"
     try:
         metadata = _decode(ctx, meta_rel)
         config = json.loads(ctx.files.read(config_rel, MAX_CONFIG_BYTES))
@@ -79,7 +80,7 @@ def check_policy_dir(ctx: PolicyCheck) -> list[str]:
 def _check_storage(ctx: PolicyCheck, metadata: Any, listed: dict[str, Any], prefix: str) -> tuple[list[str], set[str]]:
     """Every stored item lies inside a listed shard file and every entry has stored bytes; returns the problems
     and the shard files the metadata names."""
-    at_meta = ctx.files.at(prefix + METADATA_FILE)
+    at_meta = ctx.files.at(prefix + DCP_METADATA_FILE)
     problems: list[str] = []
     shards: set[str] = set()
     stored: set[str] = set()
@@ -140,6 +141,6 @@ def _check_entries(
 
 
 def _decode(ctx: PolicyCheck, rel: str) -> Any:
-    from sc_app.policy.hf.policy_ckpt import decode_metadata
+    from sc_app.policy.hf.verified_read import decode_metadata
 
     return decode_metadata(ctx.files.read(rel, MAX_METADATA_BYTES))
