@@ -77,7 +77,7 @@ def bystander(kind: str, root: Path, work: Path, i: int) -> str | None:
         return None if res.rc == 2 and "live lease" in res.out else f"prune beside a live run: rc {res.rc}"
     if kind == "refused-run":
         res = sc_app(
-            "run", "--checkpoint-dir", str(root), "--set", "grpo.num_generations_per_prompt=4", timeout=300
+            "run", "--checkpoint-dir", str(root), "--set", "grpo.group_size=4", timeout=300
         )
         return None if res.rc == 2 and "incompatible" in res.out else f"incompatible run: rc {res.rc}"
     if kind == "nothing-to-train":

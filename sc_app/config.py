@@ -7,6 +7,7 @@ model's context — is refused before anything starts.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,10 @@ CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
 TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (see DESIGN.md: oversubscription hangs tq.init silently)
 REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*"
+# Keys renamed since a release: the old one is still read (with a warning) and names the new one.
+RENAMED_KEYS = {"grpo.num_generations_per_prompt": "grpo.group_size"}
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -149,12 +154,22 @@ class TaskConfig(_Section):
 
 class GRPOConfig(_Section):
     prompts_per_step: int = Field(8, ge=1, description="Groups consumed by one train step.")
-    num_generations_per_prompt: int = Field(8, ge=2, description="Rows per group (GRPO needs >= 2).")
+    group_size: int = Field(
+        8,
+        ge=2,
+        description="Rows per group, one per generation of the prompt (GRPO needs >= 2). Formerly "
+        "grpo.num_generations_per_prompt, still read with a warning.",
+    )
     learning_rate: float = Field(3e-3, gt=0)
     max_staleness: int = Field(1, ge=0, description="Train on groups generated at most this many versions ago.")
     max_groups_buffered: int = Field(16, ge=1, description="Backpressure: committed + in-flight groups held at most.")
     temperature: float = Field(1.0, gt=0)
     max_grad_norm: float | None = Field(None, gt=0, description="hf: clip the gradient norm (None: no clipping).")
+
+    @property
+    def num_generations_per_prompt(self) -> int:
+        """Deprecated spelling of ``group_size`` (NeMo-RL's key), kept readable for code written against it."""
+        return self.group_size
 
 
 class WorkerGroupConfig(_Section):
@@ -228,10 +243,10 @@ class AppConfig(_Section):
                 raise ValueError("task.name=jsonl needs model.backend=hf (the tiny model has no tokenizer)")
             if not self.task.path:
                 raise ValueError("task.name=jsonl needs task.path: a JSONL file of {'prompt', 'answer'} lines")
-        rows = self.grpo.prompts_per_step * self.grpo.num_generations_per_prompt
+        rows = self.grpo.prompts_per_step * self.grpo.group_size
         if rows < self.trainer.num_workers:
             raise ValueError(
-                f"a step trains {rows} rows (grpo.prompts_per_step x grpo.num_generations_per_prompt) but "
+                f"a step trains {rows} rows (grpo.prompts_per_step x grpo.group_size) but "
                 f"trainer.num_workers={self.trainer.num_workers}: every trainer needs at least one row"
             )
         if self.ray.address is not None and self.ray.metrics_export_port is not None:
@@ -381,10 +396,27 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str | Overri
         set_path(tree, key, value, source=override.source)
         sources[key] = override.source
         _leaf_sources(value, key, override.source, sources)
+    _rename_keys(tree, sources)
     try:
         return AppConfig.model_validate(tree)
     except ValidationError as err:
         raise ConfigError(_error_line(err, sources)) from None
+
+
+def _rename_keys(tree: dict[str, Any], sources: dict[str, str]) -> None:
+    """Move each value given under an old key (``RENAMED_KEYS``) to its new key, warning once per key."""
+    for old, new in RENAMED_KEYS.items():
+        section, _, leaf = old.rpartition(".")
+        node = tree.get(section)
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        source = sources.get(old, "the config")
+        new_leaf = new.rpartition(".")[2]
+        if new_leaf in node:
+            raise ConfigError(f"{source}: '{old}' is the old name of '{new}', which is set too; keep only '{new}'")
+        node[new_leaf] = node.pop(leaf)
+        sources[new] = source
+        log.warning("%s: '%s' is deprecated; it is now '%s' (read as that)", source, old, new)
 
 
 def dump_config(cfg: AppConfig) -> str:

@@ -138,7 +138,7 @@ class SingleControllerActor(ControllerSaves):
             self.client,
             self.barrier,
             partition=cfg.data_plane.partition,
-            group_size=cfg.grpo.num_generations_per_prompt,
+            group_size=cfg.grpo.group_size,
         )
         restored_rows = 0
         if self.args.sidecar_path is not None:
@@ -204,7 +204,7 @@ class SingleControllerActor(ControllerSaves):
 
     async def _rollout_pump(self, worker_index: int, worker: Any) -> None:
         grpo = self.cfg.grpo
-        group_size = grpo.num_generations_per_prompt
+        group_size = grpo.group_size
         batch = max(1, grpo.prompts_per_step // 2)  # prompts per generate call = groups per commit
         try:
             while not self._stopping:
@@ -334,7 +334,7 @@ class SingleControllerActor(ControllerSaves):
         indexes = self.buffer.global_indexes(group_ids)  # no key lookup when known
         rows = await self.client.get_samples(self.cfg.data_plane.partition, ids, ["reward"], global_indexes=indexes)
         clock.lap("get")
-        adv = group_advantages(rows["reward"], self.cfg.grpo.num_generations_per_prompt)
+        adv = group_advantages(rows["reward"], self.cfg.grpo.group_size)
         await self.buffer.write_fields(group_ids, TensorDict({"advantage": adv}, batch_size=len(ids)))
         clock.lap("advantage_write")
         reward: torch.Tensor = rows["reward"]

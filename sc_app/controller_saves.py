@@ -180,7 +180,7 @@ class ControllerSaves:
             write_policy=self._write_policy,
             thaw=self.buffer.thaw,
             manifest_record=captured.manifest_record(
-                group_size=cfg.grpo.num_generations_per_prompt,
+                group_size=cfg.grpo.group_size,
                 partition=cfg.data_plane.partition,
                 compat=compat_of(cfg),
                 versions=_versions(),

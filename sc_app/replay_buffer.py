@@ -321,7 +321,7 @@ class TQReplayBuffer:
             raise SidecarError(f"sidecar partition {sd['partition']!r} != data_plane.partition {self.partition!r}")
         if sd["group_size"] != self.group_size:
             raise SidecarError(
-                f"sidecar group size {sd['group_size']} != grpo.num_generations_per_prompt {self.group_size}"
+                f"sidecar group size {sd['group_size']} != grpo.group_size {self.group_size}"
             )
         if sd["digest"] != expected_digest:
             raise SidecarError(f"sidecar digest {sd['digest'][:12]}… != data-plane digest {expected_digest[:12]}…")

@@ -26,7 +26,7 @@ from bench.scbench.common import raw_read as raw_read_file
 from bench.scbench.common import raw_write as raw_write_file
 
 REALISTIC = {
-    "grpo": {"prompts_per_step": 64, "num_generations_per_prompt": 16, "max_groups_buffered": 160},
+    "grpo": {"prompts_per_step": 64, "group_size": 16, "max_groups_buffered": 160},
     "task": {"prompt_len": 224, "response_len": 16},
     # the toy generator recomputes the whole sequence for every token: the smallest model keeps a step to seconds
     "model": {"max_seq_len": 256, "d_model": 16, "n_layers": 1, "n_heads": 1},
@@ -231,7 +231,7 @@ def run(h: Harness) -> dict[str, Any]:
                 "load_avg": res["load_avg"],
             }
         )
-    rows_per_step = 8 * 8  # grpo defaults: prompts_per_step x num_generations_per_prompt
+    rows_per_step = 8 * 8  # grpo defaults: prompts_per_step x group_size
     step_s = statistics.median(r["step_s"] for r in runs["off"] + runs["on"])
     windows = [w for r in runs["on"] for w in r["window_ms"]]
     e2e: dict[str, Any] = {

@@ -128,7 +128,7 @@ class TinyGenerationBackend:
     def generate(self, prompt_indices: list[int]) -> Rollout:
         """Fields: tokens [N, P+R], logprobs [N, R] of the sampled tokens, reward [N]."""
         cfg = self.cfg
-        group_size = cfg.grpo.num_generations_per_prompt
+        group_size = cfg.grpo.group_size
         prompts = torch.stack([prompt_tokens(cfg.run.seed, i, cfg.task, cfg.model) for i in prompt_indices])
         tokens = prompts.repeat_interleave(group_size, dim=0)
         logps = []

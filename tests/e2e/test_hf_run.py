@@ -66,7 +66,7 @@ class World:
             "task.prompt_len=12",
             "task.response_len=4",
             "grpo.prompts_per_step=4",
-            "grpo.num_generations_per_prompt=4",
+            "grpo.group_size=4",
             f"grpo.learning_rate={LR}",
             "checkpoint.save_period=2",
             "checkpoint.keep=50",  # every bundle stays for the checks below

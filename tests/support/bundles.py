@@ -33,10 +33,10 @@ from sc_app.replay_index import SIDECAR_SCHEMA_VERSION
 CFG = AppConfig(
     model=ModelConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=2, max_seq_len=8),
     task=TaskConfig(prompt_len=2, response_len=2),
-    grpo=GRPOConfig(num_generations_per_prompt=2),
+    grpo=GRPOConfig(group_size=2),
 )
 COMPAT = compat_of(CFG)
-GROUP_SIZE = CFG.grpo.num_generations_per_prompt
+GROUP_SIZE = CFG.grpo.group_size
 PARTITION = CFG.data_plane.partition
 PART_BYTES = 200  # tiny parts: every bundle's data plane spans several part files
 

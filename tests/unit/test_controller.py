@@ -40,7 +40,7 @@ def make_controller(
     cfg = AppConfig.model_validate(
         {
             "run": {"max_steps": max_steps},
-            "grpo": {"prompts_per_step": 2, "num_generations_per_prompt": G, "max_groups_buffered": 6, **grpo},
+            "grpo": {"prompts_per_step": 2, "group_size": G, "max_groups_buffered": 6, **grpo},
             "checkpoint": {"dir": str(tmp_path / "ckpt"), "enabled": save_period > 0, "save_period": save_period or 1},
         }
     )

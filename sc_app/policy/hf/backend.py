@@ -121,7 +121,7 @@ class HFGenerationBackend:
         self.engine.load_weights(weights, version)
 
     def generate(self, prompt_indices: list[int]) -> Rollout:
-        group_size = self.cfg.grpo.num_generations_per_prompt
+        group_size = self.cfg.grpo.group_size
         out = self.engine.generate(self.task.prompts(prompt_indices), group_size, self.params)
         per_row = [i for i in prompt_indices for _ in range(group_size)]
         responses = out.tokens[:, self.cfg.task.prompt_len :]
