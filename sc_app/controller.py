@@ -368,7 +368,7 @@ class SingleControllerActor(ControllerSaves):
             await self._collect_save(wait=True)
         return RunSummary(
             final_step=self.step,
-            version=self.version,
+            weights_version=self.version,
             first_rewards=rewards[:5],
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,

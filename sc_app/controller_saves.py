@@ -171,7 +171,7 @@ class ControllerSaves:
         if cfg.data_plane.snapshot == "native":  # TransferQueue's own save writes into tmp_step_N/ in the window
             await self._in_background(writer.begin)
         captured, snapshot, window = await self._capture(writer)
-        blocked = time.perf_counter() - t0
+        paused = time.perf_counter() - t0
         released.set()  # the train pump goes on; drops of captured groups wait for thaw()
         published = await write_bundle(
             captured,
@@ -196,7 +196,7 @@ class ControllerSaves:
             step=captured.step,
             bundle=published.path.name,
             seconds=time.perf_counter() - t0,
-            blocked_seconds=blocked,
+            paused_seconds=paused,
             window_seconds=window,
             groups=captured.groups,
             data_plane_bytes=published.data_plane_bytes,
@@ -233,7 +233,7 @@ class ControllerSaves:
                 run_id=self.args.run_id,
                 lineage=self.args.lineage,
                 epoch=lease.epoch if lease is not None else 0,
-                trainer_version=self.version,
+                weights_version=self.version,
                 loader_state=loader_state,
                 replay_index=replay_index,
                 steps=tuple(step_summary(r) for r in self._unsaved_steps if r.step <= self.step),

@@ -125,7 +125,7 @@ def phase_means(records: list[Any], warm: int) -> dict[str, Any]:
 
 
 def save_cost(records: list[Any], trace: list[dict[str, Any]], warm: int) -> float:
-    """Seconds a run lost to saving: the time training was paused for each save (``blocked_seconds``) plus,
+    """Seconds a run lost to saving: the time training was paused for each save (``paused_seconds``) plus,
     for the steps a save touched — the step it was cut at (the trainer copies its state inside it) and those
     that ran while its background write was in flight — their excess over the *mean* of the steps no save
     touched (signed, so noise cancels; not the median: step times are right-skewed, and against the median
@@ -141,8 +141,8 @@ def save_cost(records: list[Any], trace: list[dict[str, Any]], warm: int) -> flo
         if not isinstance(r, SaveRecord):
             continue
         step = r.step
-        paused += r.blocked_seconds
-        begin = trained_at.get(step, 0.0) + r.blocked_seconds
+        paused += r.paused_seconds
+        begin = trained_at.get(step, 0.0) + r.paused_seconds
         end = saved_at.get(step, begin)
         overlapped |= {n for n, t in trained_at.items() if n in step_s and t > begin and t - step_s[n] < end}
         overlapped |= {step} & set(step_s)
@@ -223,7 +223,7 @@ def run(h: Harness) -> dict[str, Any]:
                     r.step_seconds for r in res["records"] if isinstance(r, StepRecord) and r.step > warm
                 ),
                 "save_s": [s.seconds for s in saves],
-                "blocked_s": [s.blocked_seconds for s in saves],
+                "blocked_s": [s.paused_seconds for s in saves],
                 "window_ms": [s.window_seconds * 1e3 for s in saves],
                 "save_cost_s": save_cost(res["records"], res["trace"], warm),
                 "span_s": span,

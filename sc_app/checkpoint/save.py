@@ -40,7 +40,7 @@ class CapturedSave:
     run_id: str
     lineage: str | None
     epoch: int
-    trainer_version: int
+    weights_version: int  # recorded on disk as trainer_version (manifest and data-plane metadata)
     loader_state: dict[str, Any]
     replay_index: dict[str, Any]  # TQReplayBuffer.metadata_state_dict(): the sidecar
     steps: tuple[dict[str, Any], ...] = ()  # the steps since the previous published bundle (run-log recovery)
@@ -58,7 +58,7 @@ class CapturedSave:
         return {
             "step": self.step,
             "epoch": self.epoch,
-            "trainer_version": self.trainer_version,
+            "trainer_version": self.weights_version,
             "loader": self.loader_summary(),
             "digest": self.digest,
             "groups": self.groups,
@@ -86,7 +86,7 @@ class CapturedSave:
             "run_id": self.run_id,
             "epoch": self.epoch,
             "created_at": utc_stamp(),
-            "trainer_version": self.trainer_version,
+            "trainer_version": self.weights_version,
             "loader": self.loader_summary(),
             "replay": {
                 "digest": self.digest,

@@ -87,7 +87,7 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
             {
                 "bundle": record.bundle,
                 "seconds": record.seconds,
-                "paused_seconds": record.blocked_seconds,
+                "paused_seconds": record.paused_seconds,
                 "window_seconds": record.window_seconds,
                 "bytes": record.data_plane_bytes,
                 "groups": record.groups,

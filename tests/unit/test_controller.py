@@ -69,7 +69,7 @@ def test_the_pumps_train_to_max_steps_on_fresh_groups_and_sync_every_version(tmp
         return await controller.run()
 
     summary = run(body())
-    assert summary.final_step == 5 and summary.version == 5 and not summary.stopped_early
+    assert summary.final_step == 5 and summary.weights_version == 5 and not summary.stopped_early
     steps = [r for r in controller.progress(0) if isinstance(r, StepRecord)]
     assert [r.step for r in steps] == [1, 2, 3, 4, 5]
     assert all(0 <= r.staleness <= 1 for r in steps), "a group outside the staleness window was trained"
