@@ -232,7 +232,7 @@ class ControllerSaves:
                 step=self.step,
                 run_id=self.args.run_id,
                 lineage=self.args.lineage,
-                epoch=lease.epoch if lease is not None else 0,
+                fencing_epoch=lease.fencing_epoch if lease is not None else 0,
                 weights_version=self.version,
                 loader_state=loader_state,
                 replay_index=replay_index,

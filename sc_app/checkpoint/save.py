@@ -39,7 +39,7 @@ class CapturedSave:
     step: int
     run_id: str
     lineage: str | None
-    epoch: int
+    fencing_epoch: int  # of the lease that wrote it; recorded as "epoch" (manifest, data-plane metadata)
     weights_version: int  # recorded on disk as trainer_version (manifest and data-plane metadata)
     loader_state: dict[str, Any]
     replay_index: dict[str, Any]  # TQReplayBuffer.metadata_state_dict(): the sidecar
@@ -57,7 +57,7 @@ class CapturedSave:
         """What the data-plane snapshot records about the bundle (``user_metadata`` of its metadata file)."""
         return {
             "step": self.step,
-            "epoch": self.epoch,
+            "epoch": self.fencing_epoch,
             "trainer_version": self.weights_version,
             "loader": self.loader_summary(),
             "digest": self.digest,
@@ -84,7 +84,7 @@ class CapturedSave:
         it is not the default, ``sc_app.checkpoint.policy_formats``)."""
         record: dict[str, Any] = {
             "run_id": self.run_id,
-            "epoch": self.epoch,
+            "epoch": self.fencing_epoch,
             "created_at": utc_stamp(),
             "trainer_version": self.weights_version,
             "loader": self.loader_summary(),
