@@ -219,7 +219,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     def decide(tidy: bool) -> Any:
         return plan_resume(
             root,
-            policy=policy,
+            on_corrupt=policy,
             hmac_key=hmac_key_from_env(),
             expected_compat=compat_of(cfg) if cfg else None,
             tidy=tidy,

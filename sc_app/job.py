@@ -129,7 +129,7 @@ def plan_for(
     while holding the directory's lease; ``lineage``: the directory's (bundles of another are never resumed)."""
     return plan_resume(
         cfg.checkpoint.dir,
-        policy=cfg.checkpoint.on_corrupt,
+        on_corrupt=cfg.checkpoint.on_corrupt,
         hmac_key=hmac_key_from_env(),
         expected_compat=compat_of(cfg),
         tidy=tidy,

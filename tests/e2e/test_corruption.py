@@ -72,7 +72,7 @@ def expect_fallback(ckpt: Path, needle: str) -> None:
 
 def expect_strict_refusal(ckpt: Path, needle: str) -> None:
     before = files_under(ckpt)
-    plan = plan_resume(ckpt, policy="strict")
+    plan = plan_resume(ckpt, on_corrupt="strict")
     assert plan.decision == "refuse" and needle in plan.reason
     assert files_under(ckpt) == before, "strict moves nothing"
 
