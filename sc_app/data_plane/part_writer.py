@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from sc_app.data_plane.schema import DTYPE_SIZES, FORMAT
+from sc_app.data_plane.schema import DTYPE_SIZES, STREAMED_FORMAT
 
 _ALIGN = 64
 
@@ -97,7 +97,7 @@ class PartWriter:
         self._fh = None
         name = self.parts[-1]
         self.hashes[f"{name}.bin"] = {"sha256": self._sha.hexdigest(), "size": self._pos}
-        header = {"format": FORMAT, "bin": f"{name}.bin", "bytes": self._pos, "segments": self._segments}
+        header = {"format": STREAMED_FORMAT, "bin": f"{name}.bin", "bytes": self._pos, "segments": self._segments}
         data = json.dumps(header, separators=(",", ":")).encode()
         with open(self.directory / f"{name}.json", "wb") as f:
             f.write(data)
@@ -176,7 +176,7 @@ def merged_metadata(
         groups.update(st["group_ids"])
     keep = ("unit", "parts", "rows", "segments", "bytes")
     return {
-        "format": FORMAT,
+        "format": STREAMED_FORMAT,
         "partition": partition,
         "rows": sum(st["rows"] for st in summaries),
         "groups": len(groups),

@@ -28,11 +28,11 @@ from sc_app.data_plane.client import METADATA_FILE
 from sc_app.data_plane.part_writer import PartWriter, merged_metadata
 from sc_app.data_plane.schema import (
     DTYPE_SIZES,
-    FORMAT,
-    FORMAT_V1,
     MAX_HEADER_BYTES,
     MAX_METADATA_BYTES,
     READABLE_FORMATS,
+    STREAMED_FORMAT,
+    STREAMED_FORMAT_V1,
     FieldSpec,
     PartHeader,
     PartsTally,
@@ -48,10 +48,10 @@ from sc_app.durable_io import write_durable
 from sc_app.safe_files import FileProblem, open_regular, read_regular
 
 __all__ = [
-    "FORMAT",
-    "FORMAT_V1",
     "PART_BYTES",
     "READABLE_FORMATS",
+    "STREAMED_FORMAT",
+    "STREAMED_FORMAT_V1",
     "PartWriter",
     "RestoredGroup",
     "StreamedFormatError",

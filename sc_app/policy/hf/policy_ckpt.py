@@ -37,8 +37,8 @@ from sc_app.checkpoint.writer import FileRecord
 from sc_app.durable_io import write_durable
 from sc_app.policy.hf.verified_read import PolicyIntegrityError, SafeLoadPlanner, VerifiedReader
 
-FORMAT = "sc_app.hf_policy"
-FORMAT_VERSION = 1
+POLICY_META_FORMAT = "sc_app.hf_policy"
+POLICY_META_VERSION = 1
 POLICY_FORMAT = "sc-app/dcp-v1"  # what manifests record in ``policy_format`` (``sc_app.checkpoint.policy_formats``)
 MODEL_FILES_DIR = "hf"  # the model's config + tokenizer files the run started from (what an export needs)
 
@@ -116,8 +116,8 @@ class CaptureBuffers:
 
 def policy_meta(version: int, strategy: str, world_size: int) -> dict[str, Any]:
     return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format": POLICY_META_FORMAT,
+        "format_version": POLICY_META_VERSION,
         "version": version,
         "strategy": strategy,
         "world_size": world_size,
@@ -250,10 +250,10 @@ def _meta_template() -> dict[str, Any]:
 
 
 def _checked_meta(meta: dict[str, Any], policy_dir: Path) -> PolicyMeta:
-    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format") != POLICY_META_FORMAT or meta.get("format_version") != POLICY_META_VERSION:
         raise PolicyIntegrityError(
             f"{policy_dir}: not an sc-app hf policy checkpoint (format {meta.get('format')!r} "
-            f"v{meta.get('format_version')!r}, expected {FORMAT} v{FORMAT_VERSION})"
+            f"v{meta.get('format_version')!r}, expected {POLICY_META_FORMAT} v{POLICY_META_VERSION})"
         )
     return PolicyMeta(int(meta["version"]), str(meta["strategy"]), int(meta["world_size"]))
 
