@@ -257,7 +257,7 @@ class TQReplayBuffer:
     def _tag(group: Group) -> dict[str, Any]:
         return {"group": group.group_id, "version": group.version}
 
-    # -- checkpoint: the snapshot's read phase ----------------------------------------------------------------
+    # -- checkpoint: while a snapshot reads the captured rows --------------------------------------------------
     def field_names_by_group(self) -> dict[str, list[str] | None]:
         """Field names each group's rows hold now (what a snapshot captured in this window must read);
         ``None`` for a group restored from a bundle, whose fields the index does not record."""

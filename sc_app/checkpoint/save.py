@@ -1,4 +1,4 @@
-"""The disk phase of a save: everything after the barrier window, behind training.
+"""The write of a save behind training: everything after the barrier window.
 
 The whole save order (seed), with the window's part in ``SingleControllerActor._capture``:
   policy → loader place → [barrier window: index → ``list_sample_ids()`` == index → data-plane capture, freeze]
@@ -34,7 +34,7 @@ InBackground = Callable[..., Awaitable[Any]]  # run a blocking function off the 
 
 @dataclass(frozen=True)
 class CapturedSave:
-    """What the barrier window fixed for one bundle: the disk phase writes exactly this, nothing newer."""
+    """What the barrier window fixed for one bundle: the write behind training writes exactly this, nothing newer."""
 
     step: int
     run_id: str
