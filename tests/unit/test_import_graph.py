@@ -34,6 +34,7 @@ FLOORS: list[set[str]] = [
         "sc_app.background",
         "sc_app.barrier",
         "sc_app.config",
+        "sc_app.config_tree",
         "sc_app.digest",
         "sc_app.durable_io",
         "sc_app.exits",

@@ -17,6 +17,7 @@ PURE = [
     "sc_app.barrier",
     "sc_app.digest",
     "sc_app.config",
+    "sc_app.config_tree",
     "sc_app.durable_io",
     "sc_app.exits",
     "sc_app.faults",
