@@ -311,7 +311,7 @@ class SingleControllerActor(ControllerSaves):
         # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
         capture = self.cfg.checkpoint.enabled and self._save_due(self.step + 1)
         if capture:  # the new copy replaces the one a save still in flight may not have written yet
-            await self._collect_save(wait=True)
+            await self._before_new_capture()
         results: list[TrainStepResult] = await asyncio.gather(
             *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
         )

@@ -8,7 +8,9 @@ the two share the attributes declared below). The train pump calls ``_start_save
 Invariants:
 * a save pauses training only while its content is fixed (``_capture``: trainer state copy, loader place, the
   barrier window); ``_start_save`` returns once the window closed (or the save already ended);
-* the next save, the end of the run and a stop request each await the save in flight first;
+* the next save, the end of the run and a stop request each await the save in flight first; a train step that
+  copies the trainers' state for the next bundle first awaits the in-flight save's policy write
+  (``_policy_written``), so that write never reads the newer copy;
 * a failed save's I/O error is reported per ``checkpoint.on_save_error``; ``LeaseLost`` always stops the run.
 """
 
@@ -90,6 +92,7 @@ class ControllerSaves:
     _last_saved: int
     _failed_saves_in_a_row: int
     _unsaved_steps: list[StepRecord]  # steps since the newest published bundle: the next one keeps them
+    _policy_written: asyncio.Event  # set once the save in flight's trainers wrote their copy
 
     def _trace(self, **event: Any) -> None:
         raise NotImplementedError  # the controller's
@@ -105,9 +108,20 @@ class ControllerSaves:
         one's policy, loader place and captured rows are fixed, the rest runs in ``self._pending_save``."""
         await self._collect_save(wait=True)
         released = asyncio.Event()
+        self._policy_written = asyncio.Event()
         task = asyncio.create_task(self._save_or_report(self.step, released, emergency))
         self._pending_save = (self.step, task)
-        waiter = asyncio.ensure_future(released.wait())
+        await self._until(released, task)
+
+    async def _before_new_capture(self) -> None:
+        """Before the trainers replace their state copy: the save in flight wrote the copy it captured (or ended)."""
+        if self._pending_save is not None:
+            await self._until(self._policy_written, self._pending_save[1])
+
+    @staticmethod
+    async def _until(event: asyncio.Event, task: asyncio.Task[Any]) -> None:
+        """Until ``event`` is set or ``task`` ended, whichever comes first."""
+        waiter = asyncio.ensure_future(event.wait())
         try:
             await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -257,4 +271,6 @@ class ControllerSaves:
             if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
                 raise exc.cause from None
             raise
+        finally:
+            self._policy_written.set()  # the trainers may take a new copy (``_before_new_capture``)
         return {name: record for files in written for name, record in files.items()}

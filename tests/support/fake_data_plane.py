@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -19,14 +20,21 @@ from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 
 
-async def until(condition: Callable[[], bool], *, rounds: int = 10_000) -> None:
+async def until(condition: Callable[[], bool], *, rounds: int = 10_000, seconds: float | None = None) -> None:
     """Yield to the event loop until ``condition()`` holds: deterministic synchronisation with the other tasks of
-    this loop (no wall clock), failing after ``rounds`` turns of the loop rather than hanging."""
-    for _ in range(rounds):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"condition still false after {rounds} turns of the event loop")
+    this loop, failing after ``rounds`` turns of the loop rather than hanging. Where the condition also waits on a
+    thread (the save's file work), pass ``seconds``: a generous bound on the wait, never a speed assertion."""
+    if seconds is None:
+        for _ in range(rounds):
+            if condition():
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"condition still false after {rounds} turns of the event loop")
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition still false after {seconds} s")
+        await asyncio.sleep(0.005)
 
 
 class FakeSnapshot(DataPlaneSnapshot):
@@ -37,6 +45,8 @@ class FakeSnapshot(DataPlaneSnapshot):
         self.owner, self.directory, self.metadata, self.rows = owner, directory, metadata, rows
 
     async def write(self, *, executor: Executor | None = None) -> dict[str, Any]:
+        if self.owner.write_gate is not None:  # a slow disk: the write waits for the test
+            await self.owner.write_gate.wait()
         self.directory.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"sample_ids": sorted(self.rows), "user_metadata": self.metadata}).encode()
         (self.directory / "rows.json").write_bytes(data)
@@ -61,6 +71,7 @@ class FakeDataPlane(DataPlaneClient):
         self.by_index: list[str] = []  # calls made with global indexes
         self._next_index = itertools.count()
         self.snapshots: list[FakeSnapshot] = []  # written by ``FakeSnapshot.write``
+        self.write_gate: asyncio.Event | None = None  # when set, a snapshot's write waits for it
 
     def _write(self, op: str) -> None:
         self.calls.append(op)

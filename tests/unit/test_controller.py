@@ -18,7 +18,7 @@ from sc_app.config import AppConfig
 from sc_app.controller import InventoryMismatch, SingleControllerActor, SingleControllerActorArgs, _StopNow
 from sc_app.progress import SaveRecord, StepRecord
 from sc_app.replay_buffer import GroupCommit
-from tests.support.fake_data_plane import FakeDataPlane
+from tests.support.fake_data_plane import FakeDataPlane, until
 from tests.support.fake_workers import FakeGenerator, FakeTrainer
 
 G = 4  # rows per group
@@ -190,3 +190,24 @@ def test_saves_are_cut_at_their_steps_behind_training(tmp_path: Path) -> None:
         assert manifest["step"] == step and "policy/rank0.bin" in manifest["files"]
     assert [len(s.rows) for s in client.snapshots] == [r.groups * G for r in saves]
     assert not controller.buffer.frozen
+
+
+def test_a_slow_save_holds_training_only_until_its_policy_is_written(tmp_path: Path) -> None:
+    """The step that copies the trainers' state for the next bundle waits for the save in flight's policy write,
+    never for the rest of it (here its data-plane write, held back); the next save then waits for the whole one."""
+    controller, client = make_controller(tmp_path, max_steps=4, save_period=2)
+    client.write_gate = asyncio.Event()
+    trainer = controller.args.trainers[0]
+
+    async def body() -> None:
+        await controller.restore()
+        running = asyncio.create_task(controller.run())
+        await until(lambda: len(trainer.called("train_step")) == 4 or running.done(), seconds=60)
+        assert not running.done() and client.snapshots == [], "the save of step 2 is still writing"
+        assert trainer.called("write_captured") == [2], "step 4's copy was taken after step 2's policy was written"
+        client.write_gate.set()
+        await running
+
+    run(body())
+    assert trainer.called("write_captured") == [2, 4]
+    assert [r.step for r in controller.progress(0) if isinstance(r, SaveRecord)] == [2, 4]
