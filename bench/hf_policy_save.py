@@ -73,8 +73,8 @@ class RankBench:
     def __init__(self, rank: int, world: int, model_dir: str) -> None:
         import torch
 
-        from sc_app.policy.hf.logprobs import sequence_logprobs
-        from sc_app.policy.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
+        from sc_app.rl.hf.logprobs import sequence_logprobs
+        from sc_app.rl.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
 
         self.rank, self.world = rank, world
         strategy = "fsdp" if world > 1 else "ddp"
@@ -239,7 +239,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from sc_app.policy.hf.random_model import RandomModelSpec, write_random_model
+    from sc_app.rl.hf.random_model import RandomModelSpec, write_random_model
 
     started = time.perf_counter()
     load_before = os.getloadavg()[0]

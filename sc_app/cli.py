@@ -77,8 +77,8 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
     from sc_app.controller import InventoryMismatch, SaveFailed
     from sc_app.driver import ResumeRefused
     from sc_app.job import CheckpointDirUnusable, EmergencyTimeout, JobFailed, run_job
-    from sc_app.policy.hf.errors import HFInputError
     from sc_app.progress import ProgressRecord, RunSummary, format_line
+    from sc_app.rl.hf.errors import HFInputError
 
     stop = {"requested": False}
 
@@ -166,7 +166,7 @@ def _dataset_problem(cfg: AppConfig, plan: Any) -> str | None:
     """A jsonl run's dataset file against the bundle it would resume (see ``task.allow_changed_dataset``)."""
     if plan.decision != "resume" or cfg.task.name != "jsonl" or cfg.task.allow_changed_dataset:
         return None
-    from sc_app.policy.hf.dataset import DatasetError, DatasetRecord, changed_dataset_problem, load_jsonl
+    from sc_app.rl.hf.dataset import DatasetError, DatasetRecord, changed_dataset_problem, load_jsonl
 
     assert cfg.task.path is not None
     try:
@@ -413,9 +413,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"{bundle.name} holds a model.backend={backend} policy: there is nothing to export in Hugging Face layout "
             "(export works on bundles of model.backend=hf runs)"
         )
-    from sc_app.policy.hf.errors import HFInputError
-    from sc_app.policy.hf.export import ExportError, export_policy
-    from sc_app.policy.hf.policy_ckpt import PolicyIntegrityError
+    from sc_app.rl.hf.errors import HFInputError
+    from sc_app.rl.hf.export import ExportError, export_policy
+    from sc_app.rl.hf.policy_ckpt import PolicyIntegrityError
 
     try:
         result = export_policy(bundle / layout.POLICY_DIR, report.manifest.hashes_under(layout.POLICY_DIR), args.out)

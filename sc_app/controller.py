@@ -44,11 +44,11 @@ from sc_app.controller_saves import SaveFailed as SaveFailed  # what a run's end
 from sc_app.data_plane import stream_io
 from sc_app.data_plane.client import DataPlaneClient
 from sc_app.phases import StepClock
-from sc_app.policy.backend import PolicyFingerprint, Rollout, TrainStepResult
-from sc_app.policy.grpo import group_advantages
-from sc_app.policy.loader import PromptLoader
 from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
 from sc_app.replay_buffer import BufferTimes, Group, GroupCommit, TQReplayBuffer
+from sc_app.rl.backend import PolicyFingerprint, Rollout, TrainStepResult
+from sc_app.rl.grpo import group_advantages
+from sc_app.rl.loader import PromptLoader
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from sc_app.checkpoint.writer import FileRecord
 from sc_app.config import AppConfig
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
-from sc_app.policy.factory import policy_format
-from sc_app.policy.loader import PromptLoader
 from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, step_summary
 from sc_app.replay_buffer import TQReplayBuffer
+from sc_app.rl.factory import policy_format
+from sc_app.rl.loader import PromptLoader
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ from sc_app.config import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller import SingleControllerActor, SingleControllerActorArgs
 from sc_app.data_plane.guard import GUARD_NAME
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, shutdown_transferqueue
-from sc_app.policy.backend import PolicyFingerprint
-from sc_app.policy.generation import GenerationWorker
-from sc_app.policy.hf.dataset import DatasetRecord
-from sc_app.policy.hf.errors import HFInputError
-from sc_app.policy.trainer import TrainerWorker
+from sc_app.rl.backend import PolicyFingerprint
+from sc_app.rl.generation import GenerationWorker
+from sc_app.rl.hf.dataset import DatasetRecord
+from sc_app.rl.hf.errors import HFInputError
+from sc_app.rl.trainer import TrainerWorker
 
 log = logging.getLogger(__name__)
 

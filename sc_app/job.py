@@ -29,8 +29,8 @@ from sc_app.checkpoint.stop_request import StopWatch
 from sc_app.config import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
 from sc_app.driver import RestoreFailed, ResumeRefused, Setup, setup_single_controller
-from sc_app.policy.hf.dataset import DatasetRecord, changed_dataset_problem
 from sc_app.progress import ProgressRecord, RunSummary
+from sc_app.rl.hf.dataset import DatasetRecord, changed_dataset_problem
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def check_backend_inputs(cfg: AppConfig) -> DatasetRecord | None:
     the dataset record bundles carry. Nothing to check for the tiny backend."""
     if cfg.model.backend != "hf":
         return None
-    from sc_app.policy.hf.inputs import check_inputs
+    from sc_app.rl.hf.inputs import check_inputs
 
     return check_inputs(cfg).dataset
 

@@ -31,7 +31,7 @@ MAX_LOADER_BYTES = 64 * 1024 * 1024
 # The loader owns its place's schema and sits above checkpoint/ in the layering: its check is registered by name
 # (imported when a bundle is verified), the way ``policy_formats.CHECKERS`` registers the policy checkers. It returns
 # the state or raises ``ValueError`` naming the first defect.
-LOADER_CHECK = "sc_app.policy.loader:check_loader_state"
+LOADER_CHECK = "sc_app.rl.loader:check_loader_state"
 MAX_SIDECAR_BYTES = 1024**3  # ~100 bytes per row of the replay index
 DP = layout.DATA_PLANE_DIR
 DP_METADATA = f"{DP}/{layout.DATA_PLANE_METADATA}"

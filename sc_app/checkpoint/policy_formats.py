@@ -30,8 +30,8 @@ from sc_app.checkpoint.manifest import Manifest
 DEFAULT = "sc-app/torch-v1"
 
 CHECKERS: dict[str, str] = {
-    DEFAULT: "sc_app.policy.state_schema:check_policy_dir",
-    "sc-app/dcp-v1": "sc_app.policy.hf.policy_check:check_policy_dir",  # the hf backend (policy_ckpt.POLICY_FORMAT)
+    DEFAULT: "sc_app.rl.state_schema:check_policy_dir",
+    "sc-app/dcp-v1": "sc_app.rl.hf.policy_check:check_policy_dir",  # the hf backend (policy_ckpt.POLICY_FORMAT)
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from sc_app.checkpoint.writer import FileRecord
-from sc_app.policy.backend import Rollout, TrainStepResult
+from sc_app.rl.backend import Rollout, TrainStepResult
 
 
 class _Method:

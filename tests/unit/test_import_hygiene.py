@@ -34,11 +34,11 @@ PURE = [
     "sc_app.safe_files",
     "sc_app.strict_json",
     "sc_app.data_plane.schema",
-    "sc_app.policy.loader",
-    "sc_app.policy.hf",  # the package, and what the driver checks before anything heavy starts:
-    "sc_app.policy.hf.model_dir",
-    "sc_app.policy.hf.dataset",
-    "sc_app.policy.hf.rewards",
+    "sc_app.rl.loader",
+    "sc_app.rl.hf",  # the package, and what the driver checks before anything heavy starts:
+    "sc_app.rl.hf.model_dir",
+    "sc_app.rl.hf.dataset",
+    "sc_app.rl.hf.rewards",
     "sc_app.data_plane.client",
     "sc_app.observe.records",
     "sc_app.observe.reader",
