@@ -43,3 +43,15 @@ def check_inputs(cfg: AppConfig) -> CheckedInputs:
     )
     task.check_lengths()
     return CheckedInputs(model, DatasetRecord.of(dataset))
+
+
+def checked_dataset(cfg: AppConfig) -> DatasetRecord | None:
+    """``check_inputs`` as the generic path calls it (``sc_app.policy.hooks.INPUT_CHECKS``): the dataset record."""
+    return check_inputs(cfg).dataset
+
+
+def dataset_now(cfg: AppConfig) -> DatasetRecord:
+    """The jsonl task's dataset file as it is now (``DatasetError``), without the model checks: what
+    ``sc-app preflight`` compares with the bundle it would resume (``sc_app.policy.hooks.TASK_DATASETS``)."""
+    assert cfg.task.path is not None
+    return DatasetRecord.of(load_jsonl(cfg.task.path, shuffle=cfg.task.shuffle, seed=cfg.run.seed))
