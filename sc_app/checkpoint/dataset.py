@@ -21,8 +21,11 @@ class DatasetUnusable(ValueError):
 class DatasetFile(Sized, Protocol):
     """What a task's loaded dataset exposes to be recorded."""
 
-    path: Path
-    sha256: str
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def sha256(self) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.policy.hf.errors import HFInputError
 
 
@@ -109,5 +108,3 @@ def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
         _ORDER_CACHE[key] = order
     return order
 
-
-__all__ = ["DatasetError", "DatasetRecord", "Example", "JsonlDataset", "file_sha256", "load_jsonl"]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.config import AppConfig
-from sc_app.policy.hf.dataset import DatasetRecord, load_jsonl
+from sc_app.policy.hf.dataset import load_jsonl
 from sc_app.policy.hf.model_dir import ModelDir, ModelDirError, check_model_dir, load_tokenizer
 from sc_app.policy.hf.rewards import resolve_reward
 
