@@ -28,7 +28,7 @@ from sc_app.config_tree import (
 
 CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
-TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (see DESIGN.md: oversubscription hangs tq.init silently)
+TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (oversubscribed, tq.init hangs silently: docs/development.md)
 REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*"
 
 

@@ -53,7 +53,8 @@ class LeaseError(ValueError):
 
 @dataclass(frozen=True)
 class Release:
-    """How the holder left: ``outcome`` is done | stopped | failed | superseded | refused."""
+    """How the holder left: ``outcome`` is done | stopped | unsaved (steps trained that no bundle covers) | failed |
+    refused (``sc_app.job``). A superseded holder writes no release: the lease is no longer its own."""
 
     at: str
     outcome: str

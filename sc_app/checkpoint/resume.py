@@ -1,4 +1,5 @@
-"""Which bundle a run resumes from: the single decision both ``sc-app preflight`` and the driver use.
+"""The walk over a directory's bundles, newest first, that finds the one to resume and tidies what may not be;
+``sc_app.checkpoint.selection.choose_bundle`` (every command's decision) calls it with the directory's rules.
 
 Invariants:
 * a ``tmp_step_*`` is never resumed; with ``tidy=True`` it is moved to quarantine (never deleted);

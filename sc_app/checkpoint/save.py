@@ -1,7 +1,7 @@
 """The write of a save behind training: everything after the barrier window.
 
 The whole save order (seed), with the window's part in ``SingleControllerActor._capture``:
-  policy → loader place → [barrier window: index → ``list_sample_ids()`` == index → data-plane capture, freeze]
+  policy → loader place → [barrier window: index → ``list_samples()`` == index → data-plane capture, freeze]
   → tmp_step_N/ (lease check) → policy files → loader file → data-plane bytes → thaw → sidecar → manifest
   → fsync → rename → prune.
 Invariants: nothing is resumable until the rename (``BundleWriter.commit``); on any failure the tmp dir this save

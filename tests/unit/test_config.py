@@ -22,7 +22,7 @@ def refused(*overrides: str, path: Path | None = None) -> str:
 def test_embedded_default_needs_no_file() -> None:
     cfg = load_config()
     assert isinstance(cfg, AppConfig)
-    # the keys tools and scripts rely on (DESIGN.md)
+    # the keys tools and scripts rely on (README "Configuration")
     assert cfg.checkpoint.dir == "checkpoints"
     assert cfg.checkpoint.save_period == 10
     assert cfg.checkpoint.keep == 3

@@ -4,17 +4,15 @@ The loader hands out integer prompt indices (``PromptLoader``); this module maps
 function of (file content, seed, index): epoch ``index // rows``, then the row at ``index % rows`` of that epoch's
 order (the file order, or a shuffle keyed by seed and epoch). So a bundle's loader place (an index) names the
 same prompt on every resume — as long as the file is the same, which ``sha256`` (of the exact bytes) lets a
-resume check. Pure: no torch, no transformers.
+resume check (``sc_app.checkpoint.dataset.DatasetRecord``). Pure: no torch, no transformers.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sc_app.rl.hf.errors import HFInputError
 
@@ -110,31 +108,3 @@ def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
         _ORDER_CACHE[key] = order
     return order
 
-
-@dataclass(frozen=True)
-class DatasetRecord:
-    """What a bundle records about the dataset its loader place points into (``manifest.json`` ``dataset``)."""
-
-    path: str
-    sha256: str
-    rows: int
-
-    def as_manifest(self) -> dict[str, str | int]:
-        return {"path": self.path, "sha256": self.sha256, "rows": self.rows}
-
-    @classmethod
-    def of(cls, dataset: JsonlDataset) -> DatasetRecord:
-        return cls(str(dataset.path), dataset.sha256, len(dataset))
-
-
-def changed_dataset_problem(recorded: Mapping[str, Any] | None, current: DatasetRecord, *, bundle: str) -> str | None:
-    """One line when ``current`` is not the file ``bundle`` was cut with; None when it is."""
-    then = recorded.get("sha256") if isinstance(recorded, Mapping) else None
-    if then == current.sha256:
-        return None
-    was = f"sha256 {str(then)[:12]}... then" if then else "no dataset hash recorded"
-    return (
-        f"task.path {current.path} is not the file {bundle} was cut with ({was}, {current.sha256[:12]}... now): "
-        "restore that file, or set task.allow_changed_dataset=true to resume with this one (the loader place then "
-        "points into the new file)"
-    )

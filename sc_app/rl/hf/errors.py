@@ -3,6 +3,8 @@ them as one line and exits 2 (bad input), whether the driver found it before Ray
 
 from __future__ import annotations
 
+from sc_app.rl.hooks import InputError
 
-class HFInputError(ValueError):
+
+class HFInputError(InputError):
     """A model directory, dataset or reward function that cannot be used; ``str()`` is one line."""

@@ -32,6 +32,7 @@ class ExportResult:
     files: tuple[str, ...]
     dtype: str
     parameters: int
+    load_with: str = "AutoModelForCausalLM.from_pretrained"  # what ``sc-app export`` tells the user
 
 
 def _config_dtype(config: object) -> torch.dtype:
@@ -94,3 +95,15 @@ def _verified(policy_dir: Path, rel: str, expected: Mapping[str, str]) -> bytes:
     if hashlib.sha256(data).hexdigest() != expected.get(rel):
         raise policy_ckpt.PolicyIntegrityError(f"{policy_dir / rel}: sha256 does not match the manifest")
     return data
+
+
+def export_for_cli(policy_dir: Path, expected: Mapping[str, str], out: str | Path) -> ExportResult:
+    """``export_policy`` as ``sc-app export`` calls it (``sc_app.rl.hooks.EXPORTERS``): every problem with the
+    output, the bundle's bytes or the model files is an ``ExportFailed`` (one line)."""
+    from sc_app.rl.hf.errors import HFInputError
+    from sc_app.rl.hooks import ExportFailed
+
+    try:
+        return export_policy(policy_dir, expected, out)
+    except (ExportError, policy_ckpt.PolicyIntegrityError, HFInputError) as exc:
+        raise ExportFailed(str(exc)) from None

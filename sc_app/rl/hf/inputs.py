@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.config import AppConfig
-from sc_app.rl.hf.dataset import DatasetRecord, load_jsonl
+from sc_app.rl.hf.dataset import load_jsonl
 from sc_app.rl.hf.model_dir import ModelDir, ModelDirError, check_model_dir, load_tokenizer
 from sc_app.rl.hf.rewards import resolve_reward
 
@@ -43,3 +44,15 @@ def check_inputs(cfg: AppConfig) -> CheckedInputs:
     )
     task.check_lengths()
     return CheckedInputs(model, DatasetRecord.of(dataset))
+
+
+def checked_dataset(cfg: AppConfig) -> DatasetRecord | None:
+    """``check_inputs`` as the generic path calls it (``sc_app.rl.hooks.INPUT_CHECKS``): the dataset record."""
+    return check_inputs(cfg).dataset
+
+
+def dataset_now(cfg: AppConfig) -> DatasetRecord:
+    """The jsonl task's dataset file as it is now (``DatasetError``), without the model checks: what
+    ``sc-app preflight`` compares with the bundle it would resume (``sc_app.rl.hooks.TASK_DATASETS``)."""
+    assert cfg.task.path is not None
+    return DatasetRecord.of(load_jsonl(cfg.task.path, shuffle=cfg.task.shuffle, seed=cfg.run.seed))
