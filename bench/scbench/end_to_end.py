@@ -67,7 +67,7 @@ def run_controller(h: Harness, cfg: Any) -> dict[str, Any]:
     h.clear_all()
     t0 = time.perf_counter()
     plan = plan_resume(
-        cfg.checkpoint.dir, policy="strict", hmac_key=hmac_key_from_env(), expected_compat=compat_of(cfg)
+        cfg.checkpoint.dir, on_corrupt="strict", hmac_key=hmac_key_from_env(), expected_compat=compat_of(cfg)
     )
     check(plan.decision in ("fresh", "resume"), f"plan refused: {plan.reason}")
     t_plan = time.perf_counter()
