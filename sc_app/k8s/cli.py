@@ -76,9 +76,14 @@ def _kube(args: argparse.Namespace) -> Kube:
 def _release(args: argparse.Namespace, *, installable: bool = False) -> Release:
     """The release as the chart renders it for ``-f``/``--set``; for naming only, a missing image tag is filled in."""
     values = load_values(args.values, args.set)
-    image = values.get("image")
-    if not installable and (not isinstance(image, dict) or not (image.get("tag") or image.get("digest"))):
-        values = deep_merge(values, {"image": {"tag": NAME_PROBE_TAG}})
+    if not installable:  # names do not depend on what the chart requires only of an install
+        image = values.get("image")
+        if not isinstance(image, dict) or not (image.get("tag") or image.get("digest")):
+            values = deep_merge(values, {"image": {"tag": NAME_PROBE_TAG}})
+        persistence = (values.get("checkpoint") or {}).get("persistence") if isinstance(
+            values.get("checkpoint"), dict) else None
+        if not isinstance(persistence, dict) or not persistence.get("storageClassName"):
+            values = deep_merge(values, {"checkpoint": {"persistence": {"storageClassName": NAME_PROBE_TAG}}})
     return render_release(values, name=args.release, namespace=args.namespace, chart=args.chart)
 
 

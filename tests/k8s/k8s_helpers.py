@@ -31,7 +31,10 @@ _CRD_FILES = {
 }
 K8S_VERSION = "1.31.0"
 SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "SidecarMode", "InteractiveMode"}
-BASE_VALUES: dict[str, Any] = {"image": {"tag": "0.1.0"}}
+# The chart's defaults plus what it requires: an image tag and, with the default ReadWriteMany claim, a named class.
+RWX_CLASS = "efs-sc"
+BASE_VALUES: dict[str, Any] = {"image": {"tag": "0.1.0"},
+                               "checkpoint": {"persistence": {"storageClassName": RWX_CLASS}}}
 
 
 def load_values(path: Path) -> dict[str, Any]:

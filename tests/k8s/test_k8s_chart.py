@@ -418,6 +418,12 @@ BAD_VALUES = [
         r"ReadWriteMany",
         id="rwo-with-workers-raycluster",
     ),
+    pytest.param(
+        {"checkpoint": {"persistence": {"storageClassName": ""}}},
+        r"storageClassName is empty with accessModes \[ReadWriteMany\]: the cluster's default class is "
+        r"ReadWriteOnce-only on EKS, GKE and AKS.*standard-rwx.*azurefile-csi.*single-pod-rwo-values\.yaml",
+        id="rwx-from-the-default-class",
+    ),
     pytest.param({"job": {"submissionMode": "BatchMode"}}, r"submissionMode.*one of", id="unknown-submission-mode"),
     pytest.param({"job": {"backoffLimit": -1}}, r"backoffLimit.*minimum", id="negative-backoff"),
     pytest.param(

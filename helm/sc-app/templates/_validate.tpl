@@ -86,6 +86,9 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- if and (gt $pods 1) (not (has "ReadWriteMany" $modes)) -}}
 {{- fail (printf "checkpoint.persistence.accessModes %v: %d pods (head + workers) mount the checkpoint volume, which needs ReadWriteMany; use an RWX storage class or set workerGroups to []" $modes $pods) -}}
 {{- end -}}
+{{- if and $p.create (has "ReadWriteMany" $p.accessModes) (not $p.storageClassName) -}}
+{{- fail (printf "checkpoint.persistence.storageClassName is empty with accessModes [ReadWriteMany]: the cluster's default class is ReadWriteOnce-only on EKS, GKE and AKS, so the claim would stay Pending and every attempt with it; name an RWX class (%s), or run on one pod with helm/sc-app/ci/single-pod-rwo-values.yaml" (include "sc-app.rwxClassHint" .)) -}}
+{{- end -}}
 {{- $m := $v.model -}}
 {{- if eq $m.source "claim" -}}
 {{- if not $m.existingClaim -}}
@@ -189,4 +192,9 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- if and (eq (toString $model.backend) "hf") (not $v.model.source) (not $model.path) -}}
 {{- fail "config.model.backend=hf needs a model: set model.source=claim (with model.existingClaim, model.path) or model.source=image (with model.path)" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The RWX storage classes of the managed clouds, for refusal messages (docs/kubernetes-storage.md has the details). */}}
+{{- define "sc-app.rwxClassHint" -}}
+EKS: an EFS class of efs.csi.aws.com, e.g. efs-sc; GKE: Filestore standard-rwx; AKS: Azure Files azurefile-csi
 {{- end -}}
