@@ -46,7 +46,7 @@ def sim_worker_values() -> dict[str, Any]:
     offers the ``sim_worker`` resource, which the trainer and the TransferQueue storage unit are placed on: the
     release the pod stand-in tests run as a real two-pod job."""
     values = load_values(CHART_DIR / "ci" / "cpu-values.yaml")
-    values["checkpoint"]["persistence"]["accessModes"] = ["ReadWriteMany"]
+    values["checkpoint"]["persistence"].update(accessModes=["ReadWriteMany"], storageClassName=RWX_CLASS)
     values["workerGroups"] = [{
         "name": "cpu", "accelerator": "cpu", "gpuResource": "nvidia.com/gpu", "replicas": 1,
         "terminationGracePeriodSeconds": 120,
