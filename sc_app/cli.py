@@ -382,6 +382,20 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_ckpt_rollback(args: argparse.Namespace) -> int:
+    from sc_app.checkpoint import hmac_key_from_env
+    from sc_app.checkpoint.rollback import RollbackRefused, rollback
+
+    root = _checkpoint_root(args, must_exist=True)
+    try:
+        done = rollback(root, args.to, hmac_key=hmac_key_from_env(), dry_run=args.dry_run)
+    except RollbackRefused as exc:
+        return fail(str(exc))
+    verb = "would move" if args.dry_run else "moved"
+    print(f"resume point: {done.target}; {verb} " + (", ".join(done.moved) if done.moved else "nothing"))
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> int:
     from sc_app.checkpoint import hmac_key_from_env, layout, verify_bundle
@@ -527,6 +541,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--keep", type=int, required=True)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_ckpt_prune)
+    rb = cks.add_parser("rollback", help="move every bundle newer than step_K to quarantine/ (refused while a run "
+                        "holds the lease)")
+    rb.add_argument("--checkpoint-dir", metavar="DIR", required=True)
+    rb.add_argument("--to", metavar="K", type=int, required=True, help="the step to resume from next")
+    rb.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
+    rb.set_defaults(func=cmd_ckpt_rollback)
 
     ex = sub.add_parser(
         "export",

@@ -157,6 +157,44 @@ class RayJobs:
     def set_suspend(self, name: str, suspend: bool) -> None:
         self.kube.merge_patch(self.res, name, {"spec": {"suspend": suspend}})
 
+    def cluster_pods(self, clusters: set[str]) -> list[str]:
+        """Names of the pods (terminating ones included) of ``clusters``."""
+        pods = self.kube.resource("v1", "Pod")
+        return sorted(p["metadata"]["name"] for c in sorted(clusters)
+                      for p in self.kube.list(pods, selector=f"ray.io/cluster={c}"))
+
+    def wait_suspended(self, name: str, clusters: set[str], timeout: float, poll: float) -> JobStatus:
+        """Until KubeRay says Suspended and every pod of ``clusters`` (and of any cluster seen meanwhile) is gone:
+        a pod that is still terminating runs its preStop hook and may still publish a bundle. ``TimeoutError``
+        after ``timeout`` s."""
+        self.kube.deadline = time.monotonic() + timeout
+        what = "no answer yet"
+        while True:
+            try:
+                st = JobStatus.of(self.get(name))
+                clusters |= {st.cluster} - {""}
+                left = self.cluster_pods(clusters) if st.deployment_status == "Suspended" else None
+            except DeadlinePassed:
+                left = None
+            else:
+                if left == []:
+                    return st
+                what = f"{len(left)} pod(s) still terminating ({', '.join(left[:3])})" if left else (
+                    f"deployment status {st.deployment_status or 'New'}")
+            if (self.kube.time_left() or 0.0) <= 0:
+                raise TimeoutError(f"rayjob/{name} not suspended after {seconds(timeout)}s: {what}")
+            time.sleep(min(poll, max(self.kube.time_left() or 0.0, 0.0)))
+
+    def wait_not_suspending(self, name: str, timeout: float, poll: float) -> None:
+        """Until KubeRay has finished a suspension in progress (it does not act on a resume while Suspending)."""
+        self.kube.deadline = time.monotonic() + timeout
+        try:
+            while JobStatus.of(self.get(name)).deployment_status == "Suspending":
+                time.sleep(min(poll, max(self.kube.time_left() or 0.0, 0.0)))
+        except DeadlinePassed:
+            raise TimeoutError(f"rayjob/{name} still Suspending after {seconds(timeout)}s; resume it later") from None
+        self.kube.deadline = None
+
     def head_pod(self, cluster: str) -> dict[str, Any] | None:
         """The newest head pod of ``cluster`` that is not being deleted (an old one may linger after a loss)."""
         pods = self.kube.list(

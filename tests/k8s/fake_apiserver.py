@@ -142,6 +142,8 @@ class FakeApiServer(_Server):
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, content-type)
     rayjob_status_script: list[dict[str, Any]] = field(default_factory=list)  # popped on each RayJob GET
     stuck: list[str] = field(default_factory=list)  # RayJobs whose finalizer could not stop the Ray job
+    kuberay_suspends: bool = False  # act on spec.suspend like KubeRay (see _suspend_tick)
+    terminating_ticks: int = 3  # requests a deleted pod stays listed (its preStop hook running)
     _rv: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -308,10 +310,34 @@ class FakeApiServer(_Server):
                       and (o["metadata"].get("labels") or {}).get("ray.io/cluster") == cluster]:
                 del self.store[k]
 
+    def _suspend_tick(self) -> None:
+        """KubeRay's suspension (rayjob_controller.go): Running → Suspending; then it deletes the RayCluster and says
+        Suspended (clearing rayClusterName) while the cluster's pods are still terminating (preStop hooks); they go
+        ``terminating_ticks`` requests later."""
+        for key, obj in list(self.store.items()):
+            meta = obj["metadata"]
+            if key[0] == "pods" and meta.get("deletionTimestamp"):
+                meta["_ticks"] = meta.get("_ticks", 0) + 1
+                if meta["_ticks"] > self.terminating_ticks:
+                    del self.store[key]
+            if key[0] != "rayjobs" or not (obj.get("spec") or {}).get("suspend"):
+                continue
+            st = obj.setdefault("status", {})
+            if st.get("jobDeploymentStatus") in ("Running", "Initializing", "Retrying"):
+                st["jobDeploymentStatus"] = "Suspending"
+            elif st.get("jobDeploymentStatus") == "Suspending":
+                for pod in self.store.values():
+                    if pod.get("kind") == "Pod" and (pod["metadata"].get("labels") or {}).get(
+                            "ray.io/cluster") == st.get("rayClusterName"):
+                        pod["metadata"].setdefault("deletionTimestamp", "2026-01-01T02:00:00Z")
+                st.update(jobDeploymentStatus="Suspended", rayClusterName="", jobId="")
+
     def _operator_tick(self) -> None:
         """KubeRay's reaction to a deleted RayJob: stop the Ray job (needs the auth Secret), drop the finalizer."""
         if not self.kuberay_running:
             return
+        if self.kuberay_suspends:
+            self._suspend_tick()
         for key, job in list(self.store.items()):
             meta = job["metadata"]
             if key[0] != "rayjobs" or not meta.get("deletionTimestamp") or FINALIZER not in meta.get("finalizers", []):
