@@ -73,6 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run(cfg: AppConfig, observer: JobObserver) -> int:
     from sc_app.checkpoint import ResumePlan
+    from sc_app.checkpoint.emergency import progress_notes
     from sc_app.checkpoint.lease import LeaseLost
     from sc_app.controller import InventoryMismatch, SaveFailed
     from sc_app.driver import ResumeRefused
@@ -101,6 +102,8 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
 
     def on_progress(record: ProgressRecord) -> None:
         print(format_line(record, cfg.run.max_steps), flush=True)
+        for note in progress_notes(record, cfg.checkpoint.preemption_notice_s):
+            print(note, flush=True)
         observer.progress(record)
 
     def on_ray_ready() -> None:
@@ -145,6 +148,10 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
     if result.outcome == "stopped":
         if summary.final_step == result.plan.step:
             print(f"stopped on request at step {summary.final_step}: nothing trained since the newest bundle")
+        elif summary.emergency_skipped:
+            print(f"stopped on request at step {summary.final_step} without an emergency bundle (it would not have "
+                  f"finished in time); a rerun resumes from "
+                  + (f"step_{summary.last_saved_step}" if summary.last_saved_step else "the start"), flush=True)
         else:
             print(
                 f"stopped: step {summary.final_step} saved on request after {result.seconds:.1f}s; "

@@ -36,6 +36,7 @@ from sc_app.background import background_executor, run_blocking
 from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.checkpoint import BundleWriter, hmac_key_from_env
 from sc_app.checkpoint.compat import compat_of
+from sc_app.checkpoint.emergency import plan_emergency
 from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.verify import read_sidecar
@@ -121,6 +122,8 @@ class SingleControllerActor:
         self.step = args.start_step
         self._progress: list[ProgressRecord] = []
         self._stop_requested = False
+        self._stop_deadline: float | None = None  # time.time() by which an emergency bundle must be done
+        self._save_seconds: list[float] = []  # the newest saves' durations (emergency.plan_emergency)
         self._cond = asyncio.Condition()  # wakes pumps and the sampler: buffer space, new groups, stop
         self._inflight = 0  # prompts taken by a rollout pump whose groups are not committed yet
         self._rollout_error: BaseException | None = None
@@ -139,8 +142,10 @@ class SingleControllerActor:
     def progress(self, since: int) -> list[ProgressRecord]:
         return self._progress[since:]
 
-    async def request_stop(self) -> None:
+    async def request_stop(self, deadline: float | None = None) -> None:
+        """Stop after the current step; ``deadline`` (``time.time()``) bounds the emergency bundle (emergency.py)."""
         self._stop_requested = True
+        self._stop_deadline = deadline
         async with self._cond:
             self._cond.notify_all()
 
@@ -363,10 +368,16 @@ class SingleControllerActor:
                 await self._start_save()
             await self._collect_save(wait=False)
         await self._collect_save(wait=True)
+        skipped = False
         if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
-            self._progress.append(StopRecord(self.step))
-            await self._start_save(emergency=True)
-            await self._collect_save(wait=True)
+            left = float("inf") if self._stop_deadline is None else self._stop_deadline - time.time()
+            newest = f"step_{self._last_saved}" if self._last_saved else None
+            plan = plan_emergency(self._save_seconds, left, newest_bundle=newest)
+            self._progress.append(StopRecord(self.step, plan.line))
+            skipped = not plan.start
+            if plan.start:
+                await self._start_save(emergency=True)
+                await self._collect_save(wait=True)
         return RunSummary(
             final_step=self.step,
             version=self.version,
@@ -374,6 +385,7 @@ class SingleControllerActor:
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
             last_saved_step=self._last_saved,
+            emergency_skipped=skipped,
         )
 
     def _rollout_phases(self, clock: StepClock, mark: tuple[BufferTimes, float]) -> tuple[BufferTimes, float]:
@@ -426,6 +438,7 @@ class SingleControllerActor:
         outcome = await task
         self._progress.append(outcome)
         if isinstance(outcome, SaveRecord):
+            self._save_seconds = [*self._save_seconds, outcome.seconds][-8:]
             self._last_saved = step
             self._failed_saves_in_a_row = 0
             self._unsaved_steps = [r for r in self._unsaved_steps if r.step > step]
