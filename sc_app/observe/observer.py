@@ -99,7 +99,7 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
         data = {"error": record.error, "in_a_row": record.in_a_row, "last_saved_step": record.last_saved_step}
         return None, [Event("save_failed", record.step, data)]
     if isinstance(record, StopRecord):
-        return None, [Event("stop_requested", record.step)]
+        return None, [Event("stop_requested", record.step, {"emergency": record.emergency} if record.emergency else {})]
     raise TypeError(f"not a progress record: {record!r}")
 
 
