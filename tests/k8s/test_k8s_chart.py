@@ -359,7 +359,7 @@ def test_model_from_a_read_only_claim_becomes_config_model_path() -> None:
     assert config["model"] == {"backend": "hf", "dtype": "bfloat16", "path": "/models/qwen2.5-0.5b-instruct"}
     for template in _ray_templates(_the(objs, "RayJob")):
         vols = {v["name"]: v for v in template["spec"]["volumes"]}
-        assert vols["model"]["persistentVolumeClaim"] == {"claimName": "models-rox", "readOnly": True}
+        assert vols["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
         (ray,) = template["spec"]["containers"]
         assert {"name": "model", "mountPath": "/models", "readOnly": True} in ray["volumeMounts"]
         for init in template["spec"].get("initContainers", []):

@@ -227,6 +227,35 @@ def test_section_12_operator_timeout(world) -> None:
 
 def test_every_runbook_section_with_cluster_commands_is_run_here() -> None:
     text = Path(__file__).read_text()
-    for number in (4, 5, 6, 7, 8, 12):
+    for number in (4, 5, 6, 7, 8, 10, 12):
         assert section_blocks(number) and f"section_blocks({number})" in text
     assert shutil.which("jq"), "section 6 uses jq"
+
+
+def test_section_10_the_model_claim_the_loader_writes_is_writable_and_the_chart_mounts_it_read_only() -> None:
+    """A ReadOnlyMany claim cannot be written, not even by the loader: the claim section 10 creates and the loader
+    pod mounts read-write is ReadWriteMany, it is the claim ci/gpu-hf-values.yaml names, and the chart mounts it
+    read-only (and accepts it on a live cluster)."""
+    from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render_live
+    from tests.k8s.lookup_apiserver import LookupApiServer
+
+    (block,) = section_blocks(10)
+    claim = yaml.safe_load(re.search(r"<<'EOF'\n(.*?)\nEOF\n", block, re.S).group(1))
+    overrides = json.loads(re.search(r"--overrides='(.*?)'", block, re.S).group(1))
+    (volume,) = overrides["spec"]["volumes"]
+    (mount,) = overrides["spec"]["containers"][0]["volumeMounts"]
+    assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"]} and not mount.get("readOnly")
+    assert "ReadWriteMany" in claim["spec"]["accessModes"], "the loader writes it"
+    values = load_values(CHART_DIR / "ci" / "gpu-hf-values.yaml")
+    assert values["model"]["existingClaim"] == claim["metadata"]["name"]
+    server = LookupApiServer([{**claim, "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                               "metadata": {**claim["metadata"], "namespace": NS}}])
+    url = server.start()
+    try:
+        (rayjob,) = by_kind(objects(render_live(url, values, namespace=NS)), "RayJob")
+    finally:
+        server.stop()
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    model = next(v for v in head["volumes"] if v["name"] == "model")
+    assert model["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in head["containers"][0]["volumeMounts"]
