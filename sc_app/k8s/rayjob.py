@@ -243,17 +243,26 @@ class RayJobs:
                 if pvc is None:
                     out.append(ClaimState(name, "Missing", "", "", ()))
                     continue
-                events: list[dict[str, Any]] = []
-                if str((pvc.get("status") or {}).get("phase") or "Pending") == "Pending":
-                    events = self.kube.list(self.kube.resource("v1", "Event"),
-                                            fields=f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name}")
-            except K8sError as exc:  # status must still answer without PVC/event read access
+            except K8sError as exc:  # status must still answer without PVC read access
                 if isinstance(exc, DeadlinePassed):
                     raise
                 log.debug("claim %s unavailable: %s", name, exc)
                 continue
-            out.append(claim_state(pvc, events))
+            out.append(claim_state(pvc, self._claim_events(pvc, name)))
         return out
+
+    def _claim_events(self, pvc: dict[str, Any], name: str) -> list[dict[str, Any]]:
+        """A Pending claim's events (what it waits for); [] when bound or when events cannot be read."""
+        if str((pvc.get("status") or {}).get("phase") or "Pending") != "Pending":
+            return []
+        try:
+            return self.kube.list(self.kube.resource("v1", "Event"),
+                                  fields=f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name}")
+        except DeadlinePassed:
+            raise
+        except K8sError as exc:
+            log.debug("events of claim %s unavailable: %s", name, exc)
+            return []
 
     def status(self, name: str, *, live: bool = True, last_events: int = 5) -> JobStatus:
         obj = self.get(name)

@@ -189,3 +189,12 @@ def test_the_chart_and_sc_app_name_the_same_rwx_classes() -> None:
 
     text = (CHART_DIR / "templates" / "_validate.tpl").read_text()
     assert RWX_HINT in text
+
+
+def test_a_pending_claim_shows_without_events_access(api, capsys) -> None:
+    server, kc = api
+    _seed_pending(server)
+    server.denied.add(("list", "events"))
+    assert run(kc, "status", "--no-live") == 0
+    (claim,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("claim ")]
+    assert claim.startswith(f"claim persistentvolumeclaim/{CLAIM}: Pending (class gp2, provisioner ebs.csi.aws.com")
