@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sc_app.k8s.api import DeadlinePassed, K8sError, Kube, Resource, seconds
@@ -329,10 +329,12 @@ class RayJobs:
 
     def _report_claims(self, rayjob: dict[str, Any], reported: set[str]) -> None:
         """Log a Pending claim (and what it waits for) once per new state: a claim that cannot be bound holds every
-        pod, and KubeRay fails the attempt only at preRunningDeadlineSeconds."""
-        for line in (c.line() for c in self.claims(rayjob) if c.pending):
+        pod, and KubeRay fails the attempt only at preRunningDeadlineSeconds. A poll whose events read failed (the
+        same claim without its event) is not a new state."""
+        for claim in (c for c in self.claims(rayjob) if c.pending):
+            line = claim.line()
             if line not in reported:
-                reported.add(line)
+                reported.update((line, replace(claim, event="").line()))
                 log.warning("%s", line)
 
     def _final(self, st: JobStatus) -> None:
