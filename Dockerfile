@@ -1,14 +1,16 @@
 # sc-app image: driver, SingleControllerActor, TransferQueue actors, trainer/generation workers, preflight.
 #
-#   docker build -t sc-app:0.1.0 .                                  # GPU clusters (default base below)
-#   docker build --build-arg BASE_IMAGE=<debian/ubuntu + python3.11> -t sc-app:cpu .
+#   docker build -t sc-app:0.1.0 .
+#   docker build --build-arg BASE_IMAGE=python:3.11-slim-bookworm@sha256:<digest> -t sc-app:0.1.0 .   # pinned base
 #
-# BASE_IMAGE must provide python3.11 with the venv module. The default is Ray's public GPU image (CUDA
-# runtime, Ubuntu); Ray itself is installed again, pinned, into /opt/sc-app so the `ray` on PATH is always
-# the 2.60.0 the chart's rayVersion names, whatever the base ships.
-# torch: torch==2.13.0 comes from the Python package index like every other pin (on x86_64 PyPI serves the
-# CUDA build); ops/image-constraints.txt fixes every transitive version.
-ARG BASE_IMAGE=rayproject/ray:2.60.0-py311-gpu
+# One Python environment, /opt/sc-app, holds everything sc-app runs: Ray 2.60.0 (the chart's rayVersion), torch
+# 2.13.0 with its CUDA runtime wheels (nvidia-*, triton: PyPI's x86_64 torch is the CUDA build), TransferQueue and
+# sc-app, every transitive version fixed by ops/image-constraints.txt (ops/lock-image-deps.sh resolves it for this
+# platform). The base is a plain Debian Python: no second Ray and no second CUDA toolkit (Ray's GPU image, the base
+# before, carried both and the venv installed them again). The GPU driver comes from the node (NVIDIA container
+# toolkit / GPU operator). KubeRay >= 1.6 probes Ray >= 2.53 over HTTP, so the image needs no wget.
+# BASE_IMAGE must provide python3.11 with the venv module; pin it by digest (above) for reproducible rebuilds.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
 # Root only in this throw-away stage (the venv lives under /opt); the final stage runs as 10001.
@@ -42,7 +44,8 @@ RUN groupadd --gid 10001 scapp \
     && mkdir -p /checkpoints \
     && chown 10001:10001 /checkpoints
 COPY --from=build /opt/sc-app /opt/sc-app
-# KubeRay starts Ray through `bash -lc`, and a login shell resets PATH: put the venv first there too.
+# KubeRay starts Ray through `bash -c` (a login shell `bash -lc` only with the operator's ENABLE_LOGIN_SHELL, which
+# resets PATH from /etc/profile): the venv is first on PATH either way.
 RUN echo "export PATH=/opt/sc-app/bin:\$PATH" > /etc/profile.d/sc-app.sh \
     && ln -s /opt/sc-app/bin/sc-app /usr/local/bin/sc-app
 ENV PATH=/opt/sc-app/bin:$PATH \

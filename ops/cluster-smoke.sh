@@ -5,6 +5,11 @@
 # RayJob first, waiting for KubeRay's finalizer, then helm uninstall; the PVC is kept).
 # A lost head may be absorbed without a KubeRay retry: the RayCluster recreates the head pod and the K8sJobMode
 # submitter submits the same job again, so `retriesUsed` may stay 0. The check is the resume, not the retry count.
+# Also what only a live cluster shows (ops/README.md, "Only a live cluster proves"): the claim binds (the class
+# really serves its access modes); the API server's proxy reaches the head through the NetworkPolicy (the live part
+# answers, no policy named in liveError); KubeRay never ends the job with JobStatusCheckTimeoutExceeded while the
+# head is replaced; `sc-app k8s suspend --wait` returns once the operator suspended the job and its pods are gone,
+# and `resume` starts a new cluster that resumes (SMOKE_SUSPEND=0 skips that step).
 # Needs: kubectl, helm and sc-app (k8s extra) for a cluster with the KubeRay operator, an RWX storage class (or CPU
 # values), and RBAC for `sc-app k8s status`'s live part (ops/README.md). SMOKE_TIMEOUT_S (1800), SMOKE_POLL_S (10).
 # Usage: ops/cluster-smoke.sh NAMESPACE [VALUES_FILE] [IMAGE_TAG]
@@ -17,6 +22,7 @@ release="smoke-$(date +%s)"
 job="${release}-sc-app"
 timeout_s="${SMOKE_TIMEOUT_S:-1800}"
 poll_s="${SMOKE_POLL_S:-10}"
+suspend_step="${SMOKE_SUSPEND:-1}"
 
 say() { printf '[cluster-smoke] %s\n' "$*" >&2; }
 fail() { say "FAIL: $*"; exit 1; }
@@ -36,6 +42,15 @@ for k in sys.argv[1].split("."):
     d = d.get(k) if isinstance(d, dict) else None
 print("" if d is None else d)' "$1"
 }
+# What KubeRay or the cluster got wrong, from one status document: fail with it.
+live_only_checks() {
+  [[ "$(field reason <<< "$1")" == "JobStatusCheckTimeoutExceeded" ]] \
+    && fail "KubeRay ended the job with JobStatusCheckTimeoutExceeded (not retried): keep the head on on-demand nodes and raise RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (ops/RUNBOOKS.md section 12)"
+  local live_error
+  live_error=$(field liveError <<< "$1")
+  [[ "${live_error}" == *"networkpolicy/"* ]] && fail "live status blocked: ${live_error}"
+  return 0
+}
 
 helm install "${release}" "${repo}/helm/sc-app" -n "${ns}" --create-namespace -f "${values}" \
   --set image.tag="${tag}" --set config.checkpoint.save_period=2 > /dev/null
@@ -44,14 +59,26 @@ spec = json.load(sys.stdin)["spec"]["rayClusterSpec"]["headGroupSpec"]["template
 head = next(c for c in spec["containers"] if c["name"] == "ray-head")
 print(next(m["mountPath"] for m in head["volumeMounts"] if m["name"] == "checkpoints"))') \
   || fail "rayjob/${job}: no checkpoints mount on its head container"
-say "installed ${release}; checkpoints at ${mount}; waiting for the driver to publish a bundle"
+say "installed ${release}; checkpoints at ${mount}; waiting for the checkpoint claim to bind"
 
 deadline=$(( $(date +%s) + timeout_s ))
+claim=$(kubectl -n "${ns}" get rayjob "${job}" -o json | python3 -c 'import json, sys
+spec = json.load(sys.stdin)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+print(next(v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if v["name"] == "checkpoints"))')
+until [[ "$(kubectl -n "${ns}" get pvc "${claim}" -o jsonpath='{.status.phase}')" == "Bound" ]]; do
+  if (( $(date +%s) >= deadline )); then
+    fail "pvc/${claim} not Bound: $(sc-app k8s status "${release}" -n "${ns}" --no-live | grep '^claim ' || true)"
+  fi
+  sleep "${poll_s}"
+done
+say "pvc/${claim} Bound; waiting for the driver to publish a bundle"
+
 old_head="" before=""
 while :; do
   (( $(date +%s) < deadline )) || fail "no bundle within ${timeout_s}s"
   sleep "${poll_s}"
   doc=$(status_json) || continue  # the API server may blip; the deadline bounds the loop
+  live_only_checks "${doc}"
   [[ "$(field jobDeploymentStatus <<< "${doc}")" == "Failed" ]] && fail "job failed before the test preempted it"
   old_head=$(field headPod <<< "${doc}")
   [[ "$(field live.newestBundleSource <<< "${doc}")" == "saved" ]] || continue
@@ -68,6 +95,7 @@ while :; do
   (( $(date +%s) < deadline )) || fail "no new head resumed from a bundle within ${timeout_s}s"
   sleep "${poll_s}"
   doc=$(status_json) || continue
+  live_only_checks "${doc}"
   [[ "$(field jobDeploymentStatus <<< "${doc}")" == "Failed" ]] && fail "job failed after the preemption"
   head=$(field headPod <<< "${doc}")
   [[ -n "${head}" && "${head}" != "${old_head}" ]] || continue
@@ -82,6 +110,15 @@ while :; do
   say "new head ${head} resumed from step ${resumed} (${how})"
   break
 done
+if [[ "${suspend_step}" == "1" ]]; then
+  say "suspend --wait: until the operator says Suspended and every pod of the job is gone"
+  sc-app k8s suspend "${release}" -n "${ns}" --wait --timeout 600 > /dev/null || fail "suspend --wait did not finish"
+  if [[ -n "$(kubectl -n "${ns}" get pods -l "ray.io/node-type,app.kubernetes.io/instance=${release}" -o name)" ]]; then
+    fail "suspend --wait returned while pods of the job still exist"
+  fi
+  sc-app k8s resume "${release}" -n "${ns}" > /dev/null || fail "resume failed"
+  say "suspended (no pods left) and resumed"
+fi
 left=$(( deadline - $(date +%s) ))
 sc-app k8s wait "${release}" -n "${ns}" --timeout "$(( left > 0 ? left : 1 ))" \
   || fail "job did not complete after the resume"

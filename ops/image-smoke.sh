@@ -2,7 +2,8 @@
 # Image smoke test without a Docker engine (Debian host, as root):
 #   1. make a bookworm minbase rootfs with debootstrap and import it as the BASE_IMAGE (cached);
 #   2. buildah bud the repository's Dockerfile on it (vfs storage, chroot isolation);
-#   3. podman run the image with a host directory as /checkpoints, kill it once a step_N bundle exists;
+#   3. podman run the image with a host directory as /checkpoints, kill it once a step_N bundle exists (and
+#      require that the kill landed before the last step: otherwise nothing would be resumed);
 #   4. podman run a fresh container on the same directory: it must say "resuming from ... step_N" and finish.
 # Prints build time and image size. Usage: sudo ops/image-smoke.sh   (env knobs below)
 set -euo pipefail
@@ -10,7 +11,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${SC_SMOKE_DIR:-/var/tmp/sc-app-smoke}"          # image storage, rootfs, checkpoints (reused)
 MIRROR="${SC_SMOKE_MIRROR:-http://deb.debian.org/debian}"
-MAX_STEPS="${SC_SMOKE_MAX_STEPS:-8}"
+MAX_STEPS="${SC_SMOKE_MAX_STEPS:-200}"                  # long enough that the kill lands while it trains
 SAVE_PERIOD="${SC_SMOKE_SAVE_PERIOD:-2}"
 RUN_TIMEOUT="${SC_SMOKE_RUN_TIMEOUT:-600}"            # seconds for the resumed run to finish
 REUSE_IMAGE="${SC_SMOKE_REUSE_IMAGE:-0}"              # 1 = skip the build when the image already exists
@@ -99,7 +100,15 @@ podman "${STORE[@]}" kill sc-app-smoke-1 > /dev/null   # SIGKILL: the preemption
 podman "${STORE[@]}" logs sc-app-smoke-1 > "${WORK}/run1.log" 2>&1 || true
 podman "${STORE[@]}" rm -f sc-app-smoke-1 > /dev/null
 newest=$(find "${CKPT}" -maxdepth 1 -name 'step_*' -printf '%f\n' | sort -t_ -k2 -n | tail -n 1)
-log "killed the first container; newest bundle ${newest}"
+# The kill must land while the first run still trains, or the second run has nothing to resume.
+if grep -q "^done: step" "${WORK}/run1.log"; then
+  die "the first run finished before the kill (nothing to resume); raise SC_SMOKE_MAX_STEPS"
+fi
+(( ${newest#step_} < MAX_STEPS )) || die "newest bundle ${newest} is the last step: the kill came after training"
+killed_at=$(grep -oE '^step +[0-9]+/' "${WORK}/run1.log" | grep -oE '[0-9]+' | sort -n | tail -n 1 || true)
+killed_at="${killed_at:-0}"
+(( killed_at < MAX_STEPS )) || die "the first run reached step ${killed_at} of ${MAX_STEPS} before the kill"
+log "killed the first container at step ${killed_at} of ${MAX_STEPS}; newest bundle ${newest}"
 
 # 4. fresh container, same directory: must resume and finish ------------------------------------------------
 podman "${STORE[@]}" rm -f sc-app-smoke-2 > /dev/null 2>&1 || true
@@ -110,7 +119,8 @@ if ! timeout "${RUN_TIMEOUT}" podman "${STORE[@]}" run --name sc-app-smoke-2 "${
   die "second run failed or did not finish within ${RUN_TIMEOUT}s (see ${WORK}/run2.log)"
 fi
 podman "${STORE[@]}" rm -f sc-app-smoke-2 > /dev/null 2>&1 || true
-grep -q "resuming from .*step_" "${WORK}/run2.log" || { cat "${WORK}/run2.log" >&2; die "second run did not resume"; }
+grep -q "resuming from /checkpoints/${newest} " "${WORK}/run2.log" \
+  || { cat "${WORK}/run2.log" >&2; die "second run did not resume from ${newest}"; }
 grep -q "done: step ${MAX_STEPS}" "${WORK}/run2.log" || die "second run did not reach step ${MAX_STEPS}"
 log "$(grep -m1 'resuming from' "${WORK}/run2.log")"
 log "OK: build ${build_s}s, image $(( size / 1024 / 1024 )) MiB, resumed after kill and finished ${MAX_STEPS} steps"

@@ -211,6 +211,12 @@ class CheckpointConfig(_Section):
         description="On SIGTERM or `sc-app stop`: seconds to finish the step and cut a bundle; keep below the grace "
         "period.",
     )
+    preemption_notice_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds of notice your platform gives before a preemption kills a pod (ops/README.md table); a "
+        "save slower than this is warned about: save_period, not the emergency bundle, is then the protection.",
+    )
     lease_ttl_s: float = Field(
         60.0,
         ge=3,

@@ -44,7 +44,7 @@ from sc_app.controller_saves import SaveFailed as SaveFailed  # what a run's end
 from sc_app.data_plane import stream_io
 from sc_app.data_plane.client import DataPlaneClient
 from sc_app.phases import StepClock
-from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
+from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord
 from sc_app.replay_buffer import BufferTimes, Group, GroupCommit, TQReplayBuffer
 from sc_app.rl.backend import PolicyFingerprint, Rollout, TrainStepResult
 from sc_app.rl.grpo import group_advantages
@@ -104,6 +104,8 @@ class SingleControllerActor(ControllerSaves):
         self.step = args.start_step
         self._progress: list[ProgressRecord] = []
         self._stop_requested = False
+        self._stop_deadline: float | None = None  # time.time() by which an emergency bundle must be done
+        self._save_seconds: list[float] = []  # the newest saves' durations (emergency.plan_emergency)
         self._cond = asyncio.Condition()  # wakes pumps and the sampler: buffer space, new groups, stop
         self._inflight = 0  # prompts taken by a rollout pump whose groups are not committed yet
         self._rollout_error: BaseException | None = None
@@ -122,8 +124,10 @@ class SingleControllerActor(ControllerSaves):
     def progress(self, since: int) -> list[ProgressRecord]:
         return self._progress[since:]
 
-    async def request_stop(self) -> None:
+    async def request_stop(self, deadline: float | None = None) -> None:
+        """Stop after the current step; ``deadline`` (``time.time()``) bounds the emergency bundle (emergency.py)."""
         self._stop_requested = True
+        self._stop_deadline = deadline
         async with self._cond:
             self._cond.notify_all()
 
@@ -362,10 +366,9 @@ class SingleControllerActor(ControllerSaves):
         """The save in flight reported; on a stop request, a bundle of the step reached (unless it has one)."""
         cfg = self.cfg
         await self._collect_save(wait=True)
+        skipped = False  # the emergency bundle left out on purpose: it could not have finished in time
         if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
-            self._progress.append(StopRecord(self.step))
-            await self._start_save(emergency=True)
-            await self._collect_save(wait=True)
+            skipped = await self._emergency_save(self._stop_deadline)
         return RunSummary(
             final_step=self.step,
             weights_version=self.version,
@@ -373,6 +376,7 @@ class SingleControllerActor(ControllerSaves):
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
             last_saved_step=self._last_saved,
+            emergency_skipped=skipped,
         )
 
     def _rollout_phases(self, clock: StepClock, mark: tuple[BufferTimes, float]) -> tuple[BufferTimes, float]:

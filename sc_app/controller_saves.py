@@ -31,13 +31,14 @@ from sc_app.background import run_blocking
 from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.checkpoint import BundleWriter, hmac_key_from_env
 from sc_app.checkpoint.compat import compat_of
+from sc_app.checkpoint.emergency import plan_emergency
 from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.config import AppConfig
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.faults import afault_point
-from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, step_summary
+from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord, step_summary
 from sc_app.replay_buffer import TQReplayBuffer
 from sc_app.rl.factory import policy_format
 from sc_app.rl.loader import PromptLoader
@@ -90,6 +91,7 @@ class ControllerSaves:
     _save_io: ThreadPoolExecutor
     _captured_version: int  # the trainer version whose state the trainers hold a copy of
     _last_saved: int
+    _save_seconds: list[float]  # the newest saves' durations (checkpoint.emergency.plan_emergency)
     _failed_saves_in_a_row: int
     _unsaved_steps: list[StepRecord]  # steps since the newest published bundle: the next one keeps them
     _policy_written: asyncio.Event  # set once the save in flight's trainers wrote their copy
@@ -112,6 +114,18 @@ class ControllerSaves:
         task = asyncio.create_task(self._save_or_report(self.step, released, emergency))
         self._pending_save = (self.step, task)
         await self._until(released, task)
+
+    async def _emergency_save(self, deadline: float | None) -> bool:
+        """On a stop request: a bundle of the step reached, started only when the recent saves say it finishes
+        before ``deadline`` (``time.time()``; ``sc_app.checkpoint.emergency``). Returns True when it was skipped."""
+        left = float("inf") if deadline is None else deadline - time.time()
+        newest = f"step_{self._last_saved}" if self._last_saved else None
+        plan = plan_emergency(self._save_seconds, left, newest_bundle=newest)
+        self._progress.append(StopRecord(self.step, plan.line))
+        if plan.start:
+            await self._start_save(emergency=True)
+            await self._collect_save(wait=True)
+        return not plan.start
 
     async def _before_new_capture(self) -> None:
         """Before the trainers replace their state copy: the save in flight wrote the copy it captured (or ended)."""
@@ -139,6 +153,7 @@ class ControllerSaves:
         outcome = await task
         self._progress.append(outcome)
         if isinstance(outcome, SaveRecord):
+            self._save_seconds = [*self._save_seconds, outcome.seconds][-8:]
             self._last_saved = step
             self._failed_saves_in_a_row = 0
             self._unsaved_steps = [r for r in self._unsaved_steps if r.step > step]

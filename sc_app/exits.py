@@ -20,7 +20,7 @@ EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request after the emergency chec
 # An error class (``module.QualName``) → the exit code it ends a command with; a subclass inherits its base's.
 EXIT_OF: dict[str, int] = {
     # bad input: config, flags, model/data/reward, the checkpoint directory or bundles that must not be resumed
-    "sc_app.config.ConfigError": EXIT_BAD_INPUT,
+    "sc_app.config_tree.ConfigError": EXIT_BAD_INPUT,  # re-exported by sc_app.config
     "sc_app.cli.options.BadDir": EXIT_BAD_INPUT,
     "sc_app.checkpoint.lease.LeaseError": EXIT_BAD_INPUT,
     "sc_app.checkpoint.lineage.LineageError": EXIT_BAD_INPUT,
@@ -30,8 +30,8 @@ EXIT_OF: dict[str, int] = {
     # a newer run took the lease (fencing)
     "sc_app.checkpoint.lease.LeaseLost": EXIT_SUPERSEDED,
     # the job failed; a rerun resumes from the newest complete bundle
-    "sc_app.controller.SaveFailed": EXIT_FAILED,
-    "sc_app.controller.InventoryMismatch": EXIT_FAILED,
+    "sc_app.controller_saves.SaveFailed": EXIT_FAILED,
+    "sc_app.controller_saves.InventoryMismatch": EXIT_FAILED,
     "sc_app.job.EmergencyTimeout": EXIT_FAILED,
     "sc_app.job.JobFailed": EXIT_FAILED,
 }

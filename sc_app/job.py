@@ -225,7 +225,7 @@ def drive(
     stays the resume point — and ``EmergencyTimeout`` is raised."""
     deadline: float | None = None
     if stop_requested():  # asked before training started (e.g. SIGTERM while Ray started): train nothing
-        ray.get(actor.request_stop.remote())  # type: ignore[attr-defined]
+        ray.get(actor.request_stop.remote(time.time() + emergency_budget_s))  # type: ignore[attr-defined]
         deadline = time.monotonic() + emergency_budget_s
     ref = actor.run.remote()  # type: ignore[attr-defined]
     seen = 0
@@ -238,7 +238,7 @@ def drive(
             if ready:
                 return ray.get(ref)
             if deadline is None and stop_requested():
-                actor.request_stop.remote()  # type: ignore[attr-defined]
+                actor.request_stop.remote(time.time() + emergency_budget_s)  # type: ignore[attr-defined]
                 deadline = time.monotonic() + emergency_budget_s
             if deadline is not None and time.monotonic() > deadline:
                 ray.kill(actor)
@@ -345,6 +345,8 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
 
 
 def _outcome(cfg: AppConfig, summary: RunSummary) -> Outcome:
+    if summary.stopped_early and summary.emergency_skipped:  # on purpose: the bundle could not have finished
+        return "stopped"
     if cfg.checkpoint.enabled and summary.unsaved_steps > 0:
         return "unsaved"
     return "stopped" if summary.stopped_early else "done"

@@ -80,9 +80,10 @@ class SaveFailedRecord:
 
 @dataclass(frozen=True)
 class StopRecord:
-    """A stop was requested; the bundle of this step is cut next."""
+    """A stop was requested; the bundle of this step is cut next, unless ``emergency`` says why not."""
 
     step: int
+    emergency: str = ""  # the deadline decision (sc_app.checkpoint.emergency), one line
 
 
 ProgressRecord = StepRecord | SaveRecord | SaveFailedRecord | StopRecord
@@ -98,6 +99,7 @@ class RunSummary:
     last_rewards: list[float] = field(default_factory=list)
     stopped_early: bool = False
     last_saved_step: int = 0  # the step of the newest bundle published (or resumed from) when the run ended
+    emergency_skipped: bool = False  # stopped without an emergency bundle: it could not have finished in time
 
     @property
     def unsaved_steps(self) -> int:

@@ -1,7 +1,7 @@
-"""``sc-app ckpt list|verify|prune``: operator tools for the bundles of a checkpoint directory.
+"""``sc-app ckpt list|verify|prune|rollback``: operator tools for the bundles of a checkpoint directory.
 
 Every bundle is judged by the directory's ``BundleRules`` (``sc_app.checkpoint.selection``): a bundle of another
-lineage is listed and verified as BAD and never pruned nor counted.
+lineage is listed and verified as BAD, never pruned nor counted, and never a rollback target.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--keep", type=int, required=True)
     add_json(pr)
     pr.set_defaults(func=cmd_ckpt_prune)
+    rb = cks.add_parser(
+        "rollback", help="move every bundle newer than step_K to quarantine/ (refused while a run holds the lease)"
+    )
+    add_checkpoint_dir(rb)
+    rb.add_argument("--to", metavar="K", type=int, required=True, help="the step to resume from next")
+    rb.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
+    rb.set_defaults(func=cmd_ckpt_rollback)
 
 
 def cmd_ckpt_list(args: argparse.Namespace) -> int:
@@ -109,4 +116,17 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
         print(json.dumps({"removed": removed}))
     else:
         print("removed " + (", ".join(removed) if removed else "nothing"))
+    return EXIT_OK
+
+
+def cmd_ckpt_rollback(args: argparse.Namespace) -> int:
+    from sc_app.checkpoint.rollback import RollbackRefused, rollback
+
+    root = checkpoint_root(args, must_exist=True)
+    try:
+        done = rollback(BundleRules.of_dir(root), args.to, dry_run=args.dry_run)
+    except RollbackRefused as exc:
+        return fail(str(exc))
+    verb = "would move" if args.dry_run else "moved"
+    print(f"resume point: {done.target}; {verb} " + (", ".join(done.moved) if done.moved else "nothing"))
     return EXIT_OK

@@ -80,6 +80,7 @@ def print_plan(plan: ResumePlan) -> None:
 
 
 def _run(cfg: AppConfig, observer: JobObserver) -> int:
+    from sc_app.checkpoint.emergency import progress_notes
     from sc_app.job import JobCallbacks, run_job
     from sc_app.progress import ProgressRecord, format_line
 
@@ -88,6 +89,8 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
 
     def on_progress(record: ProgressRecord) -> None:
         print(format_line(record, cfg.run.max_steps), flush=True)
+        for note in progress_notes(record, cfg.checkpoint.preemption_notice_s):
+            print(note, flush=True)
         observer.progress(record)
 
     def on_ray_ready() -> None:
@@ -136,6 +139,10 @@ def _ended(cfg: AppConfig, result: RunResult, observer: JobObserver) -> int:
     if result.outcome == "stopped":
         if summary.final_step == result.plan.step:
             print(f"stopped on request at step {summary.final_step}: nothing trained since the newest bundle")
+        elif summary.emergency_skipped:
+            print(f"stopped on request at step {summary.final_step} without an emergency bundle (it would not have "
+                  f"finished in time); a rerun resumes from "
+                  + (f"step_{summary.last_saved_step}" if summary.last_saved_step else "the start"), flush=True)
         else:
             print(
                 f"stopped: step {summary.final_step} saved on request after {result.seconds:.1f}s; "

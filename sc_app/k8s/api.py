@@ -307,13 +307,9 @@ class Kube:
             raise explain(resp, what, self.namespace)
         return True
 
-    def list(self, res: Resource, selector: str = "") -> list[dict[str, Any]]:
-        doc = self.call(
-            "GET",
-            res.path(self.namespace),
-            what=f"{res.plural}",
-            query={"labelSelector": selector} if selector else None,
-        )
+    def list(self, res: Resource, selector: str = "", fields: str = "") -> list[dict[str, Any]]:
+        query = {k: v for k, v in (("labelSelector", selector), ("fieldSelector", fields)) if v}
+        doc = self.call("GET", res.path(self.namespace), what=f"{res.plural}", query=query or None)
         return [item for item in doc.get("items") or [] if isinstance(item, dict)]
 
     def pod_log(self, pod: str, container: str) -> str:

@@ -76,9 +76,14 @@ def _kube(args: argparse.Namespace) -> Kube:
 def _release(args: argparse.Namespace, *, installable: bool = False) -> Release:
     """The release as the chart renders it for ``-f``/``--set``; for naming only, a missing image tag is filled in."""
     values = load_values(args.values, args.set)
-    image = values.get("image")
-    if not installable and (not isinstance(image, dict) or not (image.get("tag") or image.get("digest"))):
-        values = deep_merge(values, {"image": {"tag": NAME_PROBE_TAG}})
+    if not installable:  # names do not depend on what the chart requires only of an install
+        image = values.get("image")
+        if not isinstance(image, dict) or not (image.get("tag") or image.get("digest")):
+            values = deep_merge(values, {"image": {"tag": NAME_PROBE_TAG}})
+        persistence = (values.get("checkpoint") or {}).get("persistence") if isinstance(
+            values.get("checkpoint"), dict) else None
+        if not isinstance(persistence, dict) or not persistence.get("storageClassName"):
+            values = deep_merge(values, {"checkpoint": {"persistence": {"storageClassName": NAME_PROBE_TAG}}})
     return render_release(values, name=args.release, namespace=args.namespace, chart=args.chart)
 
 
@@ -118,22 +123,29 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return EXIT_OK if st.deployment_status == "Complete" and st.job_status == "SUCCEEDED" else EXIT_FAILED
 
 
-def _suspend(args: argparse.Namespace, value: bool) -> int:
+@_command
+def cmd_suspend(args: argparse.Namespace) -> int:
     name = _name(args)
-    RayJobs(_kube(args)).set_suspend(name, value)
-    what = "suspended (cluster deleted, PVC kept)" if value else "resumed (new cluster, resumes from the newest bundle)"
-    print(f"rayjob/{name}: {what}")
+    jobs = RayJobs(_kube(args))
+    clusters = {jobs.get(name).get("status", {}).get("rayClusterName") or ""} - {""}
+    jobs.set_suspend(name, True)
+    if not args.wait:
+        print(f"rayjob/{name}: suspend requested (KubeRay deletes the cluster; the PVC is kept); "
+              "--wait waits until it is Suspended and its pods are gone")
+        return EXIT_OK
+    jobs.wait_suspended(name, clusters, timeout=args.timeout, poll=args.poll)
+    print(f"rayjob/{name}: suspended (Suspended, every pod gone: no writer left on the PVC)")
     return EXIT_OK
 
 
 @_command
-def cmd_suspend(args: argparse.Namespace) -> int:
-    return _suspend(args, True)
-
-
-@_command
 def cmd_resume(args: argparse.Namespace) -> int:
-    return _suspend(args, False)
+    name = _name(args)
+    jobs = RayJobs(_kube(args))
+    jobs.wait_not_suspending(name, timeout=args.timeout, poll=args.poll)
+    jobs.set_suspend(name, False)
+    print(f"rayjob/{name}: resumed (new cluster, resumes from the newest bundle)")
+    return EXIT_OK
 
 
 @_command
@@ -195,10 +207,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     for verb, fn, text in [
         ("suspend", cmd_suspend, "suspend: KubeRay deletes the cluster, the PVC stays"),
-        ("resume", cmd_resume, "un-suspend: a new cluster starts and resumes from the newest bundle"),
+        ("resume", cmd_resume, "un-suspend (after a suspension in progress ended): a new cluster resumes from the "
+         "newest bundle"),
     ]:
         p = verbs.add_parser(verb, help=text)
         _common(p)
+        if verb == "suspend":
+            p.add_argument("--wait", action="store_true", help="until Suspended and every pod of the job is gone")
+        p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait (default 600)")
+        p.add_argument("--poll", type=_seconds, default=2.0, help="seconds between checks (default 2)")
         p.set_defaults(func=fn)
 
     dl = verbs.add_parser("delete", help="delete the RayJob, then what submit created with it (never the PVC)")

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sc_app.k8s import storage
 from sc_app.k8s.api import K8sError, Kube, Resource, ref, seconds
 from sc_app.k8s.release import Release
 
@@ -72,6 +73,7 @@ def submit(kube: Kube, release: Release) -> list[str]:
             "first (the checkpoint PVC is kept) or choose another release name"
         )
     live: dict[str, dict[str, Any] | None] = {}
+    notes = _check_claims(kube, [o for _, o in companions if o["kind"] == "PersistentVolumeClaim"])
     for res, obj in companions:
         current = kube.get(res, obj["metadata"]["name"])
         if current is not None and obj["kind"] not in KEPT_KINDS:
@@ -79,7 +81,7 @@ def submit(kube: Kube, release: Release) -> list[str]:
             if problem:
                 raise K8sError(f"{ref(obj)} exists in namespace {kube.namespace} and {problem}")
         live[_item(obj)] = current
-    done: list[str] = []
+    done: list[str] = list(notes)
     for res, obj in companions:
         current = live[_item(obj)]
         if current is None:
@@ -98,6 +100,28 @@ def submit(kube: Kube, release: Release) -> list[str]:
     kube.create(job_res, job)
     done.append(f"created rayjob/{name}")
     return done
+
+
+def _check_claims(kube: Kube, claims: list[dict[str, Any]]) -> list[str]:
+    """Refuse (before anything is written) a claim its StorageClass cannot bind; lines to print when the classes
+    cannot be read (cluster-scoped RBAC is often not granted: the check is then skipped, and ``status`` shows a
+    Pending claim)."""
+    notes: list[str] = []
+    for claim in claims:
+        name = str((claim.get("spec") or {}).get("storageClassName") or "")
+        if not name or kube.get(kube.resource("v1", "PersistentVolumeClaim"), claim["metadata"]["name"]):
+            continue  # the cluster default (ReadWriteOnce only, see the chart) or a kept claim
+        try:
+            found = kube.get(kube.resource("storage.k8s.io/v1", "StorageClass"), name)
+        except K8sError as exc:
+            if exc.transient:
+                raise
+            notes.append(f"note: StorageClass {name} not checked ({exc}); `sc-app k8s status` shows a Pending claim")
+            continue
+        problem = storage.class_problem(claim, found)
+        if problem:
+            raise K8sError(problem)
+    return notes
 
 
 @dataclass

@@ -30,6 +30,10 @@ from sc_app.k8s.api import K8sError, Kube, Response
 from sc_app.k8s.driver_log import DriverProgress, parse
 
 TOKEN_KEY = "auth_token"  # KubeRay's RAY_AUTH_TOKEN_SECRET_KEY
+# Longest wait for the proxy when a NetworkPolicy looks like it drops the API server's connection to the head: an
+# enforcing CNI drops it silently and the API server would only answer after its own dial timeout.
+BLOCKED_PROBE_S = 5.0
+POLICY_HINT = "ops/README.md, NetworkPolicy and the API server's proxy"
 TOKEN_HEADER = "X-Ray-Authorization"  # Ray's fallback header: survives the API server proxy
 RBAC_HINT = "ops/README.md, RBAC for sc-app k8s"
 
@@ -133,13 +137,25 @@ def live_status(kube: Kube, rayjob: dict[str, Any], *, last_events: int = 5) -> 
     service, port = _endpoint(rayjob)
     token = _token(kube, rayjob)
     headers = {TOKEN_HEADER: f"Bearer {token}"} if token else {}
+    blocker = policy_blocking_proxy(kube, rayjob, port)
+    blocked = (
+        f"the API server's proxy cannot reach the head: networkpolicy/{blocker} admits the dashboard port only from "
+        f"namespaces, not from the control plane; add its CIDR to networkPolicy.apiServerCIDRs ({POLICY_HINT})"
+    )
 
     def ask(path: str) -> Any:
+        saved = kube.request_timeout
+        if blocker:
+            kube.request_timeout = min(saved, BLOCKED_PROBE_S)
         try:
             resp = kube.proxy_get(service, port, path, headers=headers)
         except K8sError as exc:
-            raise LiveUnavailable(str(exc)) from None
+            raise LiveUnavailable(blocked if blocker else str(exc)) from None
+        finally:
+            kube.request_timeout = saved
         if not resp.ok:
+            if blocker and resp.status in (502, 503, 504):
+                raise LiveUnavailable(blocked)
             raise LiveUnavailable(_refusal(resp, service, job_id, kube.namespace))
         try:
             return json.loads(resp.body)
@@ -156,3 +172,34 @@ def live_status(kube: Kube, rayjob: dict[str, Any], *, last_events: int = 5) -> 
         message=str(details.get("message") or ""),
         progress=parse(str(logs.get("logs") or ""), last_events=last_events),
     )
+
+
+def policy_blocking_proxy(kube: Kube, rayjob: dict[str, Any], port: str) -> str | None:
+    """The name of a NetworkPolicy that selects the head and admits its dashboard port from no address block (so
+    not from the API server's proxy), or None; None too when policies cannot be read."""
+    cluster = (rayjob.get("spec") or {}).get("rayClusterSpec") or {}
+    labels = ((cluster.get("headGroupSpec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {}
+    try:
+        policies = kube.list(kube.resource("networking.k8s.io/v1", "NetworkPolicy"))
+    except K8sError:
+        return None
+    for policy in policies:
+        spec = policy.get("spec") or {}
+        selector = spec.get("podSelector") or {}
+        if selector.get("matchExpressions") or not (selector.get("matchLabels") or {}).items() <= labels.items():
+            continue
+        if "Ingress" not in (spec.get("policyTypes") or ["Ingress"]):
+            continue
+        if not any(_admits_addresses(rule, port) for rule in spec.get("ingress") or []):
+            return str((policy.get("metadata") or {}).get("name") or "?")
+    return None
+
+
+def _admits_addresses(rule: dict[str, Any], port: str) -> bool:
+    """Whether an ingress rule lets an address outside the cluster's pods (an ipBlock, or any source) reach ``port``
+    (a number, or the port's name)."""
+    ports = rule.get("ports") or []
+    if ports and not any(str(p.get("port")) in (port, "dashboard") or p.get("port") is None for p in ports):
+        return False
+    peers = rule.get("from") or []
+    return not peers or any("ipBlock" in peer for peer in peers)

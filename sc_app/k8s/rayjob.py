@@ -11,16 +11,25 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sc_app.k8s.api import DeadlinePassed, K8sError, Kube, Resource, seconds
 from sc_app.k8s.live import LiveStatus, LiveUnavailable, live_status
+from sc_app.k8s.storage import ClaimState, claim_state, mounted_claims
 
 log = logging.getLogger(__name__)
 
 # JobDeploymentStatus values after which KubeRay does nothing more for the job.
 TERMINAL = {"Complete", "Failed", "ValidationFailed"}
+# KubeRay >= 1.7 (rayjob_controller.go checkJobStatusCheckTimeoutAndUpdateStatusIfNeeded): status checks of the
+# dashboard failing for RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (operator env, default 300) fail the job with this
+# status.reason, and such a failure is never retried, whatever backoffLimit says.
+STATUS_CHECK_TIMEOUT = "JobStatusCheckTimeoutExceeded"
+STATUS_CHECK_HINT = (
+    "raise RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS on the KubeRay operator and keep the head on on-demand nodes "
+    "(head.nodeSelector/affinity/tolerations); ops/RUNBOOKS.md \"Head replaced\""
+)
 
 
 @dataclass
@@ -36,11 +45,14 @@ class JobStatus:
     suspended: bool
     cluster: str
     message: str
+    reason: str = ""
+    status_checks_failing_since: str = ""
     head_pod: str | None = None
     resume_step: int | None = None
     resume_decision: str | None = None
     live: LiveStatus | None = None
     live_error: str | None = None
+    claims: list[ClaimState] = field(default_factory=list)
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> JobStatus:
@@ -56,6 +68,8 @@ class JobStatus:
             suspended=bool(spec.get("suspend")),
             cluster=st.get("rayClusterName", ""),
             message=st.get("message", ""),
+            reason=str(st.get("reason") or ""),
+            status_checks_failing_since=str(st.get("jobStatusCheckFailureStartTime") or ""),
         )
 
     @property
@@ -77,6 +91,9 @@ class JobStatus:
             "suspended": self.suspended,
             "rayCluster": self.cluster,
             "message": self.message,
+            "reason": self.reason,
+            "statusChecksFailingSince": self.status_checks_failing_since or None,
+            "claims": [{"name": c.name, "phase": c.phase, "line": c.line()} for c in self.claims],
             "headPod": self.head_pod,
             "resumeStep": self.resume_step,
             "resumeDecision": self.resume_decision,
@@ -99,11 +116,26 @@ class JobStatus:
             + (f" [{self.resume_decision}]" if self.resume_decision else ""),
         ]
         out += [f"message: {self.message}"] if self.message else []
+        out += self.kuberay_lines()
+        out += [c.line() for c in self.claims if c.pending]
         if self.live is not None:
             out += self.live.lines()
         elif self.live_error:
             out.append(f"live: {self.live_error}")
         return out
+
+
+    def kuberay_lines(self) -> list[str]:
+        """KubeRay's own reasons that the retry count does not show."""
+        if self.reason == STATUS_CHECK_TIMEOUT:
+            return [f"reason: {STATUS_CHECK_TIMEOUT}: KubeRay could not read the job's status from the head and failed "
+                    f"it for good (not retried, whatever backoffLimit says); {STATUS_CHECK_HINT}"]
+        if self.status_checks_failing_since and not self.finished:
+            since = self.status_checks_failing_since
+            return [f"warning: KubeRay's status checks of the head fail since {since}; after "
+                    f"RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (default 300) it fails the job with {STATUS_CHECK_TIMEOUT}, "
+                    "not retried"]
+        return [f"reason: {self.reason}"] if self.reason else []
 
 
 class RayJobs:
@@ -124,6 +156,44 @@ class RayJobs:
 
     def set_suspend(self, name: str, suspend: bool) -> None:
         self.kube.merge_patch(self.res, name, {"spec": {"suspend": suspend}})
+
+    def cluster_pods(self, clusters: set[str]) -> list[str]:
+        """Names of the pods (terminating ones included) of ``clusters``."""
+        pods = self.kube.resource("v1", "Pod")
+        return sorted(p["metadata"]["name"] for c in sorted(clusters)
+                      for p in self.kube.list(pods, selector=f"ray.io/cluster={c}"))
+
+    def wait_suspended(self, name: str, clusters: set[str], timeout: float, poll: float) -> JobStatus:
+        """Until KubeRay says Suspended and every pod of ``clusters`` (and of any cluster seen meanwhile) is gone:
+        a pod that is still terminating runs its preStop hook and may still publish a bundle. ``TimeoutError``
+        after ``timeout`` s."""
+        self.kube.deadline = time.monotonic() + timeout
+        what = "no answer yet"
+        while True:
+            try:
+                st = JobStatus.of(self.get(name))
+                clusters |= {st.cluster} - {""}
+                left = self.cluster_pods(clusters) if st.deployment_status == "Suspended" else None
+            except DeadlinePassed:
+                left = None
+            else:
+                if left == []:
+                    return st
+                what = f"{len(left)} pod(s) still terminating ({', '.join(left[:3])})" if left else (
+                    f"deployment status {st.deployment_status or 'New'}")
+            if (self.kube.time_left() or 0.0) <= 0:
+                raise TimeoutError(f"rayjob/{name} not suspended after {seconds(timeout)}s: {what}")
+            time.sleep(min(poll, max(self.kube.time_left() or 0.0, 0.0)))
+
+    def wait_not_suspending(self, name: str, timeout: float, poll: float) -> None:
+        """Until KubeRay has finished a suspension in progress (it does not act on a resume while Suspending)."""
+        self.kube.deadline = time.monotonic() + timeout
+        try:
+            while JobStatus.of(self.get(name)).deployment_status == "Suspending":
+                time.sleep(min(poll, max(self.kube.time_left() or 0.0, 0.0)))
+        except DeadlinePassed:
+            raise TimeoutError(f"rayjob/{name} still Suspending after {seconds(timeout)}s; resume it later") from None
+        self.kube.deadline = None
 
     def head_pod(self, cluster: str) -> dict[str, Any] | None:
         """The newest head pod of ``cluster`` that is not being deleted (an old one may linger after a loss)."""
@@ -164,9 +234,40 @@ class RayJobs:
             st.head_pod = pod["metadata"]["name"]
             st.resume_step, st.resume_decision = self.resume_point(st.head_pod)
 
+    def claims(self, rayjob: dict[str, Any]) -> list[ClaimState]:
+        """The claims the job's pods mount, with what a Pending one waits for; unreadable ones are left out."""
+        out: list[ClaimState] = []
+        for name in mounted_claims(rayjob):
+            try:
+                pvc = self.kube.get(self.kube.resource("v1", "PersistentVolumeClaim"), name)
+                if pvc is None:
+                    out.append(ClaimState(name, "Missing", "", "", ()))
+                    continue
+            except K8sError as exc:  # status must still answer without PVC read access
+                if isinstance(exc, DeadlinePassed):
+                    raise
+                log.debug("claim %s unavailable: %s", name, exc)
+                continue
+            out.append(claim_state(pvc, self._claim_events(pvc, name)))
+        return out
+
+    def _claim_events(self, pvc: dict[str, Any], name: str) -> list[dict[str, Any]]:
+        """A Pending claim's events (what it waits for); [] when bound or when events cannot be read."""
+        if str((pvc.get("status") or {}).get("phase") or "Pending") != "Pending":
+            return []
+        try:
+            return self.kube.list(self.kube.resource("v1", "Event"),
+                                  fields=f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name}")
+        except DeadlinePassed:
+            raise
+        except K8sError as exc:
+            log.debug("events of claim %s unavailable: %s", name, exc)
+            return []
+
     def status(self, name: str, *, live: bool = True, last_events: int = 5) -> JobStatus:
         obj = self.get(name)
         st = JobStatus.of(obj)
+        st.claims = self.claims(obj)
         self._add_head(st)
         if live:
             try:
@@ -182,9 +283,13 @@ class RayJobs:
         self.kube.deadline = (time.monotonic() if started is None else started) + timeout
         last_seen: JobStatus | None = None
         last_error = ""
+        reported: set[str] = set()
         while True:
             try:
-                st = JobStatus.of(self.get(name))
+                obj = self.get(name)
+                st = JobStatus.of(obj)
+                if not st.finished and st.deployment_status != "Running":
+                    self._report_claims(obj, reported)
             except DeadlinePassed:
                 pass
             except K8sError as exc:
@@ -221,6 +326,16 @@ class RayJobs:
                     f"rayjob/{name} still {last_seen.deployment_status or 'New'} after {seconds(timeout)}s"
                 )
             time.sleep(min(poll, left))
+
+    def _report_claims(self, rayjob: dict[str, Any], reported: set[str]) -> None:
+        """Log a Pending claim (and what it waits for) once per new state: a claim that cannot be bound holds every
+        pod, and KubeRay fails the attempt only at preRunningDeadlineSeconds. A poll whose events read failed (the
+        same claim without its event) is not a new state."""
+        for claim in (c for c in self.claims(rayjob) if c.pending):
+            line = claim.line()
+            if line not in reported:
+                reported.update((line, replace(claim, event="").line()))
+                log.warning("%s", line)
 
     def _final(self, st: JobStatus) -> None:
         """Add the head's preflight decision when time is left; a finished job is reported either way."""

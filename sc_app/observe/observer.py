@@ -62,6 +62,7 @@ class ObserveOptions:
     metrics: bool = True  # record Prometheus metrics once Ray is up
     max_steps: int = 0  # what the start event says about the run
     save_period: int = 0
+    preemption_notice_s: float | None = None  # checkpoint.preemption_notice_s: saves slower than it are warned about
     close_timeout_s: float = 10.0  # how long the exit waits for a slow volume before giving up on the rest
 
     @classmethod
@@ -73,6 +74,7 @@ class ObserveOptions:
             metrics=cfg.run.metrics_enabled,
             max_steps=cfg.run.max_steps,
             save_period=cfg.checkpoint.save_period,
+            preemption_notice_s=cfg.checkpoint.preemption_notice_s,
         )
 
 
@@ -99,7 +101,7 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
         data = {"error": record.error, "in_a_row": record.in_a_row, "last_saved_step": record.last_saved_step}
         return None, [Event("save_failed", record.step, data)]
     if isinstance(record, StopRecord):
-        return None, [Event("stop_requested", record.step)]
+        return None, [Event("stop_requested", record.step, {"emergency": record.emergency} if record.emergency else {})]
     raise TypeError(f"not a progress record: {record!r}")
 
 
@@ -165,6 +167,8 @@ class JobObserver:
             "max_steps": self.opts.max_steps,
             "save_period": self.opts.save_period,
         }
+        if self.opts.preemption_notice_s is not None:
+            start["preemption_notice_s"] = self.opts.preemption_notice_s
         self.event(Event("start", start_step, start))
         if lease is not None:
             record = read_lease(lease.root)

@@ -70,6 +70,8 @@ class Summary:
     save_window_ms_max: float | None
     save_paused_ms_max: float | None
     bundle_bytes_last: int | None
+    preemption_notice_s: float | None  # the newest attempt's checkpoint.preemption_notice_s (start event)
+    saves_over_notice: list[int]  # steps of published bundles whose save took longer than that notice
     resumes: list[dict[str, Any]]
     dropped_records: int
     unreadable_lines: int
@@ -106,6 +108,8 @@ def summarize(h: RunHistory) -> Summary:
     dropped = sum(
         int(e.data.get(k) or 0) for e in h.events_named("dropped") for k in ("steps", "events", "write_failed")
     )
+    notices = [_num(e, "preemption_notice_s") for e in h.events_named("start")]
+    notice = notices[-1] if notices else None
     return Summary(
         log=str(h.path),
         attempts=[asdict(a) for a in h.attempts()],
@@ -126,6 +130,9 @@ def summarize(h: RunHistory) -> Summary:
         save_window_ms_max=max(windows) * 1000 if windows else None,
         save_paused_ms_max=max(paused) * 1000 if paused else None,
         bundle_bytes_last=sizes[-1] if sizes else None,
+        preemption_notice_s=notice,
+        saves_over_notice=[int(e.step or 0) for e in saves if notice is not None and (_num(e, "seconds") or 0) > notice]
+        if notice is not None else [],
         resumes=[
             {"attempt": e.stamp.attempt, "step": e.step, "bundle": e.data.get("bundle"), "reason": e.data.get("reason")}
             for e in h.events_named("resume")
@@ -286,6 +293,7 @@ def markdown(s: Summary) -> str:
         f"training paused at most {_fmt(s.save_paused_ms_max, ' ms', 1)}, window at most "
         f"{_fmt(s.save_window_ms_max, ' ms', 1)}",
         f"- run-log records lost (slow volume): {s.dropped_records}; unreadable lines: {s.unreadable_lines}",
+        *_notice_lines(s),
         "",
         "| attempt | run id | from step | resumed from | final step | exit code |",
         "|---|---|---|---|---|---|",
@@ -304,6 +312,18 @@ def markdown(s: Summary) -> str:
         if name in s.files:
             lines.append(f"![{name}]({Path(s.files[name]).name})")
     return "\n".join(lines) + "\n"
+
+
+def _notice_lines(s: Summary) -> list[str]:
+    """The warning when saves take longer than the platform's preemption notice (checkpoint.preemption_notice_s)."""
+    if not s.saves_over_notice or s.preemption_notice_s is None:
+        return []
+    steps = ", ".join(f"step_{n}" for n in s.saves_over_notice[:10]) + (" …" if len(s.saves_over_notice) > 10 else "")
+    return [
+        f"- **warning**: {len(s.saves_over_notice)} saves took longer than checkpoint.preemption_notice_s="
+        f"{s.preemption_notice_s:g} s ({steps}): an emergency bundle cannot finish within a preemption notice, so "
+        "checkpoint.save_period is the real protection",
+    ]
 
 
 def write_report(h: RunHistory, out_dir: str | Path) -> Summary:

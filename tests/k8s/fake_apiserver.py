@@ -48,7 +48,9 @@ SERVED: dict[str, dict[str, tuple[str, bool]]] = {
         "services": ("Service", True),
         "services/proxy": ("ServiceProxyOptions", True),
         "namespaces": ("Namespace", False),
+        "events": ("Event", True),
     },
+    "storage.k8s.io/v1": {"storageclasses": ("StorageClass", False)},
     "networking.k8s.io/v1": {"networkpolicies": ("NetworkPolicy", True)},
     "ray.io/v1": {"rayjobs": ("RayJob", True), "rayclusters": ("RayCluster", True)},
 }
@@ -140,6 +142,8 @@ class FakeApiServer(_Server):
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, content-type)
     rayjob_status_script: list[dict[str, Any]] = field(default_factory=list)  # popped on each RayJob GET
     stuck: list[str] = field(default_factory=list)  # RayJobs whose finalizer could not stop the Ray job
+    kuberay_suspends: bool = False  # act on spec.suspend like KubeRay (see _suspend_tick)
+    terminating_ticks: int = 3  # requests a deleted pod stays listed (its preStop hook running)
     _rv: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -190,14 +194,17 @@ class FakeApiServer(_Server):
                       for p, (k, ns) in resources.items()]
             return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
                          "resources": listed}, "application/json"
-        if len(rest) < 3 or rest[0] != "namespaces":
+        if rest[0] == "namespaces" and len(rest) >= 3:
+            ns, plural, tail = rest[1], rest[2], rest[3:]
+        elif rest[0] in resources and not resources[rest[0]][1]:  # cluster-scoped (StorageClass)
+            ns, plural, tail = "", rest[0], rest[1:]
+        else:
             return not_served
-        ns, plural = rest[1], rest[2]
         if plural not in resources:
             return not_served
         group = gv.rpartition("/")[0]
-        name = rest[3] if len(rest) > 3 else ""
-        sub = rest[4] if len(rest) > 4 else ""
+        name = tail[0] if tail else ""
+        sub = tail[1] if len(tail) > 1 else ""
         verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update", "PATCH": "patch",
                 "DELETE": "delete"}[method]
         if plural == "services" and sub == "proxy":
@@ -211,7 +218,7 @@ class FakeApiServer(_Server):
                    f'namespace "{ns}"')
             return 403, status_body(403, "Forbidden", msg, name, plural, group), "application/json"
         if plural == "services" and sub == "proxy":
-            return self._proxy(ns, name, port, "/" + "/".join(rest[5:]), query, headers)
+            return self._proxy(ns, name, port, "/" + "/".join(tail[2:]), query, headers)
         if plural == "pods" and sub == "log":
             text = self.logs.get((ns, name, query.get("container", [""])[0]))
             if text is None:
@@ -229,8 +236,10 @@ class FakeApiServer(_Server):
             return 201, self.add(plural, obj, ns), "application/json"
         if method == "GET" and not name:
             selector = dict(s.split("=", 1) for s in query.get("labelSelector", [""])[0].split(",") if s)
+            fields = dict(s.split("=", 1) for s in query.get("fieldSelector", [""])[0].split(",") if s)
             items = [o for (p, n, _), o in self.store.items() if p == plural and n == ns
-                     and selector.items() <= (o["metadata"].get("labels") or {}).items()]
+                     and selector.items() <= (o["metadata"].get("labels") or {}).items()
+                     and all(_field(o, k) == v for k, v in fields.items())]
             kind = resources[plural][0]
             return 200, {"kind": f"{kind}List", "apiVersion": gv, "metadata": {}, "items": items}, "application/json"
         key = (plural, ns, name)
@@ -301,10 +310,34 @@ class FakeApiServer(_Server):
                       and (o["metadata"].get("labels") or {}).get("ray.io/cluster") == cluster]:
                 del self.store[k]
 
+    def _suspend_tick(self) -> None:
+        """KubeRay's suspension (rayjob_controller.go): Running → Suspending; then it deletes the RayCluster and says
+        Suspended (clearing rayClusterName) while the cluster's pods are still terminating (preStop hooks); they go
+        ``terminating_ticks`` requests later."""
+        for key, obj in list(self.store.items()):
+            meta = obj["metadata"]
+            if key[0] == "pods" and meta.get("deletionTimestamp"):
+                meta["_ticks"] = meta.get("_ticks", 0) + 1
+                if meta["_ticks"] > self.terminating_ticks:
+                    del self.store[key]
+            if key[0] != "rayjobs" or not (obj.get("spec") or {}).get("suspend"):
+                continue
+            st = obj.setdefault("status", {})
+            if st.get("jobDeploymentStatus") in ("Running", "Initializing", "Retrying"):
+                st["jobDeploymentStatus"] = "Suspending"
+            elif st.get("jobDeploymentStatus") == "Suspending":
+                for pod in self.store.values():
+                    if pod.get("kind") == "Pod" and (pod["metadata"].get("labels") or {}).get(
+                            "ray.io/cluster") == st.get("rayClusterName"):
+                        pod["metadata"].setdefault("deletionTimestamp", "2026-01-01T02:00:00Z")
+                st.update(jobDeploymentStatus="Suspended", rayClusterName="", jobId="")
+
     def _operator_tick(self) -> None:
         """KubeRay's reaction to a deleted RayJob: stop the Ray job (needs the auth Secret), drop the finalizer."""
         if not self.kuberay_running:
             return
+        if self.kuberay_suspends:
+            self._suspend_tick()
         for key, job in list(self.store.items()):
             meta = job["metadata"]
             if key[0] != "rayjobs" or not meta.get("deletionTimestamp") or FINALIZER not in meta.get("finalizers", []):
@@ -320,6 +353,14 @@ class FakeApiServer(_Server):
             meta["finalizers"] = [f for f in meta["finalizers"] if f != FINALIZER]
             if not meta["finalizers"]:
                 self._remove(key)
+
+
+def _field(obj: dict[str, Any], path: str) -> str:
+    """A field selector's value (``involvedObject.name``) of ``obj``."""
+    node: Any = obj
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return "" if node is None else str(node)
 
 
 def _merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> None:

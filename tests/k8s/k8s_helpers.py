@@ -31,7 +31,10 @@ _CRD_FILES = {
 }
 K8S_VERSION = "1.31.0"
 SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "SidecarMode", "InteractiveMode"}
-BASE_VALUES: dict[str, Any] = {"image": {"tag": "0.1.0"}}
+# The chart's defaults plus what it requires: an image tag and, with the default ReadWriteMany claim, a named class.
+RWX_CLASS = "efs-sc"
+BASE_VALUES: dict[str, Any] = {"image": {"tag": "0.1.0"},
+                               "checkpoint": {"persistence": {"storageClassName": RWX_CLASS}}}
 
 
 def load_values(path: Path) -> dict[str, Any]:
@@ -43,7 +46,7 @@ def sim_worker_values() -> dict[str, Any]:
     offers the ``sim_worker`` resource, which the trainer and the TransferQueue storage unit are placed on: the
     release the pod stand-in tests run as a real two-pod job."""
     values = load_values(CHART_DIR / "ci" / "cpu-values.yaml")
-    values["checkpoint"]["persistence"]["accessModes"] = ["ReadWriteMany"]
+    values["checkpoint"]["persistence"].update(accessModes=["ReadWriteMany"], storageClassName=RWX_CLASS)
     values["workerGroups"] = [{
         "name": "cpu", "accelerator": "cpu", "gpuResource": "nvidia.com/gpu", "replicas": 1,
         "terminationGracePeriodSeconds": 120,

@@ -47,6 +47,10 @@ MATRIX = [pytest.param(BASE_VALUES, id="defaults")] + [
 ]
 
 
+# A PodMonitor needs the namespace Prometheus scrapes from (the chart refuses it otherwise).
+MONITORED = {"metrics": {"podMonitor": {"enabled": True}}, "networkPolicy": {"monitoringNamespace": "monitoring"}}
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for k, v in over.items():
@@ -78,7 +82,7 @@ def _ray_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("values", MATRIX)
 def test_every_rendered_object_is_valid(values: dict[str, Any]) -> None:
-    objs = objects(render(_merge(values, {"metrics": {"podMonitor": {"enabled": True}}})))
+    objs = objects(render(_merge(values, MONITORED)))
     assert {"ConfigMap", "PodMonitor"} <= {o["kind"] for o in objs}
     for obj in objs:
         if is_custom(obj):
@@ -355,7 +359,7 @@ def test_model_from_a_read_only_claim_becomes_config_model_path() -> None:
     assert config["model"] == {"backend": "hf", "dtype": "bfloat16", "path": "/models/qwen2.5-0.5b-instruct"}
     for template in _ray_templates(_the(objs, "RayJob")):
         vols = {v["name"]: v for v in template["spec"]["volumes"]}
-        assert vols["model"]["persistentVolumeClaim"] == {"claimName": "models-rox", "readOnly": True}
+        assert vols["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
         (ray,) = template["spec"]["containers"]
         assert {"name": "model", "mountPath": "/models", "readOnly": True} in ray["volumeMounts"]
         for init in template["spec"].get("initContainers", []):
@@ -368,8 +372,8 @@ def test_model_from_a_read_only_claim_becomes_config_model_path() -> None:
 
 
 def test_pod_monitor_scrapes_the_metrics_port_of_head_and_workers() -> None:
-    values = _merge(BASE_VALUES, {"metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prom"},
-                                                             "interval": "15s", "scrapeTimeout": "10s"}}})
+    values = _merge(_merge(BASE_VALUES, MONITORED), {"metrics": {"podMonitor": {
+        "labels": {"release": "prom"}, "interval": "15s", "scrapeTimeout": "10s"}}})
     objs = objects(render(values))
     monitor = _the(objs, "PodMonitor")
     validate_crd_object(monitor)
@@ -417,6 +421,12 @@ BAD_VALUES = [
         {"mode": "RayCluster", "checkpoint": {"persistence": {"accessModes": ["ReadWriteOnce"]}}},
         r"ReadWriteMany",
         id="rwo-with-workers-raycluster",
+    ),
+    pytest.param(
+        {"checkpoint": {"persistence": {"storageClassName": ""}}},
+        r"storageClassName is empty with accessModes \[ReadWriteMany\]: the cluster's default class is "
+        r"ReadWriteOnce-only on EKS, GKE and AKS.*standard-rwx.*azurefile-csi.*single-pod-rwo-values\.yaml",
+        id="rwx-from-the-default-class",
     ),
     pytest.param({"job": {"submissionMode": "BatchMode"}}, r"submissionMode.*one of", id="unknown-submission-mode"),
     pytest.param({"job": {"backoffLimit": -1}}, r"backoffLimit.*minimum", id="negative-backoff"),
@@ -608,7 +618,7 @@ def test_strict_crd_validation_rejects_unknown_and_wrong_fields() -> None:
     mode["spec"]["submissionMode"] = "K8sMode"
     with pytest.raises(jsonschema.ValidationError, match="submissionMode"):
         validate_crd_object(mode)
-    monitor = _the(objects(render(_merge(BASE_VALUES, {"metrics": {"podMonitor": {"enabled": True}}}))), "PodMonitor")
+    monitor = _the(objects(render(_merge(BASE_VALUES, MONITORED))), "PodMonitor")
     monitor["spec"]["podMetricsEndpoints"][0]["targetPortName"] = "metrics"
     with pytest.raises(jsonschema.ValidationError, match="targetPortName"):
         validate_crd_object(monitor)

@@ -122,6 +122,8 @@ if tool == "kubectl":
     elif words("delete", "pod"):
         (state / "phase").write_text("1")
         (state / "served").write_text("0")
+    elif words("get", "pvc"):
+        print(scenario.get("pvc_phase", "Bound"), end="")
 elif tool == "sc-app":
     if words("k8s", "status", "--json"):
         served = int((state / "served").read_text()) if (state / "served").exists() else 0
@@ -255,7 +257,7 @@ SAVED_4 = {"newestBundleSource": "saved", "newestBundleStep": 4, "freshStart": F
          1, "FAIL: the new driver on h-b started fresh although step_4 was published"),
         ([_status("h-b", live={"resumedFromStep": 2, "freshStart": False, "newestBundleSource": "resumed"})],
          1, "FAIL: the new driver resumed from step 2, older than step_4"),
-        ([_status("h-a", live=SAVED_4)], 1, "FAIL: no new head resumed from a bundle within 5s"),
+        ([_status("h-a", live=SAVED_4)], 1, "FAIL: no new head resumed from a bundle within 15s"),
     ],
     ids=["head-loss-absorbed", "kuberay-retry", "fresh-start", "older-bundle", "never-resumed"],
 )
@@ -264,7 +266,7 @@ def test_cluster_smoke_requires_a_resume_by_a_new_head(tmp_path: Path, after_los
         "bundle_path": "/data/ckpt/step_4",  # the RayJob's mount path, not /checkpoints
         "phases": [[_status("h-a"), _status("h-a", live=SAVED_4)], after_loss],
     }
-    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "5"}
+    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "15"}
     proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == rc, proc.stderr
@@ -278,3 +280,35 @@ def test_cluster_smoke_requires_a_resume_by_a_new_head(tmp_path: Path, after_los
     order = [(c["tool"], c["args"][c["args"].index("delete") + 1] if "delete" in c["args"] else c["args"][0])
              for c in done if ("delete" in c["args"] and "rayjob" in c["args"]) or c["args"][:1] == ["uninstall"]]
     assert order == [("kubectl", "rayjob"), ("helm", "uninstall")], order
+
+
+@pytest.mark.parametrize(("scenario_extra", "phase0", "expected"), [
+    ({"pvc_phase": "Pending"}, [_status("h-a")], "FAIL: pvc/demo-sc-app-ckpt not Bound"),
+    ({}, [_status("h-a") | {"reason": "JobStatusCheckTimeoutExceeded", "jobDeploymentStatus": "Failed"}],
+     "FAIL: KubeRay ended the job with JobStatusCheckTimeoutExceeded (not retried)"),
+    ({}, [_status("h-a") | {"liveError": "the API server's proxy cannot reach the head: networkpolicy/x-ray admits"}],
+     "FAIL: live status blocked: the API server's proxy cannot reach the head: networkpolicy/x-ray"),
+], ids=["claim-never-binds", "status-check-timeout", "policy-blocks-proxy"])
+def test_cluster_smoke_fails_on_what_only_a_live_cluster_shows(tmp_path: Path, scenario_extra, phase0,
+                                                              expected) -> None:
+    scenario = {"bundle_path": "/data/ckpt/step_4", "phases": [phase0, phase0], **scenario_extra}
+    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "3"}
+    proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and expected in proc.stderr, proc.stderr
+    assert not [c for c in calls(env) if "delete" in c["args"] and "pod" in c["args"]], "nothing was preempted"
+
+
+def test_cluster_smoke_suspends_and_resumes_after_the_resume_check(tmp_path: Path) -> None:
+    scenario = {"bundle_path": "/data/ckpt/step_4",
+                "phases": [[_status("h-a"), _status("h-a", live=SAVED_4)],
+                           [_status("h-b", live={"resumedFromStep": 4, "freshStart": False})]]}
+    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "15"}
+    proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    verbs = [c["args"][1] for c in calls(env) if c["tool"] == "sc-app" and c["args"][:1] == ["k8s"]]
+    tail = [v for v in verbs if v != "status"]
+    assert tail == ["suspend", "resume", "wait"], verbs
+    (suspend,) = [c for c in calls(env) if c["args"][:2] == ["k8s", "suspend"]]
+    assert "--wait" in suspend["args"]

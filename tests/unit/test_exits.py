@@ -1,5 +1,5 @@
-"""sc_app.exits: every error the table names is a real exception class, and an error ends a command with the code
-of its class or of its nearest named base (a subclass never needs its own line)."""
+"""sc_app.exits: every error the table names is a real exception class under its own name, and an error ends a
+command with the code of its class or of its nearest named base (a subclass never needs its own line)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ def test_every_named_error_exists(name: str) -> None:
     module, _, qualname = name.rpartition(".")
     cls = getattr(importlib.import_module(module), qualname)
     assert isinstance(cls, type) and issubclass(cls, Exception), name
+    # exit_for matches the class's own module and qualname: a re-export's name (sc_app.config.ConfigError after the
+    # class moved to config_tree) imports fine but never matches, and the error would end in a traceback
+    assert f"{cls.__module__}.{cls.__qualname__}" == name, f"{name} is a re-export; name {cls.__module__}"
 
 
 def test_a_subclass_takes_its_bases_code_and_the_message_is_the_errors() -> None:

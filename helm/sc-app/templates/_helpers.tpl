@@ -199,3 +199,37 @@ GitOps) `lookup` finds nothing and job.suspend is rendered as given.
 {{- $liveSuspended := eq (toString (dig "spec" "suspend" false $live)) "true" -}}
 {{- or .Values.job.suspend $liveSuspended -}}
 {{- end -}}
+
+{{/* The image user's home (Dockerfile: useradd --home-dir); an emptyDir there with scratch.readOnlyRootFilesystem. */}}
+{{- define "sc-app.homeDir" -}}/home/scapp{{- end -}}
+
+{{/* securityContext of every container: containerSecurityContext, read-only root with scratch.readOnlyRootFilesystem. */}}
+{{- define "sc-app.containerSecurityContext" -}}
+{{- $sc := deepCopy (default (dict) .Values.containerSecurityContext) -}}
+{{- if .Values.scratch.readOnlyRootFilesystem -}}{{- $_ := set $sc "readOnlyRootFilesystem" true -}}{{- end -}}
+{{- toYaml $sc -}}
+{{- end -}}
+
+{{/* volumeMounts that make a read-only root usable (/tmp, $HOME); nothing without scratch.readOnlyRootFilesystem. */}}
+{{- define "sc-app.scratchMounts" -}}
+{{- if .Values.scratch.readOnlyRootFilesystem }}
+- name: tmp
+  mountPath: /tmp
+- name: home
+  mountPath: {{ include "sc-app.homeDir" . }}
+{{- end }}
+{{- end -}}
+
+{{/* The emptyDirs behind sc-app.scratchMounts. */}}
+{{- define "sc-app.scratchVolumes" -}}
+{{- if .Values.scratch.readOnlyRootFilesystem }}
+{{- range $name := list "tmp" "home" }}
+- name: {{ $name }}
+  emptyDir:
+    {{- with $.Values.scratch.tmpSizeLimit }}
+    sizeLimit: {{ . }}
+    {{- else }} {}
+    {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}

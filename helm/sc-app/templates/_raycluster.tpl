@@ -123,13 +123,14 @@ spec:
       resources:
         {{- toYaml $g.preflightResources | nindent 8 }}
       securityContext:
-        {{- toYaml $v.containerSecurityContext | nindent 8 }}
+        {{- include "sc-app.containerSecurityContext" $root | nindent 8 }}
       volumeMounts:
         - name: checkpoints
           mountPath: {{ $v.checkpoint.mountPath }}
         - name: config
           mountPath: {{ include "sc-app.configDir" $root }}
           readOnly: true
+        {{- include "sc-app.scratchMounts" $root | nindent 8 }}
   {{- end }}
   containers:
     - name: {{ ternary "ray-head" "ray-worker" $head }}
@@ -166,7 +167,7 @@ spec:
       resources:
         {{- toYaml $g.resources | nindent 8 }}
       securityContext:
-        {{- toYaml $v.containerSecurityContext | nindent 8 }}
+        {{- include "sc-app.containerSecurityContext" $root | nindent 8 }}
       volumeMounts:
         - name: checkpoints
           mountPath: {{ $v.checkpoint.mountPath }}
@@ -178,6 +179,7 @@ spec:
           mountPath: {{ $v.model.mountPath }}
           readOnly: true
         {{- end }}
+        {{- include "sc-app.scratchMounts" $root | nindent 8 }}
         - name: ray-tmp
           mountPath: /tmp/ray
         - name: dshm
@@ -202,7 +204,12 @@ spec:
         readOnly: true
     {{- end }}
     - name: ray-tmp
-      emptyDir: {}
+      emptyDir:
+        {{- with $v.scratch.raySizeLimit }}
+        sizeLimit: {{ . }}
+        {{- else }} {}
+        {{- end }}
+    {{- include "sc-app.scratchVolumes" $root | nindent 4 }}
     # Ray's object store lives in /dev/shm; sized like KubeRay does unless shmSize says otherwise.
     - name: dshm
       emptyDir:

@@ -13,7 +13,13 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- if and (eq (lower $v.image.tag) "latest") (not $v.image.digest) -}}
 {{- fail "image.tag \"latest\" is refused: a retry could run different code than the attempt it resumes; use a version tag or set image.digest" -}}
 {{- end -}}
+{{- $name := include "sc-app.fullname" . -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "release name %q gives the RayJob/RayCluster name %q, which KubeRay refuses (not a DNS-1035 label: lowercase letters, digits and '-', starting with a letter); choose a release name that starts with a letter, or set fullnameOverride" .Release.Name $name) -}}
+{{- end -}}
 {{- include "sc-app.validateJob" . -}}
+{{- include "sc-app.validateSafety" . -}}
+{{- include "sc-app.validateShm" . -}}
 {{- include "sc-app.validateSchedulers" . -}}
 {{- include "sc-app.validateVolumes" . -}}
 {{- include "sc-app.validateGroups" . -}}
@@ -34,11 +40,19 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- if and $j.deletionRules $j.shutdownAfterJobFinishes -}}
 {{- fail "job.deletionRules with job.shutdownAfterJobFinishes=true: KubeRay refuses both; set job.shutdownAfterJobFinishes=false (the rules decide what is deleted)" -}}
 {{- end -}}
+{{- $seen := dict -}}
 {{- range $i, $r := $j.deletionRules -}}
 {{- if eq (len (pick $r.condition "jobStatus" "jobDeploymentStatus")) 1 | not -}}
 {{- fail (printf "job.deletionRules[%d].condition needs exactly one of jobStatus, jobDeploymentStatus (KubeRay refuses it otherwise)" $i) -}}
 {{- end -}}
+{{- $on := ternary (printf "jobStatus %v" $r.condition.jobStatus) (printf "jobDeploymentStatus %v" $r.condition.jobDeploymentStatus) (hasKey $r.condition "jobStatus") -}}
+{{- $key := printf "%s|%s" $on $r.policy -}}
+{{- if hasKey $seen $key -}}
+{{- fail (printf "job.deletionRules[%d] repeats job.deletionRules[%d] (%s on %s): KubeRay refuses duplicate rules; keep one" $i (get $seen $key) $r.policy $on) -}}
 {{- end -}}
+{{- $_ := set $seen $key $i -}}
+{{- end -}}
+{{- include "sc-app.validateDeletionOrder" $j.deletionRules -}}
 {{- end -}}
 {{- end -}}
 
@@ -85,6 +99,9 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- end -}}
 {{- if and (gt $pods 1) (not (has "ReadWriteMany" $modes)) -}}
 {{- fail (printf "checkpoint.persistence.accessModes %v: %d pods (head + workers) mount the checkpoint volume, which needs ReadWriteMany; use an RWX storage class or set workerGroups to []" $modes $pods) -}}
+{{- end -}}
+{{- if and $p.create (has "ReadWriteMany" $p.accessModes) (not $p.storageClassName) -}}
+{{- fail (printf "checkpoint.persistence.storageClassName is empty with accessModes [ReadWriteMany]: the cluster's default class is ReadWriteOnce-only on EKS, GKE and AKS, so the claim would stay Pending and every attempt with it; name an RWX class (%s), or run on one pod with helm/sc-app/ci/single-pod-rwo-values.yaml" (include "sc-app.rwxClassHint" .)) -}}
 {{- end -}}
 {{- $m := $v.model -}}
 {{- if eq $m.source "claim" -}}
@@ -189,4 +206,76 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- if and (eq (toString $model.backend) "hf") (not $v.model.source) (not $model.path) -}}
 {{- fail "config.model.backend=hf needs a model: set model.source=claim (with model.existingClaim, model.path) or model.source=image (with model.path)" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The RWX storage classes of the managed clouds, for refusal messages (docs/kubernetes-storage.md has the details). */}}
+{{- define "sc-app.rwxClassHint" -}}
+EKS: an EFS class of efs.csi.aws.com, e.g. efs-sc; GKE: Filestore standard-rwx; AKS: Azure Files azurefile-csi
+{{- end -}}
+
+{{/* KubeRay's TTL order per condition: DeleteWorkers <= DeleteCluster <= DeleteSelf (validateTTLConsistency). */}}
+{{- define "sc-app.validateDeletionOrder" -}}
+{{- $rules := . -}}
+{{- range $r := $rules -}}
+{{- $on := ternary (printf "jobStatus %v" $r.condition.jobStatus) (printf "jobDeploymentStatus %v" $r.condition.jobDeploymentStatus) (hasKey $r.condition "jobStatus") -}}
+{{- $prev := dict -}}
+{{- range $policy := list "DeleteWorkers" "DeleteCluster" "DeleteSelf" -}}
+{{- range $o := $rules -}}
+{{- $oOn := ternary (printf "jobStatus %v" $o.condition.jobStatus) (printf "jobDeploymentStatus %v" $o.condition.jobDeploymentStatus) (hasKey $o.condition "jobStatus") -}}
+{{- if and (eq $oOn $on) (eq $o.policy $policy) -}}
+{{- $ttl := default 0 $o.condition.ttlSeconds | int -}}
+{{- if and $prev (lt $ttl (int $prev.ttl)) -}}
+{{- fail (printf "job.deletionRules on %s: %s ttlSeconds (%d) is below %s ttlSeconds (%d); KubeRay requires DeleteWorkers <= DeleteCluster <= DeleteSelf" $on $policy $ttl $prev.policy (int $prev.ttl)) -}}
+{{- end -}}
+{{- $prev = dict "policy" $policy "ttl" $ttl -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Combinations that render valid objects but are unsafe or rejected by the cluster at pod admission. */}}
+{{- define "sc-app.validateSafety" -}}
+{{- $v := .Values -}}
+{{- if and (not $v.rayAuth.enabled) (not $v.networkPolicy.enabled) (not $v.rayAuth.acceptOpenCluster) -}}
+{{- fail "rayAuth.enabled=false with networkPolicy.enabled=false: any pod in the cluster could submit code that runs with the checkpoint volume and the HMAC key; enable one of them, or set rayAuth.acceptOpenCluster=true if something else (a service mesh) guards the head" -}}
+{{- end -}}
+{{- if and (eq $v.mode "RayJob") (eq $v.job.submissionMode "SidecarMode") (eq $v.podSecurityStandard "restricted") -}}
+{{- fail "job.submissionMode=SidecarMode with podSecurityStandard=restricted: KubeRay adds its submitter container to the head pod without a securityContext, so a namespace enforcing the restricted Pod Security Standard rejects the head pod; use K8sJobMode or HTTPMode, or set podSecurityStandard=baseline if the namespace does not enforce restricted" -}}
+{{- end -}}
+{{- if and $v.metrics.podMonitor.enabled $v.networkPolicy.enabled (not $v.networkPolicy.monitoringNamespace) -}}
+{{- fail "metrics.podMonitor.enabled without networkPolicy.monitoringNamespace: the NetworkPolicy would drop every scrape; set networkPolicy.monitoringNamespace to Prometheus' namespace" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* /dev/shm is memory charged to the container: a shmSize above the memory limit gets the pod OOM-killed. */}}
+{{- define "sc-app.validateShm" -}}
+{{- $groups := list (dict "name" "head" "g" .Values.head) -}}
+{{- range $i, $g := .Values.workerGroups -}}
+{{- $groups = append $groups (dict "name" (printf "workerGroups[%d] (%s)" $i $g.name) "g" $g) -}}
+{{- end -}}
+{{- range $groups -}}
+{{- $limit := dig "resources" "limits" "memory" "" .g -}}
+{{- if and .g.shmSize $limit -}}
+{{- if gt (include "sc-app.bytes" .g.shmSize | float64) (include "sc-app.bytes" $limit | float64) -}}
+{{- fail (printf "%s.shmSize %v is above its memory limit %v: /dev/shm is memory charged to the container, so Ray's object store filling it gets the pod OOM-killed; lower shmSize or raise resources.limits.memory" .name .g.shmSize $limit) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity ("16Gi", "500M", "1024") in bytes, as a float. */}}
+{{- define "sc-app.bytes" -}}
+{{- $q := toString . -}}
+{{- $units := dict "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0 -}}
+{{- $n := 0.0 -}}
+{{- $done := false -}}
+{{- range $suffix := list "Ki" "Mi" "Gi" "Ti" "k" "M" "G" "T" -}}
+{{- if and (not $done) (hasSuffix $suffix $q) -}}
+{{- $n = mulf (trimSuffix $suffix $q | float64) (get $units $suffix) -}}
+{{- $done = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $done -}}{{- $n = float64 $q -}}{{- end -}}
+{{- $n -}}
 {{- end -}}

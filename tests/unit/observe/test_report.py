@@ -143,3 +143,25 @@ def test_an_empty_log_still_gives_a_report(tmp_path: Path) -> None:
     assert s.steps_logged == 0 and s.first_step is None
     assert all(Path(s.files[n]).stat().st_size > 0 for n in FIGURES)
     assert json.loads(summary_json(s))["reward_first"] is None
+
+
+def test_saves_longer_than_the_preemption_notice_are_warned_about(tmp_path: Path) -> None:
+    """checkpoint.preemption_notice_s (the start event's) against every published save's seconds."""
+    w = RunLogWriter(RunLogOptions(tmp_path, run_id="r1", attempt=1, start_step=0, tensorboard=False)).start()
+    w.event(Event("start", 0, {"decision": "fresh", "preemption_notice_s": 1.0}))
+    for s in range(1, 21):
+        w.step(rec(s, 1))
+        if s % 5 == 0:
+            w.event(save(s))  # 0.1 s per step of the bundle: step_15 takes 1.5 s, step_20 2.0 s
+    w.close(final=Event("exit", 20, {"code": 0, "final_step": 20}))
+    s = summarize(read_history(tmp_path))
+    assert (s.preemption_notice_s, s.saves_over_notice) == (1.0, [15, 20])
+    md = write_report(read_history(tmp_path), tmp_path / "report")
+    text = Path(md.files["summary"]).read_text()
+    assert ("**warning**: 2 saves took longer than checkpoint.preemption_notice_s=1 s (step_15, step_20)" in text)
+    assert "checkpoint.save_period is the real protection" in text
+
+
+def test_without_a_preemption_notice_no_warning(history: RunHistory) -> None:
+    s = summarize(history)
+    assert s.preemption_notice_s is None and s.saves_over_notice == []
