@@ -142,7 +142,7 @@ def test_wait_reports_a_pending_claim_on_its_first_poll(api, capsys, caplog) -> 
     server, kc = api
     _seed_pending(server)
     with caplog.at_level(logging.WARNING):
-        assert run(kc, "wait", "--poll", "0.05", "--timeout", "0.5") == 1
+        assert run(kc, "wait", "--poll", "0.05", "--timeout", "5") == 1
     pending = [r.getMessage() for r in caplog.records if r.getMessage().startswith("claim ")]
     assert len(pending) == 1, "once per new state, not once per poll"
     assert "ProvisioningFailed" in pending[0] and "class gp2" in pending[0]
