@@ -81,6 +81,15 @@ class DataPlaneConfig(_Section):
         "call). Fewer calls are faster; a stored row keeps its whole put's buffer alive until every row of it is "
         "cleared, so a cap bounds how much memory one slow group can hold.",
     )
+    retries: int = Field(
+        3,
+        ge=0,
+        description="Retries of a failed data-plane call (put, advantage write, clear, read) before the run stops; "
+        "a put that still fails has its rows removed first (docs/recovery.md).",
+    )
+    retry_backoff_s: float = Field(
+        0.05, ge=0, description="Wait before the first retry; doubled for each next one, at most 2 s."
+    )
     snapshot: Literal["streamed", "native"] = Field(
         "streamed",
         description="streamed: capture rows in the barrier window, write them after it (no pickle); "

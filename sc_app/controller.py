@@ -149,11 +149,14 @@ class SingleControllerActor:
         """Connect to the data plane, rebuild the index from the sidecar (no data-plane writes) and check it
         against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
         the bundle cannot be resumed: the driver then falls back to an older bundle."""
+        from sc_app.data_plane.retry import RetryingClient, policy_of
         from sc_app.data_plane.transferqueue import TransferQueueDataPlane
 
         cfg = self.cfg
-        self.client = TransferQueueDataPlane(
-            bootstrap=False, namespace=cfg.ray.namespace, snapshot=cfg.data_plane.snapshot
+        self.client = RetryingClient(  # in-job recovery of failed data-plane calls (sc_app/data_plane/retry.py)
+            TransferQueueDataPlane(bootstrap=False, namespace=cfg.ray.namespace, snapshot=cfg.data_plane.snapshot),
+            policy_of(cfg.data_plane.retries, cfg.data_plane.retry_backoff_s),
+            on_fault=lambda fault: self._progress.append(fault.record(self.step)),
         )
         self.buffer = TQReplayBuffer(
             self.client,

@@ -30,7 +30,7 @@ from sc_app.exits import EXIT_SUPERSEDED
 from sc_app.observe.reader import RunLogMissing, read_history
 from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, StepMetrics
 from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
-from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
+from sc_app.progress import FaultRecord, ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
 
 if TYPE_CHECKING:
     from sc_app.config import AppConfig
@@ -100,7 +100,27 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
         return None, [Event("save_failed", record.step, data)]
     if isinstance(record, StopRecord):
         return None, [Event("stop_requested", record.step)]
+    if isinstance(record, FaultRecord):
+        return None, [fault_event(record)]
     raise TypeError(f"not a progress record: {record!r}")
+
+
+def fault_event(record: FaultRecord) -> Event:
+    """The run log's ``fault`` event: what failed, how it ended and what it cost."""
+    data = {
+        "fault": record.kind,
+        "outcome": record.outcome,
+        "attempts": record.attempts,
+        "detection_s": record.detection_seconds,
+        "recovery_s": record.recovery_seconds,
+        "rows_removed": record.rows_removed,
+        "steps_redone": record.steps_redone,
+        "rollouts_regenerated": record.rollouts_regenerated,
+        "prompts_lost": record.prompts_lost,
+        "prompts_duplicated": record.prompts_duplicated,
+        "error": record.error,
+    }
+    return Event("fault", record.step, data)
 
 
 def _step_from_bundle(doc: Any) -> StepMetrics | None:
