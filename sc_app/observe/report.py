@@ -4,7 +4,8 @@ Plots (each series is the effective one: one record per step, the newest attempt
 * ``reward_loss.png`` — reward mean with its min-max band, and loss, per step; resumes as vertical lines, published
   bundles as dots on the reward line (emergency bundles as crosses);
 * ``step_time.png``   — seconds per step, with the same marks;
-* ``saves.png``       — per published bundle: its whole time, and the pause and barrier window training saw.
+* ``saves.png``       — per published bundle: its whole time, and the pause and barrier window training saw;
+* ``goodput.png``     — where each attempt's wall time went (``sc_app.observe.goodput``; table in ``report.md``).
 
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot, no global state, no display). Every plotted
 artist carries a ``gid`` naming its series, so tests can compare what was plotted with the log.
@@ -21,10 +22,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from sc_app.observe import goodput_report
+from sc_app.observe.goodput import ledger
 from sc_app.observe.reader import RunHistory
 from sc_app.observe.records import LoggedEvent, LoggedStep, finite
 
-FIGURES = ("reward_loss", "step_time", "saves")
+FIGURES = ("reward_loss", "step_time", "saves", "goodput")
 SUMMARY_FILE = "report.md"
 EDGE = 10  # steps averaged for the first/last reward
 
@@ -73,6 +76,7 @@ class Summary:
     resumes: list[dict[str, Any]]
     dropped_records: int
     unreadable_lines: int
+    goodput: dict[str, Any] = field(default_factory=dict)  # the run's ledger (sc_app.observe.goodput), as_event()
     files: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -132,6 +136,7 @@ def summarize(h: RunHistory) -> Summary:
         ],
         dropped_records=dropped,
         unreadable_lines=h.skipped,
+        goodput=ledger(h).as_event(),
     )
 
 
@@ -263,6 +268,7 @@ def build_figures(h: RunHistory) -> dict[str, Figure]:
     else:
         _empty(fig, "no bundle published in the run log")
     figs["saves"] = fig
+    figs["goodput"] = goodput_report.figure(ledger(h))
     return figs
 
 
@@ -271,7 +277,7 @@ def _fmt(v: float | None, unit: str = "", digits: int = 3) -> str:
     return "—" if v is None else f"{v:.{digits}f}{unit}"
 
 
-def markdown(s: Summary) -> str:
+def markdown(s: Summary, h: RunHistory | None = None) -> str:
     lines = [
         "# sc-app run report",
         "",
@@ -300,6 +306,8 @@ def markdown(s: Summary) -> str:
         shown = ", ".join(map(str, s.missing_steps[:20])) + (" …" if len(s.missing_steps) > 20 else "")
         lines += ["", f"Missing steps: {shown}"]
     lines.append("")
+    if h is not None:
+        lines += goodput_report.markdown_lines(ledger(h))
     for name in FIGURES:
         if name in s.files:
             lines.append(f"![{name}]({Path(s.files[name]).name})")
@@ -317,7 +325,7 @@ def write_report(h: RunHistory, out_dir: str | Path) -> Summary:
         files[name] = str(path)
     summary = replace(summarize(h), files=files)
     md = out / SUMMARY_FILE
-    md.write_text(markdown(summary))
+    md.write_text(markdown(summary, h))
     return replace(summary, files={**files, "summary": str(md)})
 
 
