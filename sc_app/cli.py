@@ -101,7 +101,8 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
 
     def on_progress(record: ProgressRecord) -> None:
         print(format_line(record, cfg.run.max_steps), flush=True)
-        observer.progress(record)
+        if extra := observer.progress(record):  # the attempt's goodput after each bundle
+            print(extra, flush=True)
 
     def on_ray_ready() -> None:
         install_handlers()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sc_app.checkpoint.lease import Lease, read_lease
 from sc_app.checkpoint.resume import ResumePlan
 from sc_app.exits import EXIT_SUPERSEDED
-from sc_app.observe.reader import RunLogMissing, read_history
-from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, StepMetrics
+from sc_app.observe.goodput import Ledger, ledger
+from sc_app.observe.reader import RunHistory, RunLogMissing, read_history
+from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, LoggedEvent, LoggedStep, Stamp, StepMetrics
 from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
 from sc_app.progress import FaultRecord, ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 1.0  # how often the keepalive thread looks (``JobMetrics.tick`` re-records at its own pace)
+GOODPUT_GAUGE_S = 30.0  # how often the keepalive thread recomputes the goodput gauge from the attempt's records
 
 
 class MetricsSink(Protocol):
@@ -158,6 +161,8 @@ class JobObserver:
         self._closed = False
         self._stop_ticking = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._seen = RunHistory(Path("<this attempt>"))  # this attempt's records, for its goodput (ledger)
+        self._goodput_at = 0.0  # monotonic time the goodput gauge was last computed
 
     # ------------------------------------------------------------------ before Ray
     def started(self, run_id: str, lease: Lease | None, plan: ResumePlan) -> JobObserver:
@@ -251,18 +256,26 @@ class JobObserver:
                 return
 
     # ------------------------------------------------------------------ during the run
-    def progress(self, record: ProgressRecord) -> None:
-        """One controller progress record (from ``run_job``'s ``on_progress``)."""
+    def progress(self, record: ProgressRecord) -> str | None:
+        """One controller progress record (from ``run_job``'s ``on_progress``); returns a line for the driver to
+        print after the record's own: the attempt's goodput after each published bundle."""
         step, events = translate(record)
         if step is not None:
             self.step(step, record.commit_waits if isinstance(record, StepRecord) else ())
         for ev in events:
             self.event(ev)
+        return self.goodput().line() if isinstance(record, SaveRecord) and self.run_id is not None else None
+
+    def goodput(self) -> Ledger:
+        """Where this attempt's time went so far (``sc_app.observe.goodput``), from the records it logged."""
+        seen = self._seen
+        return ledger(RunHistory(seen.path, list(seen.steps), list(seen.events)))
 
     def step(self, rec: StepMetrics, commit_waits: Sequence[float] = ()) -> None:
         if self.run_id is None:
             return
         self.last_step = rec.step
+        self._seen.steps.append(LoggedStep(Stamp(time.time(), self.run_id, self.attempt), rec, False))
         if self.writer is not None:
             self.writer.step(rec)
         if self.metrics is not None:
@@ -271,6 +284,8 @@ class JobObserver:
     def event(self, ev: Event) -> None:
         if self.run_id is None:
             return
+        if ev.name != "goodput":
+            self._seen.events.append(LoggedEvent(Stamp(time.time(), self.run_id, self.attempt), ev))
         if self.writer is not None:
             self.writer.event(ev)
         if self.metrics is not None:
@@ -285,6 +300,9 @@ class JobObserver:
             if total > self._dropped_seen:
                 self.metrics.dropped(total - self._dropped_seen)
                 self._dropped_seen = total
+        if self.run_id is not None and not self._closed and time.monotonic() - self._goodput_at >= GOODPUT_GAUGE_S:
+            self._goodput_at = time.monotonic()
+            self.metrics.event(Event("goodput", self.last_step, {"goodput": self.goodput().goodput}))
         self.metrics.tick()
 
     # ------------------------------------------------------------------ the end
@@ -306,6 +324,7 @@ class JobObserver:
         if self.run_id is None:
             return None
         step = self.last_step if final_step is None else final_step
+        self.event(Event("goodput", step, self.goodput().as_event()))
         if code == EXIT_SUPERSEDED:
             self.event(Event("lease_lost", step, {"message": message}))
         self.tick()
@@ -332,12 +351,14 @@ def where_lines(cfg: AppConfig, observer: JobObserver) -> list[str]:
     path = observer.where()
     if path is None:
         return []
+    ran = observer.goodput()
     log_dir = Path(path).parent
     if cfg.run.log_dir:
         source = f"--log-dir {shlex.quote(str(log_dir))}"
     else:
         source = f"--checkpoint-dir {shlex.quote(cfg.checkpoint.dir)}"
     return [
+        *([ran.line()] if ran.attempts else []),
         f"run log: {path} (TensorBoard: tensorboard --logdir {shlex.quote(str(log_dir))})",
         f"plots and summary: sc-app report {source}",
     ]
