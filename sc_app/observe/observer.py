@@ -266,6 +266,10 @@ class JobObserver:
             self.event(ev)
         return self.goodput().line() if isinstance(record, SaveRecord) and self.run_id is not None else None
 
+    def ran(self) -> bool:
+        """The attempt took the lease or trained (a refused one did neither: it has no goodput to report)."""
+        return bool(self._seen.steps) or any(e.name == "lease_taken" for e in self._seen.events)
+
     def goodput(self) -> Ledger:
         """Where this attempt's time went so far (``sc_app.observe.goodput``), from the records it logged."""
         seen = self._seen
@@ -324,7 +328,8 @@ class JobObserver:
         if self.run_id is None:
             return None
         step = self.last_step if final_step is None else final_step
-        self.event(Event("goodput", step, self.goodput().as_event()))
+        if self.ran():
+            self.event(Event("goodput", step, self.goodput().as_event()))
         if code == EXIT_SUPERSEDED:
             self.event(Event("lease_lost", step, {"message": message}))
         self.tick()
@@ -351,14 +356,14 @@ def where_lines(cfg: AppConfig, observer: JobObserver) -> list[str]:
     path = observer.where()
     if path is None:
         return []
-    ran = observer.goodput()
+    ran = [observer.goodput().line()] if observer.ran() else []
     log_dir = Path(path).parent
     if cfg.run.log_dir:
         source = f"--log-dir {shlex.quote(str(log_dir))}"
     else:
         source = f"--checkpoint-dir {shlex.quote(cfg.checkpoint.dir)}"
     return [
-        *([ran.line()] if ran.attempts else []),
+        *ran,
         f"run log: {path} (TensorBoard: tensorboard --logdir {shlex.quote(str(log_dir))})",
         f"plots and summary: sc-app report {source}",
     ]

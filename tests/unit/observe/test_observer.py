@@ -72,6 +72,7 @@ def test_an_attempt_records_how_it_started_ran_and_ended(tmp_path: Path) -> None
         obs.progress(record)
     result = obs.finish(143, "stopped on SIGTERM")
     assert result is not None and result.dropped.total == 0
+    assert where_lines(load_config(overrides=[f"run.log_dir={logs}"]), obs)[0].startswith("goodput ")
     assert obs.finish(1) is None, "finish is idempotent"
 
     h = read_history(logs)
@@ -198,14 +199,13 @@ def test_the_last_lines_name_the_log_and_the_report_command(tmp_path: Path) -> N
     plan = plan_resume(tmp_path / "ckpt", tidy=True)
     default = load_config(overrides=[f"checkpoint.dir={tmp_path}/ckpt dir"])
     obs = JobObserver(ObserveOptions.of(default)).started("r", None, plan)
-    goodput_line, log_line, report_line = where_lines(default, obs)
-    assert goodput_line == "goodput: nothing measured yet"  # an attempt that has not run a second yet
+    log_line, report_line = where_lines(default, obs)  # no lease, no step: no goodput line
     assert log_line.startswith(f"run log: {tmp_path}/ckpt dir/logs/metrics.jsonl")
     assert report_line == f"plots and summary: sc-app report --checkpoint-dir '{tmp_path}/ckpt dir'"
     obs.finish(0)
     custom = load_config(overrides=[f"run.log_dir={tmp_path}/mine"])
     obs = JobObserver(ObserveOptions.of(custom)).started("r", None, plan)
-    assert where_lines(custom, obs)[-1] == f"plots and summary: sc-app report --log-dir {tmp_path}/mine"
+    assert where_lines(custom, obs)[1] == f"plots and summary: sc-app report --log-dir {tmp_path}/mine"
     obs.finish(0)
     off = load_config(overrides=["run.log_enabled=false"])
     assert where_lines(off, JobObserver(ObserveOptions.of(off)).started("r", None, plan)) == []
