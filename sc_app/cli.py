@@ -78,7 +78,7 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
     from sc_app.driver import ResumeRefused
     from sc_app.job import CheckpointDirUnusable, EmergencyTimeout, JobFailed, run_job
     from sc_app.policy.hf.errors import HFInputError
-    from sc_app.progress import ProgressRecord, RunSummary, format_line
+    from sc_app.progress import ProgressRecord, RecoveryExhausted, RunSummary, format_line
 
     stop = {"requested": False}
 
@@ -130,7 +130,7 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
         return failed(f"{exc}")
     except LeaseLost as exc:
         return failed(f"superseded: {exc}", EXIT_SUPERSEDED)
-    except (SaveFailed, InventoryMismatch, EmergencyTimeout, JobFailed) as exc:
+    except (SaveFailed, InventoryMismatch, EmergencyTimeout, JobFailed, RecoveryExhausted) as exc:
         return failed(str(exc), EXIT_FAILED)
     summary = result.summary
     if result.outcome == "already_done":

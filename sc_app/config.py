@@ -183,6 +183,13 @@ class TrainerConfig(WorkerGroupConfig):
 
 
 class GenerationWorkersConfig(WorkerGroupConfig):
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Dead generation workers replaced in-job, per worker within restart_window_s; past it the run "
+        "stops with one line (docs/recovery.md). 0: a dead worker ends the run.",
+    )
+    restart_window_s: float = Field(600.0, gt=0, description="The window generation.max_restarts counts in.")
     top_k: int = Field(0, ge=0, description="hf: sample from the k likeliest tokens (0: off).")
     top_p: float = Field(1.0, gt=0, le=1, description="hf: nucleus sampling (1.0: off).")
 

@@ -47,8 +47,10 @@ from sc_app.phases import StepClock
 from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult, policy_format
 from sc_app.policy.grpo import group_advantages
 from sc_app.policy.loader import PromptLoader
+from sc_app.policy.worker_restart import GenerationSupervisor
 from sc_app.progress import (
     ProgressRecord,
+    RecoveryExhausted,
     RunSummary,
     SaveFailedRecord,
     SaveRecord,
@@ -134,6 +136,18 @@ class SingleControllerActor:
         self._restored = False
         self._trace_fh: Any = None
         self._rollout_seconds = {"generation": 0.0}  # summed over rollout pumps; read and reset per step record
+        self._generation = GenerationSupervisor(  # replaces a dead generation worker in-job (policy/worker_restart.py)
+            cfg=self.cfg,
+            cfg_json=args.cfg_json,
+            dataset_sha256=(args.dataset or {}).get("sha256"),
+            generators=args.generators,
+            trainers=args.trainers,
+            version=lambda: self.version,
+            step=lambda: self.step,
+            give_back=self._give_back,
+            on_fault=self._progress.append,
+            trace=self._trace,
+        )
 
     # ------------------------------------------------------------------ control surface for the driver
     def progress(self, since: int) -> list[ProgressRecord]:
@@ -241,7 +255,9 @@ class SingleControllerActor:
                 self._trace(ev="issue", prompts=idxs, worker=worker_index)
                 try:
                     generating = time.perf_counter()
-                    out: Rollout = await worker.generate.remote(idxs)
+                    out: Rollout | None = await self._generation.generate(worker_index, idxs)
+                    if out is None:  # the worker died: its prompts went back to the loader, a new one took over
+                        continue
                     self._rollout_seconds["generation"] += time.perf_counter() - generating
                     # the groups of the call in one put and one barrier slot (data_plane.groups_per_put caps it)
                     data = TensorDict(dict(out.fields), batch_size=len(idxs) * group_size)
@@ -267,6 +283,13 @@ class SingleControllerActor:
             async with self._cond:
                 self._cond.notify_all()
 
+    async def _give_back(self, idxs: list[int]) -> None:
+        """A dead worker's prompts: back to the loader, out of the in-flight count."""
+        back = self.loader.give_back(idxs)
+        async with self._cond:
+            self._inflight = max(0, self._inflight - len(back))
+            self._cond.notify_all()
+
     async def _drop(self, groups: list[Group]) -> None:
         """Clear groups through the barrier, then wake the rollout pumps waiting for buffer space."""
         await self.buffer.drop([group.group_id for group in groups])
@@ -284,6 +307,8 @@ class SingleControllerActor:
             fresh = self.buffer.groups()
             if len(fresh) >= n:
                 return fresh[:n]
+            if isinstance(self._rollout_error, RecoveryExhausted):  # its own one line (docs/recovery.md)
+                raise self._rollout_error
             if self._rollout_error is not None:
                 raise RuntimeError("rollout pump failed") from self._rollout_error
             if self._stop_requested:
@@ -391,7 +416,7 @@ class SingleControllerActor:
         """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
         them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
         refs = [t.get_weights.remote() for t in self.args.trainers]
-        await asyncio.gather(*[w.set_weights.remote(refs[0], self.version) for w in self.args.generators], *refs[1:])
+        await self._generation.set_weights_all(refs[0], self.version, refs[1:])  # a dead worker is skipped
 
     def _record_step(self, record: StepRecord) -> None:
         self._progress.append(record)

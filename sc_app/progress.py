@@ -104,6 +104,11 @@ class FaultRecord:
     error: str = ""
 
 
+class RecoveryExhausted(RuntimeError):
+    """An in-job recovery gave up (retries or restarts spent): the run stops with this one line, exit 1, and the
+    usual retry path resumes it from the newest bundle."""
+
+
 ProgressRecord = StepRecord | SaveRecord | SaveFailedRecord | StopRecord | FaultRecord
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
-from sc_app.progress import FaultRecord
+from sc_app.progress import FaultRecord, RecoveryExhausted
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -44,7 +44,7 @@ Outcome = Literal["recovered", "rolled_back", "failed"]
 NOT_TRANSIENT: tuple[type[BaseException], ...] = (ValueError, TypeError)
 
 
-class DataPlaneCallFailed(RuntimeError):
+class DataPlaneCallFailed(RecoveryExhausted):
     """A data-plane call failed on every attempt (what it wrote was removed where it could be)."""
 
 

@@ -64,3 +64,21 @@ def test_injected_put_write_and_clear_failures_are_recovered_in_job(tmp_path: Pa
         assert manifest["replay"]["rows"] % 8 == 0
     verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
     assert verify.rc == 0, verify.out
+
+
+def test_a_put_that_keeps_failing_stops_the_run_with_one_line_and_leaves_no_row(tmp_path: Path) -> None:
+    """Retries spent: the put's rows are removed, the run stops with exit 1 and one line (no traceback), the bundles
+    published before verify, and a rerun without the fault resumes and finishes."""
+    ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
+    env = {"SC_APP_FAULT_AT": "dp.put", "SC_APP_FAULT_ACTION": "raise", "SC_APP_FAULT_AFTER": "12"}
+    run = sc_app(*run_args(ckpt, trace, 40, "--set", "data_plane.retries=1"), env=env)
+    assert run.rc == 1, run.out[-4000:]
+    errors = [line for line in run.out.splitlines() if line.startswith("sc-app: error:")]
+    assert len(errors) == 1 and "Traceback" not in run.out, run.out[-4000:]
+    assert "data-plane put of" in errors[0] and "failed 2 times" in errors[0] and "were removed" in errors[0]
+    (fault,) = [e for e in read_history(ckpt / "logs").events_named("fault") if e.data["outcome"] != "recovered"]
+    assert fault.data["outcome"] == "rolled_back" and fault.data["rows_removed"] > 0
+    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
+    assert verify.rc == 0, verify.out
+    again = sc_app(*run_args(ckpt, trace, 8))
+    assert again.rc == 0 and "done: step 8" in again.out, again.out[-3000:]

@@ -40,6 +40,7 @@ PURE = [
     "sc_app.data_plane.client",
     "sc_app.data_plane.retry",
     "sc_app.observe.goodput",
+    "sc_app.policy.worker_restart",
     "sc_app.observe.records",
     "sc_app.observe.reader",
     "sc_app.observe.runlog",  # TensorBoard's writer (torch) is imported by the writer thread only
