@@ -31,6 +31,8 @@ from sc_app.progress import FaultRecord, RecoveryExhausted
 
 log = logging.getLogger(__name__)
 
+START_TIMEOUT_S = 600.0  # how long a replacement worker may take to be placed and set up (model load included)
+
 
 class GenerationWorkerFailed(RecoveryExhausted):
     """A generation worker died more often than ``generation.max_restarts`` allows."""
@@ -118,13 +120,23 @@ class GenerationSupervisor:
 
     async def _replace(self, index: int) -> int:
         """A new worker for slot ``index`` holding the current weights; returns the version it holds."""
+        import ray
+
         from sc_app.policy.generation import GenerationWorker
 
         gen = self.cfg.generation
         worker = GenerationWorker.options(
             num_cpus=gen.num_cpus, num_gpus=gen.num_gpus, resources=gen.resources or None
         ).remote(self.cfg_json, index)
-        await worker.setup.remote(self.dataset_sha256)
+        try:  # a replacement the cluster has no room for would wait forever: bounded, then one line
+            await asyncio.wait_for(asyncio.ensure_future(worker.setup.remote(self.dataset_sha256)), START_TIMEOUT_S)
+        except TimeoutError:
+            ray.kill(worker)
+            raise GenerationWorkerFailed(
+                f"generation worker {index} died and its replacement did not start within {START_TIMEOUT_S:g}s "
+                f"(it needs num_cpus={gen.num_cpus:g}, num_gpus={gen.num_gpus:g}, resources={gen.resources or {}}: "
+                "is a node gone?)"
+            ) from None
         sent = -1
         while sent != self._version():  # a newer version published meanwhile is sent too
             sent = self._version()

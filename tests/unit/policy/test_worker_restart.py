@@ -134,3 +134,33 @@ def test_a_weight_sync_skips_a_dead_worker_but_not_other_errors() -> None:
     workers[0].set_weights = Method(broken)
     with pytest.raises(RuntimeError, match="out of memory"):
         asyncio.run(sup.set_weights_all("ref", 9, []))
+
+
+def test_a_replacement_that_cannot_be_placed_stops_the_run_instead_of_waiting_forever(monkeypatch: Any) -> None:
+    import sc_app.policy.generation as generation
+    from sc_app.policy import worker_restart
+
+    killed: list[Any] = []
+
+    class Pending:  # what Ray gives for an actor no node has room for: its calls never complete
+        def __init__(self) -> None:
+            self.setup = Method(lambda sha: None)
+            self.setup.remote = lambda sha: asyncio.get_running_loop().create_future()  # type: ignore[method-assign]
+
+    class NoRoom:
+        @staticmethod
+        def options(**kw: Any) -> Any:
+            return type("Opts", (), {"remote": staticmethod(lambda cfg_json, index: Pending())})
+
+    monkeypatch.setattr(generation, "GenerationWorker", NoRoom)
+    monkeypatch.setattr(worker_restart, "START_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(ray, "kill", killed.append)
+    workers = [Worker(dead=True)]
+    cfg = load_config(None, ["generation.resources={gpu_node: 1}"])
+    sup = GenerationSupervisor(
+        cfg=cfg, cfg_json="{}", dataset_sha256=None, generators=workers, trainers=[], version=lambda: 1,
+        step=lambda: 1, give_back=lambda idxs: asyncio.sleep(0), on_fault=lambda f: None, trace=lambda **ev: None,
+    )  # fmt: skip
+    with pytest.raises(GenerationWorkerFailed, match=r"did not start within 0.05s .*'gpu_node': 1.0"):
+        asyncio.run(sup.generate(0, [3]))
+    assert len(killed) == 1, "the pending replacement is cancelled"
