@@ -91,7 +91,7 @@ class FaultRecord:
     prompt counts are what the recovery lost or trained twice: 0 unless ``outcome`` is ``failed``."""
 
     step: int
-    kind: str  # what failed: data_plane.put | data_plane.write | data_plane.clear | data_plane.get | data_plane.list
+    kind: str  # what failed: data_plane.put | .write | .clear | .get | .list | generation.worker
     outcome: str  # recovered (the run goes on) | rolled_back (gave up, its rows removed) | failed
     attempts: int  # tries made, the successful one included
     detection_seconds: float  # from the call's start until the failure surfaced
