@@ -14,7 +14,8 @@ from sc_app.data_plane.retry import DataPlaneCallFailed, DataPlaneFault, Retryin
 from sc_app.observe.observer import translate
 from sc_app.progress import format_line
 from sc_app.replay_buffer import GroupCommit, TQReplayBuffer
-from tests.unit.test_replay_buffer import PARTITION, FakeDataPlane, G, rows
+from tests.support.fake_data_plane import FakeDataPlane
+from tests.unit.test_replay_buffer import PARTITION, G, rows
 
 
 class Flaky(FakeDataPlane):
