@@ -87,6 +87,15 @@ class DataPlaneConfig(_Section):
         "call). Fewer calls are faster; a stored row keeps its whole put's buffer alive until every row of it is "
         "cleared, so a cap bounds how much memory one slow group can hold.",
     )
+    retries: int = Field(
+        3,
+        ge=0,
+        description="Retries of a failed data-plane call (put, advantage write, clear, read) before the run stops; "
+        "a put that still fails has its rows removed first (docs/recovery.md).",
+    )
+    retry_backoff_s: float = Field(
+        0.05, ge=0, description="Wait before the first retry; doubled for each next one, at most 2 s."
+    )
     snapshot: Literal["streamed", "native"] = Field(
         "streamed",
         description="streamed: capture rows in the barrier window, write them after it (no pickle); "
@@ -190,6 +199,13 @@ class TrainerConfig(WorkerGroupConfig):
 
 
 class GenerationWorkersConfig(WorkerGroupConfig):
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Dead generation workers replaced in-job, per worker within restart_window_s; past it the run "
+        "stops with one line (docs/recovery.md). 0: a dead worker ends the run.",
+    )
+    restart_window_s: float = Field(600.0, gt=0, description="The window generation.max_restarts counts in.")
     top_k: int = Field(0, ge=0, description="hf: sample from the k likeliest tokens (0: off).")
     top_p: float = Field(1.0, gt=0, le=1, description="hf: nucleus sampling (1.0: off).")
 

@@ -1,7 +1,8 @@
 """SingleControllerActor: one Ray actor, one asyncio loop — rollout pumps, sampler, train pump, save.
 
 A plain class: the driver makes it a Ray actor (``ray.remote(SingleControllerActor)``), and unit tests run it in
-process with fake workers and a fake data plane (``connect=``). The save half is ``controller_saves``.
+process with fake workers and a fake data plane (``connect=``). The save half is ``controller_saves``, in-job
+recovery ``controller_recovery``.
 
 ``__init__`` does no construction of other objects: everything arrives built in one ``SingleControllerActorArgs``
 (seed flow 2). Only the connect-only data-plane client is built in ``restore()`` (a live client cannot be
@@ -39,6 +40,7 @@ from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.checkpoint.lease import Lease
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
+from sc_app.controller_recovery import ControllerRecovery, rollout_failure
 from sc_app.controller_saves import ControllerSaves, InventoryMismatch
 from sc_app.controller_saves import SaveFailed as SaveFailed  # what a run's end maps to an exit code
 from sc_app.data_plane import stream_io
@@ -89,7 +91,7 @@ def group_id_for(prompt_index: int) -> str:
     return f"p{prompt_index}"
 
 
-class SingleControllerActor(ControllerSaves):
+class SingleControllerActor(ControllerSaves, ControllerRecovery):
     args: SingleControllerActorArgs  # type: ignore[assignment]  # the saves read a part of it (SaveArgs)
     client: DataPlaneClient  # connect-only, built by restore()
     buffer: TQReplayBuffer  # built by restore() on the client
@@ -119,6 +121,7 @@ class SingleControllerActor(ControllerSaves):
         self._restored = False
         self._trace_fh: Any = None
         self._rollout_seconds = {"generation": 0.0}  # summed over rollout pumps; read and reset per step record
+        self._generation = self._supervise_generation()  # replaces a dead generation worker in-job
 
     # ------------------------------------------------------------------ control surface for the driver
     def progress(self, since: int) -> list[ProgressRecord]:
@@ -137,7 +140,7 @@ class SingleControllerActor(ControllerSaves):
         against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
         the bundle cannot be resumed: the driver then falls back to an older bundle."""
         cfg = self.cfg
-        self.client = self._connect(cfg)
+        self.client = self._with_retries(self._connect(cfg))  # failed data-plane calls retried in-job
         self.buffer = TQReplayBuffer(
             self.client,
             self.barrier,
@@ -221,7 +224,9 @@ class SingleControllerActor(ControllerSaves):
                 self._trace(ev="issue", prompts=idxs, worker=worker_index)
                 try:
                     generating = time.perf_counter()
-                    out: Rollout = await worker.generate.remote(idxs)
+                    out: Rollout | None = await self._generation.generate(worker_index, idxs)
+                    if out is None:  # the worker died: its prompts went back to the loader, a new one took over
+                        continue
                     self._rollout_seconds["generation"] += time.perf_counter() - generating
                     # the groups of the call in one put and one barrier slot (data_plane.groups_per_put caps it)
                     data = TensorDict(dict(out.fields), batch_size=len(idxs) * group_size)
@@ -264,8 +269,8 @@ class SingleControllerActor(ControllerSaves):
             fresh = self.buffer.groups()
             if len(fresh) >= n:
                 return fresh[:n]
-            if self._rollout_error is not None:
-                raise RuntimeError("rollout pump failed") from self._rollout_error
+            if self._rollout_error is not None:  # a spent in-job recovery keeps its own one line
+                raise rollout_failure(self._rollout_error)
             if self._stop_requested:
                 raise _StopNow
             async with self._cond:
@@ -391,7 +396,7 @@ class SingleControllerActor(ControllerSaves):
         """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
         them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
         refs = [t.get_weights.remote() for t in self.args.trainers]
-        await asyncio.gather(*[w.set_weights.remote(refs[0], self.version) for w in self.args.generators], *refs[1:])
+        await self._generation.set_weights_all(refs[0], self.version, refs[1:])  # a dead worker is skipped
 
     def _record_step(self, record: StepRecord) -> None:
         self._progress.append(record)

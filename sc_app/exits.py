@@ -34,6 +34,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.controller_saves.InventoryMismatch": EXIT_FAILED,
     "sc_app.job.EmergencyTimeout": EXIT_FAILED,
     "sc_app.job.JobFailed": EXIT_FAILED,
+    "sc_app.progress.RecoveryExhausted": EXIT_FAILED,  # in-job recovery spent its bound (retries, restarts)
 }
 _PREFIX = {EXIT_SUPERSEDED: "superseded: "}
 

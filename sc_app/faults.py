@@ -4,7 +4,15 @@
 per ``SC_APP_FAULT_ACTION``: ``kill`` (SIGKILL this process — the default), ``raise`` (``InjectedFault``),
 ``enospc`` (``OSError(ENOSPC)``, a full disk), or ``delay`` (a slow disk: wait ``SC_APP_FAULT_DELAY_S`` seconds,
 default 2, then go on; ``await afault_point(...)`` waits without blocking the event loop).
-``SC_APP_FAULT_AFTER=N`` lets the first N hits pass. Zero cost when unset: one dict lookup per point.
+``SC_APP_FAULT_AFTER=N`` lets the first N hits pass; ``SC_APP_FAULT_EVERY=M`` then fires on every M-th hit only
+and ``SC_APP_FAULT_TIMES=K`` at most K times per point (for faults a run is meant to survive: a retried call hits its
+point again). ``SC_APP_FAULT_AT`` may name several points, comma-separated. Zero cost when unset: one dict lookup
+per point.
+
+The data-plane points (``sc_app/data_plane/transferqueue.py``) are ``dp.put`` (a commit's put), ``dp.write`` (the
+advantage write onto existing rows) and ``dp.clear``: there a ``raise`` or ``kill`` comes *after half of the rows
+were written or cleared* (``take`` + ``act``), the partial failure in-job recovery must clean up
+(``sc_app/data_plane/retry.py``).
 
 Besides the save points, ``restore.policy.<bundle>`` (e.g. ``restore.policy.step_4``) fires in a trainer loading that
 bundle's policy: a restore failure verification cannot foresee (a device out of memory, a broken node), for the tests
@@ -35,6 +43,7 @@ SAVE_POINTS = (  # in the order a save passes them
     "save.done",
 )
 _hits: dict[str, int] = {}
+_fired: dict[str, int] = {}
 
 
 class InjectedFault(RuntimeError):
@@ -44,11 +53,16 @@ class InjectedFault(RuntimeError):
 def _due(name: str) -> str | None:
     """The action to take at ``name`` now, or None."""
     target = os.environ.get("SC_APP_FAULT_AT")
-    if not target or (target != name and target != "*"):
+    if not target or (target != "*" and name not in target.split(",")):
         return None
     _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] <= int(os.environ.get("SC_APP_FAULT_AFTER", "0")):
+    past = _hits[name] - int(os.environ.get("SC_APP_FAULT_AFTER", "0"))
+    if past <= 0 or past % int(os.environ.get("SC_APP_FAULT_EVERY", "1")):
         return None
+    times = os.environ.get("SC_APP_FAULT_TIMES")
+    if times is not None and _fired.get(name, 0) >= int(times):
+        return None
+    _fired[name] = _fired.get(name, 0) + 1
     action = os.environ.get("SC_APP_FAULT_ACTION", "kill")
     log.warning("fault injected at %s: %s", name, action)
     return action
@@ -72,6 +86,22 @@ def fault_point(name: str) -> None:
     if action == "delay":
         time.sleep(_delay_s())
     elif action is not None:
+        _act(name, action)
+
+
+def take(name: str) -> str | None:
+    """The action due at ``name`` now (counted as a hit), or None: for a point whose caller does part of its work
+    before failing (``act``); a ``delay`` is the caller's to honour (``delay_s``)."""
+    return _due(name)
+
+
+def delay_s() -> float:
+    return _delay_s()
+
+
+def act(name: str, action: str) -> None:
+    """Fail at ``name`` as ``action`` says (``raise``, ``enospc``, ``kill``); a ``delay`` does nothing here."""
+    if action != "delay":
         _act(name, action)
 
 

@@ -86,7 +86,31 @@ class StopRecord:
     emergency: str = ""  # the deadline decision (sc_app.checkpoint.emergency), one line
 
 
-ProgressRecord = StepRecord | SaveRecord | SaveFailedRecord | StopRecord
+@dataclass(frozen=True)
+class FaultRecord:
+    """A fault the run met in-job and what it cost (``docs/recovery.md``); one run-log ``fault`` event. The
+    prompt counts are what the recovery lost or trained twice: 0 unless ``outcome`` is ``failed``."""
+
+    step: int
+    kind: str  # what failed: data_plane.put | .write | .clear | .get | .list | generation.worker
+    outcome: str  # recovered (the run goes on) | rolled_back (gave up, its rows removed) | failed
+    attempts: int  # tries made, the successful one included
+    detection_seconds: float  # from the call's start until the failure surfaced
+    recovery_seconds: float  # from the failure until the call succeeded or gave up
+    rows_removed: int = 0
+    steps_redone: int = 0
+    rollouts_regenerated: int = 0
+    prompts_lost: int = 0
+    prompts_duplicated: int = 0
+    error: str = ""
+
+
+class RecoveryExhausted(RuntimeError):
+    """An in-job recovery gave up (retries or restarts spent): the run stops with this one line, exit 1, and the
+    usual retry path resumes it from the newest bundle."""
+
+
+ProgressRecord = StepRecord | SaveRecord | SaveFailedRecord | StopRecord | FaultRecord
 
 
 @dataclass(frozen=True)
@@ -131,4 +155,9 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
                 f"{record.step - record.last_saved_step} steps behind): {record.error}"
             )
         return f"{head}  SAVE FAILED: {record.error}"
+    if isinstance(record, FaultRecord):
+        return (
+            f"{head}  fault {record.kind}: {record.outcome} after {record.attempts} attempts (detected "
+            f"{record.detection_seconds:.3f}s, recovery {record.recovery_seconds:.3f}s): {record.error}"
+        )
     return f"{head}  stop requested"

@@ -68,11 +68,13 @@ class BundleReport:
 _UNRECORDED = object()
 
 
-def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """Each key where a bundle and the running config disagree, named as a config key."""
-    from sc_app.checkpoint.compat import RECORDED_AS, RECORDED_SINCE
+def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any], *, reroutes: bool = False) -> list[str]:
+    """Each key where a bundle and the running config disagree, named as a config key. ``reroutes``: the bundle's
+    data plane restores into any storage-unit count (``compat.REROUTABLE_KEYS`` do not bind it)."""
+    from sc_app.checkpoint.compat import RECORDED_AS, RECORDED_SINCE, binding_keys
 
     out = []
+    expected = binding_keys(expected, reroutes=reroutes)
     for key in sorted(expected):
         recorded = bundle_compat.get(key, bundle_compat.get(RECORDED_AS.get(key, key), _UNRECORDED))
         if recorded is _UNRECORDED:
@@ -172,12 +174,22 @@ def _verify(
     problems.extend(_tree_problems(tree, inv))
     _check_listed(tree, inv, manifest, deep, problems)
     if expected_compat is not None:
-        problems.extend(compat_problems(manifest.compat, expected_compat))
+        problems.extend(compat_problems(manifest.compat, expected_compat, reroutes=_reroutes(tree)))
     if not deep or problems:
         return
     findings = check_contents(BundleFiles(tree, manifest), manifest)
     problems.extend(findings.problems)
     report.notes.extend(findings.notes)
+
+
+def _reroutes(tree: Tree) -> bool:
+    """The bundle's data plane is a streamed snapshot (restores into any storage-unit count); False when it is
+    TransferQueue's native one or its ``metadata.json`` cannot be read (then every compat key binds)."""
+    try:
+        data = tree.read(f"{layout.DATA_PLANE_DIR}/{layout.DATA_PLANE_METADATA}", schema.MAX_METADATA_BYTES)
+        return schema.snapshot_format(data) in schema.READABLE_FORMATS
+    except Exception:  # unreadable: reported by the file checks; strict here
+        return False
 
 
 def _tree_problems(tree: Tree, inv: Inventory) -> list[str]:

@@ -91,7 +91,8 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
         print(format_line(record, cfg.run.max_steps), flush=True)
         for note in progress_notes(record, cfg.checkpoint.preemption_notice_s):
             print(note, flush=True)
-        observer.progress(record)
+        if extra := observer.progress(record):  # the attempt's goodput after each bundle
+            print(extra, flush=True)
 
     def on_ray_ready() -> None:
         stop.install()

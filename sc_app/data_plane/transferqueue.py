@@ -23,6 +23,7 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from sc_app import faults
 from sc_app.data_plane import tq_fastpath, units
 from sc_app.data_plane.client import (
     METADATA_FILE,
@@ -153,9 +154,30 @@ class TransferQueueDataPlane(DataPlaneClient):
         global_indexes: list[int] | None = None,
     ) -> list[int]:
         """What ``kv_batch_put`` does (look the keys up, creating them; put; set tags), keeping the indexes; with
-        ``global_indexes`` (and the rows' ``tags``) the lookup is skipped."""
+        ``global_indexes`` (and the rows' ``tags``) the lookup is skipped. Fault points ``dp.put`` / ``dp.write``
+        (``sc_app.faults``): the first half of the rows is put, then the call fails."""
         if data.batch_size[0] != len(sample_ids):
             raise ValueError(f"{len(sample_ids)} sample ids for {data.batch_size[0]} rows")
+        point = "dp.put" if global_indexes is None else "dp.write"
+        action = faults.take(point)
+        if action is not None:
+            half = len(sample_ids) // 2
+            if half and action != "delay":
+                gis = None if global_indexes is None else global_indexes[:half]
+                await self._put(partition, sample_ids[:half], data[:half], tags and tags[:half], gis)
+            if action == "delay":
+                await asyncio.sleep(faults.delay_s())
+            faults.act(point, action)
+        return await self._put(partition, sample_ids, data, tags, global_indexes)
+
+    async def _put(
+        self,
+        partition: str,
+        sample_ids: list[str],
+        data: TensorDict,
+        tags: list[dict[str, Any]] | None,
+        global_indexes: list[int] | None,
+    ) -> list[int]:
         await self._report_touch_async("put_samples")
         client = units.tq_client(self._tq)
         if global_indexes is None:
@@ -198,6 +220,17 @@ class TransferQueueDataPlane(DataPlaneClient):
         self, partition: str, sample_ids: list[str], *, global_indexes: list[int] | None = None
     ) -> None:
         await self._report_touch_async("clear_samples")
+        action = faults.take("dp.clear")  # injected: the first half of the rows is cleared, then the call fails
+        if action is not None:
+            half = len(sample_ids) // 2
+            if half and action != "delay":
+                await self._clear(partition, sample_ids[:half], global_indexes and global_indexes[:half])
+            if action == "delay":
+                await asyncio.sleep(faults.delay_s())
+            faults.act("dp.clear", action)
+        await self._clear(partition, sample_ids, global_indexes)
+
+    async def _clear(self, partition: str, sample_ids: list[str], global_indexes: list[int] | None) -> None:
         if global_indexes is not None:
             await units.tq_client(self._tq).async_clear_samples(units.batch_meta(partition, global_indexes))
             return

@@ -27,6 +27,7 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "done": re.compile(r"^done: step (?P<step>\d+)\b"),
     "stopped": re.compile(r"^stopped: step (?P<step>\d+) saved on request"),
     "error": re.compile(r"^sc-app: error: (?P<detail>.*)$"),
+    "goodput": re.compile(r"^goodput (?P<goodput>[\d.]+)% of "),  # the attempt's ledger (sc_app.observe.goodput)
 }
 
 
@@ -52,6 +53,7 @@ class DriverProgress:
     newest_bundle_source: str | None = None  # "saved" | "resumed"
     resumed_from_step: int | None = None
     fresh_start: bool = False
+    goodput_line: str | None = None  # the newest goodput line (printed after each bundle and at the end)
     events: list[DriverEvent] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -62,6 +64,7 @@ class DriverProgress:
             "newestBundleSource": self.newest_bundle_source,
             "resumedFromStep": self.resumed_from_step,
             "freshStart": self.fresh_start,
+            "goodputLine": self.goodput_line,
             "events": [{"kind": e.kind, "line": e.line} for e in self.events],
         }
 
@@ -90,6 +93,9 @@ def parse(text: str, *, last_events: int = 5) -> DriverProgress:
             out.max_steps = int(groups["max_steps"])
         if kind == "progress":
             out.step = max(out.step or 0, int(groups["step"]))
+            continue
+        if kind == "goodput":
+            out.goodput_line = raw.strip()
             continue
         if kind == "started":  # a new driver in the same log: what the older one did is history
             out = DriverProgress(max_steps=int(groups["max_steps"]))

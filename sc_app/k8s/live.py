@@ -66,6 +66,8 @@ class LiveStatus:
         else:
             bundle = "no bundle yet" + (" (fresh start)" if p.fresh_start else "")
         out = [f"live: ray job {self.job_id} {self.ray_status}: {step}, {bundle}"]
+        if p.goodput_line:
+            out.append(f"attempt {p.goodput_line}")
         if p.events:
             out.append("last events:")
             out += [f"  {e.line}" for e in p.events]

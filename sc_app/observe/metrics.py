@@ -103,6 +103,15 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     _g("sc_app_last_resume_timestamp_seconds", "Unix time this attempt resumed (absent for a fresh start)."),
     _g("sc_app_last_emergency_save_timestamp_seconds", "Unix time of the newest emergency bundle."),
     _c("sc_app_run_log_dropped", "Run-log records lost because the log volume was slower than training."),
+    MetricSpec(
+        "sc_app_faults",
+        "counter",
+        "Faults met in-job, by what failed (kind) and how it ended (outcome: recovered, rolled_back, failed).",
+        extra_tags=("kind", "outcome"),
+    ),
+    MetricSpec("sc_app_fault_retries", "counter", "Retries spent on in-job faults, by kind.", extra_tags=("kind",)),
+    _g("sc_app_last_recovery_seconds", "Seconds the newest in-job recovery took (failure to success or give-up)."),
+    _g("sc_app_goodput", "Productive training seconds / wall seconds of this attempt so far (docs/recovery.md)."),
 )
 BY_NAME = {m.name: m for m in CATALOGUE}
 BASE_TAGS = ("run_id",)
@@ -152,9 +161,9 @@ class JobMetrics:
             self._m[name].set(float(value), tags=tags or None)
             self._last[(name, tuple(sorted(tags.items())))] = float(value)
 
-    def _inc(self, name: str, value: float = 1.0) -> None:
+    def _inc(self, name: str, value: float = 1.0, **tags: str) -> None:
         if value > 0:
-            self._m[name].inc(value)
+            self._m[name].inc(value, tags=tags or None)
 
     def _observe(self, name: str, value: float) -> None:
         if math.isfinite(value) and value >= 0:
@@ -193,6 +202,13 @@ class JobMetrics:
                 self._set("sc_app_last_emergency_save_timestamp_seconds", now)
         elif ev.name == "save_failed":
             self._inc("sc_app_failed_saves")
+        elif ev.name == "fault":
+            kind = str(d.get("fault"))
+            self._inc("sc_app_faults", kind=kind, outcome=str(d.get("outcome")))
+            self._inc("sc_app_fault_retries", float(d.get("attempts") or 1) - 1, kind=kind)
+            self._set("sc_app_last_recovery_seconds", d.get("recovery_s"))
+        elif ev.name == "goodput":
+            self._set("sc_app_goodput", d.get("goodput"))
         elif ev.name == "resume":
             self._inc("sc_app_resumes")
             self._set("sc_app_last_resume_timestamp_seconds", now)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +28,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sc_app.checkpoint.lease import Lease, read_lease
 from sc_app.checkpoint.resume import ResumePlan
 from sc_app.exits import EXIT_SUPERSEDED
-from sc_app.observe.reader import RunLogMissing, read_history
-from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, StepMetrics
+from sc_app.observe.goodput import Ledger, ledger
+from sc_app.observe.reader import RunHistory, RunLogMissing, read_history
+from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, LoggedEvent, LoggedStep, Stamp, StepMetrics
 from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
-from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
+from sc_app.progress import FaultRecord, ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
 
 if TYPE_CHECKING:
     from sc_app.config import AppConfig
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 1.0  # how often the keepalive thread looks (``JobMetrics.tick`` re-records at its own pace)
+GOODPUT_GAUGE_S = 30.0  # how often the keepalive thread recomputes the goodput gauge from the attempt's records
 
 
 class MetricsSink(Protocol):
@@ -102,7 +105,27 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
         return None, [Event("save_failed", record.step, data)]
     if isinstance(record, StopRecord):
         return None, [Event("stop_requested", record.step, {"emergency": record.emergency} if record.emergency else {})]
+    if isinstance(record, FaultRecord):
+        return None, [fault_event(record)]
     raise TypeError(f"not a progress record: {record!r}")
+
+
+def fault_event(record: FaultRecord) -> Event:
+    """The run log's ``fault`` event: what failed, how it ended and what it cost."""
+    data = {
+        "fault": record.kind,
+        "outcome": record.outcome,
+        "attempts": record.attempts,
+        "detection_s": record.detection_seconds,
+        "recovery_s": record.recovery_seconds,
+        "rows_removed": record.rows_removed,
+        "steps_redone": record.steps_redone,
+        "rollouts_regenerated": record.rollouts_regenerated,
+        "prompts_lost": record.prompts_lost,
+        "prompts_duplicated": record.prompts_duplicated,
+        "error": record.error,
+    }
+    return Event("fault", record.step, data)
 
 
 def _step_from_bundle(doc: Any) -> StepMetrics | None:
@@ -140,6 +163,8 @@ class JobObserver:
         self._closed = False
         self._stop_ticking = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._seen = RunHistory(Path("<this attempt>"))  # this attempt's records, for its goodput (ledger)
+        self._goodput_at = 0.0  # monotonic time the goodput gauge was last computed
 
     # ------------------------------------------------------------------ before Ray
     def started(self, run_id: str, lease: Lease | None, plan: ResumePlan) -> JobObserver:
@@ -235,18 +260,30 @@ class JobObserver:
                 return
 
     # ------------------------------------------------------------------ during the run
-    def progress(self, record: ProgressRecord) -> None:
-        """One controller progress record (from ``run_job``'s ``on_progress``)."""
+    def progress(self, record: ProgressRecord) -> str | None:
+        """One controller progress record (from ``run_job``'s ``on_progress``); returns a line for the driver to
+        print after the record's own: the attempt's goodput after each published bundle."""
         step, events = translate(record)
         if step is not None:
             self.step(step, record.commit_waits if isinstance(record, StepRecord) else ())
         for ev in events:
             self.event(ev)
+        return self.goodput().line() if isinstance(record, SaveRecord) and self.run_id is not None else None
+
+    def ran(self) -> bool:
+        """The attempt took the lease or trained (a refused one did neither: it has no goodput to report)."""
+        return bool(self._seen.steps) or any(e.name == "lease_taken" for e in self._seen.events)
+
+    def goodput(self) -> Ledger:
+        """Where this attempt's time went so far (``sc_app.observe.goodput``), from the records it logged."""
+        seen = self._seen
+        return ledger(RunHistory(seen.path, list(seen.steps), list(seen.events)))
 
     def step(self, rec: StepMetrics, commit_waits: Sequence[float] = ()) -> None:
         if self.run_id is None:
             return
         self.last_step = rec.step
+        self._seen.steps.append(LoggedStep(Stamp(time.time(), self.run_id, self.attempt), rec, False))
         if self.writer is not None:
             self.writer.step(rec)
         if self.metrics is not None:
@@ -255,6 +292,8 @@ class JobObserver:
     def event(self, ev: Event) -> None:
         if self.run_id is None:
             return
+        if ev.name != "goodput":
+            self._seen.events.append(LoggedEvent(Stamp(time.time(), self.run_id, self.attempt), ev))
         if self.writer is not None:
             self.writer.event(ev)
         if self.metrics is not None:
@@ -269,6 +308,9 @@ class JobObserver:
             if total > self._dropped_seen:
                 self.metrics.dropped(total - self._dropped_seen)
                 self._dropped_seen = total
+        if self.run_id is not None and not self._closed and time.monotonic() - self._goodput_at >= GOODPUT_GAUGE_S:
+            self._goodput_at = time.monotonic()
+            self.metrics.event(Event("goodput", self.last_step, {"goodput": self.goodput().goodput}))
         self.metrics.tick()
 
     # ------------------------------------------------------------------ the end
@@ -290,6 +332,8 @@ class JobObserver:
         if self.run_id is None:
             return None
         step = self.last_step if final_step is None else final_step
+        if self.ran():
+            self.event(Event("goodput", step, self.goodput().as_event()))
         if code == EXIT_SUPERSEDED:
             self.event(Event("lease_lost", step, {"message": message}))
         self.tick()
@@ -316,12 +360,14 @@ def where_lines(cfg: AppConfig, observer: JobObserver) -> list[str]:
     path = observer.where()
     if path is None:
         return []
+    ran = [observer.goodput().line()] if observer.ran() else []
     log_dir = Path(path).parent
     if cfg.run.log_dir:
         source = f"--log-dir {shlex.quote(str(log_dir))}"
     else:
         source = f"--checkpoint-dir {shlex.quote(cfg.checkpoint.dir)}"
     return [
+        *ran,
         f"run log: {path} (TensorBoard: tensorboard --logdir {shlex.quote(str(log_dir))})",
         f"plots and summary: sc-app report {source}",
     ]

@@ -41,6 +41,8 @@ EventName = Literal[
     "stop_requested",  # SIGTERM: finish the step, cut a bundle, exit 143
     "dropped",  # records the writer could not keep (buffer full, write failed) since the last such line
     "recovered",  # steps an earlier attempt trained but never logged (killed first), from its bundle: steps
+    "fault",  # a fault met in-job and its cost: fault (what failed), outcome, attempts, detection_s, recovery_s
+    "goodput",  # where the attempt's wall time went (sc_app.observe.goodput): goodput, seconds by bucket
     "exit",  # the attempt ended: code, message, final_step; dropped (totals, stamped by the writer)
 ]
 EVENT_NAMES: tuple[str, ...] = get_args(EventName)

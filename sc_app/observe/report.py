@@ -4,7 +4,8 @@ Plots (each series is the effective one: one record per step, the newest attempt
 * ``reward_loss.png`` — reward mean with its min-max band, and loss, per step; resumes as vertical lines, published
   bundles as dots on the reward line (emergency bundles as crosses);
 * ``step_time.png``   — seconds per step, with the same marks;
-* ``saves.png``       — per published bundle: its whole time, and the pause and barrier window training saw.
+* ``saves.png``       — per published bundle: its whole time, and the pause and barrier window training saw;
+* ``goodput.png``     — where each attempt's wall time went (``sc_app.observe.goodput``; table in ``report.md``).
 
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot, no global state, no display). Every plotted
 artist carries a ``gid`` naming its series, so tests can compare what was plotted with the log.
@@ -21,10 +22,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from sc_app.observe import goodput_report
+from sc_app.observe.goodput import ledger
 from sc_app.observe.reader import RunHistory
 from sc_app.observe.records import LoggedEvent, LoggedStep, finite
 
-FIGURES = ("reward_loss", "step_time", "saves")
+FIGURES = ("reward_loss", "step_time", "saves", "goodput")
 SUMMARY_FILE = "report.md"
 EDGE = 10  # steps averaged for the first/last reward
 
@@ -75,6 +78,7 @@ class Summary:
     resumes: list[dict[str, Any]]
     dropped_records: int
     unreadable_lines: int
+    goodput: dict[str, Any] = field(default_factory=dict)  # the run's ledger (sc_app.observe.goodput), as_event()
     files: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -139,6 +143,7 @@ def summarize(h: RunHistory) -> Summary:
         ],
         dropped_records=dropped,
         unreadable_lines=h.skipped,
+        goodput=ledger(h).as_event(),
     )
 
 
@@ -181,6 +186,7 @@ def build_figures(h: RunHistory) -> dict[str, Figure]:
         "reward_loss": reward_loss_figure(h.effective_steps(), marks),
         "step_time": step_time_figure(h.effective_steps(), marks),
         "saves": saves_figure(h.saves()),
+        "goodput": goodput_figure(h),
     }
 
 
@@ -273,12 +279,17 @@ def saves_figure(saves: list[LoggedEvent]) -> Figure:
     return fig
 
 
+def goodput_figure(h: RunHistory) -> Figure:
+    """Where the run's wall time went (the goodput ledger), with the faults' costs."""
+    return goodput_report.figure(ledger(h))
+
+
 # ---------------------------------------------------------------------------------------------- files
 def _fmt(v: float | None, unit: str = "", digits: int = 3) -> str:
     return "—" if v is None else f"{v:.{digits}f}{unit}"
 
 
-def markdown(s: Summary) -> str:
+def markdown(s: Summary, h: RunHistory | None = None) -> str:
     lines = [
         "# sc-app run report",
         "",
@@ -308,6 +319,8 @@ def markdown(s: Summary) -> str:
         shown = ", ".join(map(str, s.missing_steps[:20])) + (" …" if len(s.missing_steps) > 20 else "")
         lines += ["", f"Missing steps: {shown}"]
     lines.append("")
+    if h is not None:
+        lines += goodput_report.markdown_lines(ledger(h))
     for name in FIGURES:
         if name in s.files:
             lines.append(f"![{name}]({Path(s.files[name]).name})")
@@ -337,7 +350,7 @@ def write_report(h: RunHistory, out_dir: str | Path) -> Summary:
         files[name] = str(path)
     summary = replace(summarize(h), files=files)
     md = out / SUMMARY_FILE
-    md.write_text(markdown(summary))
+    md.write_text(markdown(summary, h))
     return replace(summary, files={**files, "summary": str(md)})
 
 

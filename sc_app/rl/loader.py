@@ -68,6 +68,15 @@ class PromptLoader:
         """The prompt's group was committed (or deliberately discarded): never re-issue it."""
         self._pending.discard(idx)
 
+    def give_back(self, idxs: list[int]) -> list[int]:
+        """Prompts whose rollout was lost (their generation worker died): issued again first, in this order.
+        Only pending prompts come back, so a prompt is given back at most once per issue; returns those."""
+        back = [idx for idx in idxs if idx in self._pending]
+        for idx in back:
+            self._pending.discard(idx)
+        self._reissue.extendleft(reversed(back))
+        return back
+
     @property
     def pending(self) -> set[int]:
         return set(self._pending)

@@ -164,7 +164,7 @@ def test_every_attempt_says_how_it_started_and_ended(three_attempts: dict) -> No
     names = {n: [e.name for e in h.events if e.stamp.attempt == n] for n in (1, 2, 3)}
     assert names[1] == ["start", "lease_taken", "save", "save"], "killed: no exit line"
     assert names[2][:4] == ["start", "lease_taken", "quarantine", "resume"]
-    assert names[2][-3:] == ["stop_requested", "emergency_save", "exit"]
+    assert names[2][-4:] == ["stop_requested", "emergency_save", "goodput", "exit"]
     assert names[3][:3] == ["start", "lease_taken", "resume"] and names[3][-1] == "exit"
 
     run_ids = [a.run_id for a in h.attempts()]

@@ -698,3 +698,19 @@ def test_live_status_of_a_real_ray_head_through_the_proxy(api, tmp_path: Path, r
     assert [ln for ln in lines if ln.startswith("live")] == [
         "live: the Ray dashboard refused the token (Forbidden: Invalid authentication token); the auth Secret does "
         "not match the cluster's token"]
+
+
+def test_the_attempts_goodput_line_is_kept_and_shown() -> None:
+    from sc_app.k8s.live import LiveStatus
+    from sc_app.observe.goodput import BUCKETS, FaultCosts, Ledger
+
+    seconds = {**dict.fromkeys(BUCKETS, 0.0), "training": 36.8, "startup": 3.1, "saves": 0.3}
+    line = Ledger([], seconds, FaultCosts(count=2), 0).line()  # what the driver prints (sc_app.observe.goodput)
+    later = line.replace("goodput 91.5%", "goodput 92.0%")
+    assert later != line
+    p = driver_log.parse(DRIVER_LOG + line + "\n" + later + "\n", last_events=10)
+    assert p.goodput_line == later and "goodput" not in [e.kind for e in p.events]
+    assert p.as_dict()["goodputLine"] == later
+    shown = LiveStatus("job-1", "RUNNING", "", p).lines()
+    assert shown[1] == f"attempt {later}"
+    assert driver_log.parse(DRIVER_LOG).goodput_line is None

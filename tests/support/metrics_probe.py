@@ -52,6 +52,10 @@ def main(port: int) -> None:
         at=1_700_000_100.0,
     )
     m.dropped(5)
+    fault = {"fault": "data_plane.put", "outcome": "recovered", "attempts": 3, "recovery_s": 0.25}
+    m.event(Event("fault", 13, fault))
+    m.event(Event("fault", 13, {**fault, "fault": "data_plane.clear", "attempts": 2, "recovery_s": 0.125}))
+    m.event(Event("goodput", 13, {"goodput": 0.75}))
     print(json.dumps({"steps": 3, "commit_waits": waits * 3}), flush=True)
     # keep the gauges alive until the test closes our stdin (bounded: the test never needs more than minutes)
     deadline = time.monotonic() + 600

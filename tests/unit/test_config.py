@@ -81,6 +81,8 @@ def test_empty_yaml_file_is_the_default(tmp_path: Path) -> None:
         ("data_plane.storage_node_resource=tq_node", lambda c: c.data_plane.storage_node_resource, "tq_node"),
         ("checkpoint.on_corrupt=strict", lambda c: c.checkpoint.on_corrupt, "strict"),
         ("data_plane.groups_per_put=1", lambda c: c.data_plane.groups_per_put, 1),
+        ("data_plane.retries=0", lambda c: c.data_plane.retries, 0),
+        ("data_plane.retry_backoff_s=0.5", lambda c: c.data_plane.retry_backoff_s, 0.5),
     ],
 )
 def test_set_values_are_yaml_typed(override: str, get: object, want: object) -> None:
@@ -121,6 +123,8 @@ def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
         ("checkpoint.save_period=abc", "checkpoint.save_period"),
         ("checkpoint.save_period=0", "checkpoint.save_period"),
         ("data_plane.groups_per_put=-1", "data_plane.groups_per_put"),
+        ("data_plane.retries=-1", "data_plane.retries"),
+        ("data_plane.retry_backoff_s=-0.1", "data_plane.retry_backoff_s"),
         ("run.max_steps=-3", "run.max_steps"),
         ("checkpoint.enabled=maybe", "checkpoint.enabled"),
         ("checkpoint.on_corrupt=sometimes", "checkpoint.on_corrupt"),

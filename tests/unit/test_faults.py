@@ -19,7 +19,15 @@ from tests.support.proc import REPO
 @pytest.fixture(autouse=True)
 def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(faults, "_hits", {})
-    for var in ("SC_APP_FAULT_AT", "SC_APP_FAULT_ACTION", "SC_APP_FAULT_AFTER", "SC_APP_FAULT_DELAY_S"):
+    monkeypatch.setattr(faults, "_fired", {})
+    for var in (
+        "SC_APP_FAULT_AT",
+        "SC_APP_FAULT_ACTION",
+        "SC_APP_FAULT_AFTER",
+        "SC_APP_FAULT_DELAY_S",
+        "SC_APP_FAULT_EVERY",
+        "SC_APP_FAULT_TIMES",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -55,6 +63,25 @@ def test_after_lets_the_first_hits_pass(monkeypatch: pytest.MonkeyPatch) -> None
     faults.fault_point("save.begin")
     with pytest.raises(faults.InjectedFault):
         faults.fault_point("save.begin")
+
+
+def test_several_points_every_and_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SC_APP_FAULT_AT", "dp.put,dp.clear")
+    monkeypatch.setenv("SC_APP_FAULT_ACTION", "raise")
+    monkeypatch.setenv("SC_APP_FAULT_AFTER", "1")
+    monkeypatch.setenv("SC_APP_FAULT_EVERY", "2")
+    monkeypatch.setenv("SC_APP_FAULT_TIMES", "2")
+    fired = []
+    for hit in range(1, 9):
+        try:
+            faults.fault_point("dp.put")
+        except faults.InjectedFault:
+            fired.append(hit)
+    assert fired == [3, 5], "after 1 pass, every 2nd hit, at most twice"
+    assert faults.take("dp.clear") is None and faults.take("dp.clear") is None
+    assert faults.take("dp.clear") == "raise"
+    assert faults.take("save.policy") is None
+    assert faults._hits.get("save.policy") is None
 
 
 def test_async_delay_sleeps_this_task_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,7 @@ FLOORS: list[set[str]] = [
     {"sc_app.job"},  # one attempt of the job
     {"sc_app.driver"},  # setup_single_controller, TQPolicy
     {"sc_app.controller"},  # SingleControllerActor
-    {"sc_app.controller_saves"},  # its saves (the barrier window, the write behind training)
+    {"sc_app.controller_saves", "sc_app.controller_recovery"},  # its saves (barrier window, write behind), recovery
     {"sc_app.rl", "sc_app.observe"},  # trainer / generation workers and backends; watching a run
     {"sc_app.checkpoint"},  # the bundle
     {"sc_app.replay_buffer"},  # TQReplayBuffer

@@ -45,6 +45,9 @@ PURE = [
     "sc_app.rl.hf.dataset",
     "sc_app.rl.hf.rewards",
     "sc_app.data_plane.client",
+    "sc_app.data_plane.retry",
+    "sc_app.observe.goodput",
+    "sc_app.rl.worker_restart",
     "sc_app.observe.records",
     "sc_app.observe.reader",
     "sc_app.observe.runlog",  # TensorBoard's writer (torch) is imported by the writer thread only

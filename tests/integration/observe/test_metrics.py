@@ -109,6 +109,12 @@ def test_the_driver_metrics_are_served_on_rays_export_port_and_stay_there(probe:
     assert one(got, "ray_sc_app_last_resume_timestamp_seconds") == 1_700_000_000.0
     assert one(got, "ray_sc_app_last_emergency_save_timestamp_seconds") == 1_700_000_100.0
     assert one(got, "ray_sc_app_run_log_dropped_total") == 5
+    assert one(got, "ray_sc_app_faults_total", kind="data_plane.put", outcome="recovered") == 1
+    assert one(got, "ray_sc_app_faults_total", kind="data_plane.clear", outcome="recovered") == 1
+    assert one(got, "ray_sc_app_fault_retries_total", kind="data_plane.put") == 2
+    assert one(got, "ray_sc_app_fault_retries_total", kind="data_plane.clear") == 1
+    assert one(got, "ray_sc_app_last_recovery_seconds") == 0.125
+    assert one(got, "ray_sc_app_goodput") == 0.75
     assert BY_NAME["sc_app_step"].family == "ray_sc_app_step"
 
     time.sleep(4 * REPORT_INTERVAL_MS / 1000)  # twice the agent's gauge lifetime, with nothing new recorded

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.verify import compat_problems
 from sc_app.config import load_config
@@ -36,4 +38,35 @@ def test_jsonl_bundles_record_the_order_their_loader_place_counts_in() -> None:
     assert saved["task.shuffle"] is True
     assert compat_problems(saved, compat_of(load_config(None, [*JSONL, "task.shuffle=false"]))) == [
         "incompatible: task.shuffle is True in the bundle but False in the config"
+    ]
+
+
+def test_storage_units_bind_only_a_data_plane_that_cannot_reroute() -> None:
+    saved = compat_of(load_config(None, ["data_plane.storage_units=2", "ray.num_cpus=16"]))
+    assert saved["data_plane.storage_units"] == 2  # still recorded
+    fewer = compat_of(load_config())
+    assert compat_problems(saved, fewer, reroutes=True) == []
+    assert compat_problems(saved, fewer) == [
+        "incompatible: data_plane.storage_units is 2 in the bundle but 1 in the config"
+    ]
+    # every other key still binds a re-routable bundle
+    other = compat_of(load_config(None, ["run.seed=3"]))
+    assert compat_problems(saved, other, reroutes=True) == [
+        "incompatible: run.seed is 0 in the bundle but 3 in the config"
+    ]
+
+
+def test_verify_reroutes_a_streamed_bundle_and_refuses_a_native_one(tmp_path: Path) -> None:
+    from sc_app.checkpoint.verify import verify_bundle
+    from tests.support.bundles import COMPAT, make_bundle
+
+    other_units = {**COMPAT, "data_plane.storage_units": COMPAT["data_plane.storage_units"] + 1}
+    streamed = make_bundle(tmp_path / "s", 2)
+    assert verify_bundle(streamed, expected_compat=other_units).ok
+    native = make_bundle(tmp_path / "n", 2, data_plane="native")
+    assert verify_bundle(native, expected_compat=COMPAT).ok
+    report = verify_bundle(native, expected_compat=other_units)
+    assert report.problems == [
+        f"incompatible: data_plane.storage_units is {COMPAT['data_plane.storage_units']} in the bundle but "
+        f"{other_units['data_plane.storage_units']} in the config"
     ]

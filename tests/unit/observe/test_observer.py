@@ -72,6 +72,7 @@ def test_an_attempt_records_how_it_started_ran_and_ended(tmp_path: Path) -> None
         obs.progress(record)
     result = obs.finish(143, "stopped on SIGTERM")
     assert result is not None and result.dropped.total == 0
+    assert where_lines(load_config(overrides=[f"run.log_dir={logs}"]), obs)[0].startswith("goodput ")
     assert obs.finish(1) is None, "finish is idempotent"
 
     h = read_history(logs)
@@ -86,9 +87,11 @@ def test_an_attempt_records_how_it_started_ran_and_ended(tmp_path: Path) -> None
         "prune",
         "stop_requested",
         "emergency_save",
+        "goodput",
         "exit",
     ]
-    start, lease_ev, quarantine, resume, failed, save, prune, _, emergency, exit_ev = h.events
+    start, lease_ev, quarantine, resume, failed, save, prune, _, emergency, goodput, exit_ev = h.events
+    assert goodput.data["seconds"]["training"] >= 0 and goodput.data["faults"] == 0
     assert start.step == 4 and start.data["decision"] == "resume" and start.data["max_steps"] == 8
     assert lease_ev.data == {"epoch": 2, "previous_run_id": "earlier", "previous_epoch": 1}
     assert quarantine.data["moved"] and "tmp_step_6" in quarantine.data["moved"][0]
@@ -111,7 +114,7 @@ def test_an_attempt_records_how_it_started_ran_and_ended(tmp_path: Path) -> None
     assert (six.reward_min, six.reward_max, six.weights_version) == (0.0, 1.0, 6)
     assert six.commit_wait_p99_s == 0.004 and six.commit_wait_max_s == 0.004
     assert sink.steps == [(5, [0.001]), (6, [0.001, 0.004])], "metrics get every commit wait, not the summary"
-    assert sink.events == ["resume", "save_failed", "save", "prune", "stop_requested", "emergency_save"]
+    assert sink.events == ["resume", "save_failed", "save", "prune", "stop_requested", "emergency_save", "goodput"]
 
 
 def test_a_superseded_attempt_logs_the_lost_lease_before_its_exit(tmp_path: Path) -> None:
@@ -154,7 +157,7 @@ def test_with_the_log_off_metrics_still_see_everything(tmp_path: Path) -> None:
     obs.step(rec(1))
     obs.event(Event("save", 1, {"seconds": 0.1}))
     assert obs.finish(0) is None
-    assert sink.steps == [(1, [])] and sink.events == ["save"] and sink.ticks == 1
+    assert sink.steps == [(1, [])] and sink.events == ["save", "goodput"] and sink.ticks == 1
     assert not (tmp_path / "empty").exists(), "no log directory is made when the log is off"
 
 
@@ -196,7 +199,7 @@ def test_the_last_lines_name_the_log_and_the_report_command(tmp_path: Path) -> N
     plan = plan_resume(tmp_path / "ckpt", tidy=True)
     default = load_config(overrides=[f"checkpoint.dir={tmp_path}/ckpt dir"])
     obs = JobObserver(ObserveOptions.of(default)).started("r", None, plan)
-    log_line, report_line = where_lines(default, obs)
+    log_line, report_line = where_lines(default, obs)  # no lease, no step: no goodput line
     assert log_line.startswith(f"run log: {tmp_path}/ckpt dir/logs/metrics.jsonl")
     assert report_line == f"plots and summary: sc-app report --checkpoint-dir '{tmp_path}/ckpt dir'"
     obs.finish(0)

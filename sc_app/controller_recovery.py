@@ -1,0 +1,75 @@
+"""The in-job recovery half of the controller (issue 18; ``docs/recovery.md``).
+
+``ControllerRecovery`` is a mixin of ``SingleControllerActor`` (like ``controller_saves``): it wraps the controller's
+data-plane client in ``RetryingClient`` (failed calls retried with bounded backoff, a failed put's rows removed,
+every fault a ``FaultRecord``), builds the ``GenerationSupervisor`` the rollout pumps generate through (a dead
+generation worker is replaced in-job) and takes a dead worker's prompts back. ``rollout_failure`` is what the
+sampler raises when a rollout pump stopped: a spent recovery (``RecoveryExhausted``) keeps its own one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sc_app.config import AppConfig
+from sc_app.data_plane.client import DataPlaneClient
+from sc_app.data_plane.retry import DataPlaneFault, RetryingClient, policy_of
+from sc_app.progress import ProgressRecord, RecoveryExhausted
+from sc_app.rl.loader import PromptLoader
+from sc_app.rl.worker_restart import GenerationSupervisor
+
+
+def rollout_failure(exc: BaseException) -> BaseException:
+    """The error that ends the run when a rollout pump failed with ``exc``."""
+    if isinstance(exc, RecoveryExhausted):
+        return exc
+    failure = RuntimeError("rollout pump failed")
+    failure.__cause__ = exc
+    return failure
+
+
+class ControllerRecovery:
+    """The recovery half of ``SingleControllerActor``; these attributes are the controller's."""
+
+    args: Any  # SingleControllerActorArgs
+    cfg: AppConfig
+    loader: PromptLoader
+    step: int
+    version: int
+    _progress: list[ProgressRecord]
+    _cond: asyncio.Condition
+    _inflight: int
+
+    def _trace(self, **event: Any) -> None:
+        raise NotImplementedError  # the controller's
+
+    def _with_retries(self, client: DataPlaneClient) -> RetryingClient:
+        """``client`` with in-job recovery of failed calls (``data_plane.retries``, ``retry_backoff_s``)."""
+        dp = self.cfg.data_plane
+        return RetryingClient(client, policy_of(dp.retries, dp.retry_backoff_s), on_fault=self._data_plane_fault)
+
+    def _data_plane_fault(self, fault: DataPlaneFault) -> None:
+        self._progress.append(fault.record(self.step))
+
+    def _supervise_generation(self) -> GenerationSupervisor:
+        """The supervisor of ``args.generators`` (replaced in place in that list when a worker dies)."""
+        return GenerationSupervisor(
+            cfg=self.cfg,
+            cfg_json=self.args.cfg_json,
+            dataset_sha256=(self.args.dataset or {}).get("sha256"),
+            generators=self.args.generators,
+            trainers=self.args.trainers,
+            version=lambda: self.version,
+            step=lambda: self.step,
+            give_back=self._give_back,
+            on_fault=self._progress.append,
+            trace=self._trace,
+        )
+
+    async def _give_back(self, idxs: list[int]) -> None:
+        """A dead worker's prompts: back to the loader (re-issued first, once), out of the in-flight count."""
+        back = self.loader.give_back(idxs)
+        async with self._cond:
+            self._inflight = max(0, self._inflight - len(back))
+            self._cond.notify_all()

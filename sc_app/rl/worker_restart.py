@@ -1,0 +1,159 @@
+"""Replace a dead generation worker in the same job (issue 18 part 2; ``docs/recovery.md``).
+
+A rollout pump's generate call that fails because its worker actor died (OOM, a killed process, a drained node)
+does not end the run. ``GenerationSupervisor.generate``:
+
+1. hands the call's prompts back to the loader (``PromptLoader.give_back``: re-issued first, exactly once — a
+   prompt that is not pending any more is not given back again), so none is lost and none is trained twice;
+2. starts a new ``GenerationWorker`` with the same index and the same resources (``generation.num_cpus``,
+   ``num_gpus``, ``resources``: the placement the driver asked for), runs its ``setup`` (the dataset check) and
+   gives it the trainers' current weights and version *before* it is put in the worker list, so its first generate
+   call uses them; if training published a newer version meanwhile, that one is sent too;
+3. reports a ``FaultRecord`` (kind ``generation.worker``: detection and recovery seconds, rollouts regenerated).
+
+``generation.max_restarts`` restarts per worker within ``generation.restart_window_s`` (``RestartBudget``, pure);
+past it the pump stops with ``GenerationWorkerFailed``, one line naming the worker and the prompts of the failed
+call — a prompt that kills every worker does not loop forever. ``set_weights_all`` skips a worker that died (its
+pump replaces it with the current weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sc_app.progress import FaultRecord, RecoveryExhausted
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 600.0  # how long a replacement worker may take to be placed and set up (model load included)
+
+
+class GenerationWorkerFailed(RecoveryExhausted):
+    """A generation worker died more often than ``generation.max_restarts`` allows."""
+
+
+@dataclass
+class RestartBudget:
+    """At most ``max_restarts`` restarts of one worker within any ``window_s`` seconds. Pure."""
+
+    max_restarts: int
+    window_s: float
+    _times: dict[int, deque[float]] = field(default_factory=dict)
+
+    def allow(self, worker: int, now: float) -> bool:
+        """Record a restart of ``worker`` at ``now`` if the budget allows it; False (nothing recorded) if not."""
+        times = self._times.setdefault(worker, deque())
+        while times and now - times[0] > self.window_s:
+            times.popleft()
+        if len(times) >= self.max_restarts:
+            return False
+        times.append(now)
+        return True
+
+
+class GenerationSupervisor:
+    """The controller's generation workers, replaced in place when one dies (the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cfg: Any,
+        cfg_json: str,
+        dataset_sha256: str | None,
+        generators: list[Any],
+        trainers: list[Any],
+        version: Callable[[], int],
+        step: Callable[[], int],
+        give_back: Callable[[list[int]], Any],
+        on_fault: Callable[[FaultRecord], None],
+        trace: Callable[..., None],
+    ) -> None:
+        gen = cfg.generation
+        self.cfg, self.cfg_json, self.dataset_sha256 = cfg, cfg_json, dataset_sha256
+        self.generators, self.trainers = generators, trainers  # the controller's own lists: replaced in place
+        self.budget = RestartBudget(gen.max_restarts, gen.restart_window_s)
+        self._version, self._step = version, step
+        self._give_back, self._on_fault, self._trace = give_back, on_fault, trace
+        self._group_size = cfg.grpo.group_size
+
+    async def generate(self, index: int, idxs: list[int]) -> Any | None:
+        """Worker ``index``'s rollout of ``idxs``, or None when the worker died: its prompts went back to the
+        loader and a new worker (with the current weights) took its place. ``GenerationWorkerFailed`` past the
+        restart budget."""
+        import ray
+
+        started = time.perf_counter()
+        try:
+            return await self.generators[index].generate.remote(idxs)
+        except ray.exceptions.RayActorError as exc:
+            detected = time.perf_counter()
+            await self._give_back(idxs)
+            self._trace(ev="give_back", prompts=idxs, worker=index)
+            if not self.budget.allow(index, time.monotonic()):
+                raise GenerationWorkerFailed(
+                    f"generation worker {index} died more than generation.max_restarts="
+                    f"{self.budget.max_restarts} times within {self.budget.window_s:g}s (last while generating "
+                    f"prompts {idxs}, given back to the loader); check the worker's logs for OOM or a poisoned prompt"
+                ) from None
+            log.warning("generation worker %d died (%s); replacing it", index, str(exc).splitlines()[0][:200])
+            version = await self._replace(index)
+            self._trace(ev="generation_restart", worker=index, version=version)
+            self._on_fault(
+                FaultRecord(
+                    step=self._step(),
+                    kind="generation.worker",
+                    outcome="recovered",
+                    attempts=1,
+                    detection_seconds=detected - started,
+                    recovery_seconds=time.perf_counter() - detected,
+                    rollouts_regenerated=len(idxs) * self._group_size,
+                    error=f"worker {index}: {type(exc).__name__}",
+                )
+            )
+            return None
+
+    async def _replace(self, index: int) -> int:
+        """A new worker for slot ``index`` holding the current weights; returns the version it holds."""
+        import ray
+
+        from sc_app.rl.generation import GenerationWorker
+
+        gen = self.cfg.generation
+        worker = GenerationWorker.options(
+            num_cpus=gen.num_cpus, num_gpus=gen.num_gpus, resources=gen.resources or None
+        ).remote(self.cfg_json, index)
+        try:  # a replacement the cluster has no room for would wait forever: bounded, then one line
+            await asyncio.wait_for(asyncio.ensure_future(worker.setup.remote(self.dataset_sha256)), START_TIMEOUT_S)
+        except TimeoutError:
+            ray.kill(worker)
+            raise GenerationWorkerFailed(
+                f"generation worker {index} died and its replacement did not start within {START_TIMEOUT_S:g}s "
+                f"(it needs num_cpus={gen.num_cpus:g}, num_gpus={gen.num_gpus:g}, resources={gen.resources or {}}: "
+                "is a node gone?)"
+            ) from None
+        sent = -1
+        while sent != self._version():  # a newer version published meanwhile is sent too
+            sent = self._version()
+            refs = [t.get_weights.remote() for t in self.trainers]
+            await asyncio.gather(worker.set_weights.remote(refs[0], sent), *refs[1:])
+        self.generators[index] = worker  # from here on weight syncs reach it
+        return sent
+
+    async def set_weights_all(self, weights_ref: Any, version: int, others: list[Any]) -> None:
+        """``weights_ref`` (rank 0's ``get_weights``) to every worker, awaiting ``others`` (the other ranks' part of
+        the collective); a worker that died is skipped — its pump gives its replacement the current weights."""
+        import ray
+
+        results = await asyncio.gather(
+            *[w.set_weights.remote(weights_ref, version) for w in list(self.generators)], return_exceptions=True
+        )
+        await asyncio.gather(*others)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, ray.exceptions.RayActorError):
+                raise res
