@@ -392,12 +392,6 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
         clock.add("put_barrier_wait", times.put_wait - mark[0].put_wait)
         return times, generation
 
-    async def _sync_weights(self) -> None:
-        """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
-        them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
-        refs = [t.get_weights.remote() for t in self.args.trainers]
-        await self._generation.set_weights_all(refs[0], self.version, refs[1:])  # a dead worker is skipped
-
     def _record_step(self, record: StepRecord) -> None:
         self._progress.append(record)
         self._unsaved_steps.append(record)

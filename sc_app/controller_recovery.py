@@ -3,7 +3,8 @@
 ``ControllerRecovery`` is a mixin of ``SingleControllerActor`` (like ``controller_saves``): it wraps the controller's
 data-plane client in ``RetryingClient`` (failed calls retried with bounded backoff, a failed put's rows removed,
 every fault a ``FaultRecord``), builds the ``GenerationSupervisor`` the rollout pumps generate through (a dead
-generation worker is replaced in-job) and takes a dead worker's prompts back. ``rollout_failure`` is what the
+generation worker is replaced in-job), sends each weights version through it (a dead worker is skipped) and takes a
+dead worker's prompts back. ``rollout_failure`` is what the
 sampler raises when a rollout pump stopped: a spent recovery (``RecoveryExhausted``) keeps its own one line.
 """
 
@@ -40,6 +41,7 @@ class ControllerRecovery:
     _progress: list[ProgressRecord]
     _cond: asyncio.Condition
     _inflight: int
+    _generation: GenerationSupervisor
 
     def _trace(self, **event: Any) -> None:
         raise NotImplementedError  # the controller's
@@ -73,3 +75,9 @@ class ControllerRecovery:
         async with self._cond:
             self._inflight = max(0, self._inflight - len(back))
             self._cond.notify_all()
+
+    async def _sync_weights(self) -> None:
+        """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
+        them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
+        refs = [t.get_weights.remote() for t in self.args.trainers]
+        await self._generation.set_weights_all(refs[0], self.version, refs[1:])  # a dead worker is skipped
