@@ -4,8 +4,8 @@
 data-plane client in ``RetryingClient`` (failed calls retried with bounded backoff, a failed put's rows removed,
 every fault a ``FaultRecord``), builds the ``GenerationSupervisor`` the rollout pumps generate through (a dead
 generation worker is replaced in-job), sends each weights version through it (a dead worker is skipped) and takes a
-dead worker's prompts back. ``rollout_failure`` is what the
-sampler raises when a rollout pump stopped: a spent recovery (``RecoveryExhausted``) keeps its own one line.
+dead worker's prompts back. ``rollout_failure`` is what the sampler raises when a rollout pump stopped: a spent
+recovery (``RecoveryExhausted``) keeps its own one line.
 """
 
 from __future__ import annotations
