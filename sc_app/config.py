@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sc_app.engine_config import OLD_LOGPROBS_HELP, EngineSettings, check_engine
+
 CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
 TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (see DESIGN.md: oversubscription hangs tq.init silently)
@@ -155,6 +157,7 @@ class GRPOConfig(_Section):
     max_groups_buffered: int = Field(16, ge=1, description="Backpressure: committed + in-flight groups held at most.")
     temperature: float = Field(1.0, gt=0)
     max_grad_norm: float | None = Field(None, gt=0, description="hf: clip the gradient norm (None: no clipping).")
+    old_logprobs: Literal["trainer", "engine"] = Field("trainer", description=OLD_LOGPROBS_HELP)
 
 
 class WorkerGroupConfig(_Section):
@@ -173,7 +176,7 @@ class TrainerConfig(WorkerGroupConfig):
     micro_batch_rows: int = Field(0, ge=0, description="hf: rows per forward/backward (0: the worker's whole share).")
 
 
-class GenerationWorkersConfig(WorkerGroupConfig):
+class GenerationWorkersConfig(WorkerGroupConfig, EngineSettings):
     top_k: int = Field(0, ge=0, description="hf: sample from the k likeliest tokens (0: off).")
     top_p: float = Field(1.0, gt=0, le=1, description="hf: nucleus sampling (1.0: off).")
 
@@ -228,6 +231,7 @@ class AppConfig(_Section):
                 raise ValueError("task.name=jsonl needs model.backend=hf (the tiny model has no tokenizer)")
             if not self.task.path:
                 raise ValueError("task.name=jsonl needs task.path: a JSONL file of {'prompt', 'answer'} lines")
+        check_engine(self)
         rows = self.grpo.prompts_per_step * self.grpo.num_generations_per_prompt
         if rows < self.trainer.num_workers:
             raise ValueError(
