@@ -10,6 +10,7 @@ import torch
 from sc_app.config import AppConfig
 from sc_app.policy.hf.chat import pad_id
 from sc_app.policy.hf.engine import GenerationEngine, HFGenerateEngine, eos_ids
+from sc_app.policy.hf.errors import HFInputError
 from sc_app.policy.hf.model_dir import ModelDir, load_model, resolve_dtype
 
 
@@ -21,6 +22,11 @@ def build_engine(cfg: AppConfig, model_dir: ModelDir, tokenizer: Any, device: to
     from sc_app.policy.hf.vllm_engine import VLLMEngine, VLLMSettings, start_llm
 
     gen = cfg.generation
+    if gen.weight_sync == "nccl":
+        raise HFInputError(
+            "generation.weight_sync=nccl is not implemented in this release (docs/vllm.md); use "
+            "generation.weight_sync=object_store, which works on GPU too"
+        )
     settings = VLLMSettings(
         model_path=str(model_dir.path),
         dtype=str(dtype).removeprefix("torch."),
