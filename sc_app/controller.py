@@ -240,6 +240,7 @@ class SingleControllerActor:
                     generating = time.perf_counter()
                     out: Rollout = await worker.generate.remote(idxs)
                     self._rollout_seconds["generation"] += time.perf_counter() - generating
+                    self._trace(ev="rollout", prompts=idxs, worker=worker_index, version=out.version)
                     # the groups of the call in one put and one barrier slot (data_plane.groups_per_put caps it)
                     data = TensorDict(dict(out.fields), batch_size=len(idxs) * group_size)
                     per_put = self.cfg.data_plane.groups_per_put or len(idxs)

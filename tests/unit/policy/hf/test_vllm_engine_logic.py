@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
+from sc_app.config import load_config
+from sc_app.policy.hf.engine_factory import build_engine
+from sc_app.policy.hf.errors import HFInputError
 from sc_app.policy.hf.vllm_engine import _cause, _hint, request_seed
 
 
@@ -24,3 +30,11 @@ def test_the_cause_is_the_innermost_error_on_one_line() -> None:
     assert "generation.engine=hf" in _hint(cause)
     assert "gpu_memory_utilization" in _hint("ValueError: No available memory for the cache blocks")
     assert "does not support this model" in _hint("ValueError: Model architectures ['Foo'] are not supported")
+
+
+def test_nccl_weight_sync_is_refused_in_one_line_before_an_engine_starts() -> None:
+    sets = ["model.backend=hf", "model.path=/m", "generation.engine=vllm", "generation.weight_sync=nccl"]
+    cfg = load_config(None, [*sets, "generation.num_gpus=1", "trainer.num_gpus=1"])
+    with pytest.raises(HFInputError, match="weight_sync=nccl is not implemented") as err:
+        build_engine(cfg, None, None, torch.device("cpu"))  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
