@@ -112,6 +112,7 @@ if [[ "${GPU_SMOKE_VLLM:-1}" != 0 ]]; then
     --checkpoint-dir "${vckpt}"
     --set model.backend=hf --set "model.path=${model}" --set generation.engine=vllm
     --set generation.gpu_memory_utilization=0.3 --set "generation.weight_sync=${GPU_SMOKE_WEIGHT_SYNC:-object_store}"
+    --set "grpo.old_logprobs=$([[ "${GPU_SMOKE_WEIGHT_SYNC:-}" == nccl ]] && echo engine || echo trainer)"
     --set trainer.num_gpus=0.5 --set generation.num_gpus=0.5
     --set trainer.num_cpus=1 --set generation.num_cpus=1
     --set "checkpoint.save_period=${period}" --set "run.trace_file=${work}/trace-vllm.jsonl"

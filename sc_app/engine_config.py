@@ -66,3 +66,8 @@ def check_engine(cfg: AppConfig) -> None:
             "generation.weight_sync=nccl needs GPUs on the trainer and generation workers (trainer.num_gpus and "
             "generation.num_gpus > 0); on CPU use generation.weight_sync=object_store"
         )
+    if gen.weight_sync == "nccl" and cfg.grpo.old_logprobs != "engine":
+        raise ValueError(
+            "generation.weight_sync=nccl needs grpo.old_logprobs=engine (the weights reach only the vLLM engine, not "
+            "the trainer-function copy); set it, or use generation.weight_sync=object_store"
+        )

@@ -43,6 +43,13 @@ def test_engine_settings_that_cannot_run_are_one_line(overrides: list[str], frag
 def test_nccl_is_accepted_when_both_worker_groups_have_gpus() -> None:
     cfg = load_config(
         None,
-        [*HF, "generation.engine=vllm", "generation.weight_sync=nccl", "generation.num_gpus=1", "trainer.num_gpus=1"],
+        [
+            *HF,
+            "generation.engine=vllm",
+            "generation.weight_sync=nccl",
+            "generation.num_gpus=1",
+            "trainer.num_gpus=1",
+            "grpo.old_logprobs=engine",
+        ],
     )
     assert cfg.generation.weight_sync == "nccl"

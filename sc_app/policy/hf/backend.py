@@ -82,7 +82,7 @@ class HFGenerationBackend:
         device = device_for(cfg.generation.num_gpus)
         model_dir = check_model_dir(cfg.model.path)
         tokenizer = load_tokenizer(model_dir)
-        self.engine = build_engine(cfg, model_dir, tokenizer, device)  # generation.engine: hf | vllm
+        self.engine = build_engine(cfg, model_dir, tokenizer, device, worker_index)  # generation.engine: hf | vllm
         self.params = SamplingParams(
             temperature=cfg.grpo.temperature,
             top_k=cfg.generation.top_k,

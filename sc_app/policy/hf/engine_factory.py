@@ -10,11 +10,12 @@ import torch
 from sc_app.config import AppConfig
 from sc_app.policy.hf.chat import pad_id
 from sc_app.policy.hf.engine import GenerationEngine, HFGenerateEngine, eos_ids
-from sc_app.policy.hf.errors import HFInputError
 from sc_app.policy.hf.model_dir import ModelDir, load_model, resolve_dtype
 
 
-def build_engine(cfg: AppConfig, model_dir: ModelDir, tokenizer: Any, device: torch.device) -> GenerationEngine:
+def build_engine(
+    cfg: AppConfig, model_dir: ModelDir, tokenizer: Any, device: torch.device, worker_index: int = 0
+) -> GenerationEngine:
     dtype = resolve_dtype(cfg.model.dtype, device.type)
     if cfg.generation.engine != "vllm":
         model = load_model(model_dir, dtype)
@@ -22,11 +23,6 @@ def build_engine(cfg: AppConfig, model_dir: ModelDir, tokenizer: Any, device: to
     from sc_app.policy.hf.vllm_engine import VLLMEngine, VLLMSettings, start_llm
 
     gen = cfg.generation
-    if gen.weight_sync == "nccl":
-        raise HFInputError(
-            "generation.weight_sync=nccl is not implemented in this release (docs/vllm.md); use "
-            "generation.weight_sync=object_store, which works on GPU too"
-        )
     settings = VLLMSettings(
         model_path=str(model_dir.path),
         dtype=str(dtype).removeprefix("torch."),
@@ -36,6 +32,7 @@ def build_engine(cfg: AppConfig, model_dir: ModelDir, tokenizer: Any, device: to
         gpu_memory_utilization=gen.gpu_memory_utilization,
         engine_logprobs=cfg.grpo.old_logprobs == "engine",
         on_gpu=device.type == "cuda",
+        worker_index=worker_index,
     )
     llm = start_llm(settings)  # first: on a GPU the engine sizes its cache before the copy below takes memory
     model = load_model(model_dir, dtype)  # eos ids from its generation config, as the hf engine reads them

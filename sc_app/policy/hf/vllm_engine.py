@@ -36,7 +36,8 @@ from sc_app.policy.hf.engine import GenerationOutput, SamplingParams
 from sc_app.policy.hf.errors import HFInputError
 from sc_app.policy.hf.logprobs import sequence_logprobs
 from sc_app.policy.hf.tasks import PromptBatch, response_mask
-from sc_app.policy.hf.vllm_weights import EXTENSION_CLS, LOAD_METHOD
+from sc_app.policy.hf.vllm_nccl import NcclWeightsOffer, rank_offset
+from sc_app.policy.hf.vllm_weights import EXTENSION_CLS, LOAD_METHOD, RECEIVE_METHOD
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class VLLMSettings:
     gpu_memory_utilization: float = 0.7
     engine_logprobs: bool = False  # grpo.old_logprobs == "engine"
     on_gpu: bool = False
+    worker_index: int = 0  # this engine's generation worker (its ranks in the weight_sync=nccl group)
 
 
 def request_seed(run_seed: int, prompt_index: int, version: int) -> int:
@@ -158,10 +160,14 @@ class VLLMEngine:
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Every tensor of ``weights`` into the running engine in place (no file), then ``version`` is served."""
         t0 = time.perf_counter()
-        state = dict(weights)
-        loaded = self.llm.collective_rpc(LOAD_METHOD, args=(state,))
-        if self.logprob_model is not None:
-            self.logprob_model.load_state_dict(state, strict=True)
+        if isinstance(weights, NcclWeightsOffer):  # weight_sync=nccl: the bytes come from trainer rank 0's GPU
+            offset = rank_offset(self.settings.worker_index, self.settings.tensor_parallel_size)
+            loaded = self.llm.collective_rpc(RECEIVE_METHOD, args=(weights, offset))
+        else:
+            state = dict(weights)
+            loaded = self.llm.collective_rpc(LOAD_METHOD, args=(state,))
+            if self.logprob_model is not None:
+                self.logprob_model.load_state_dict(state, strict=True)
         self.version = version
         self.last_sync_seconds = time.perf_counter() - t0
         log.info(

@@ -15,6 +15,7 @@ from typing import Any
 
 EXTENSION_CLS = "sc_app.policy.hf.vllm_weights.WeightLoadExtension"
 LOAD_METHOD = "sc_app_load_weights"
+RECEIVE_METHOD = "sc_app_receive_nccl"  # generation.weight_sync=nccl (vllm_nccl)
 
 
 class WeightLoadExtension:
@@ -26,3 +27,15 @@ class WeightLoadExtension:
         """Load a full Hugging Face state dict in place; returns the number of tensors given."""
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
         return len(weights)
+
+    def sc_app_receive_nccl(self, offer: Any, rank_offset: int) -> int:
+        """``generation.weight_sync=nccl``: receive the version ``offer`` announces from trainer rank 0 (joining the
+        group the first time) and load it in place; returns the number of tensors."""
+        from sc_app.policy.hf.vllm_nccl import receive
+
+        comm, received = receive(
+            offer, rank_offset + int(getattr(self, "rank", 0)), getattr(self, "_sc_app_comm", None)
+        )
+        self._sc_app_comm = comm
+        self.model_runner.reload_weights(weights_iterator=iter(received))
+        return len(received)
