@@ -48,7 +48,7 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 
 def _model(work: Path, name: str) -> Path:
-    from sc_app.policy.hf.random_model import RandomModelSpec, write_random_model
+    from sc_app.rl.hf.random_model import RandomModelSpec, write_random_model
 
     heads = SPECS[name]["hidden_size"] // 64  # head_dim 64: what vLLM's CPU attention supports
     spec = RandomModelSpec(
@@ -60,7 +60,7 @@ def _model(work: Path, name: str) -> Path:
 def _prompts() -> Any:
     import torch
 
-    from sc_app.policy.hf.tasks import PromptBatch
+    from sc_app.rl.hf.tasks import PromptBatch
 
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(4, 26, (PROMPTS, PROMPT_LEN), generator=gen)
@@ -71,10 +71,10 @@ def _engines(model_dir: Path, max_len: int) -> dict[str, Any]:
     """The three engines of the comparison, sharing one vLLM engine; plus the seconds its start took."""
     import torch
 
-    from sc_app.policy.hf.chat import pad_id
-    from sc_app.policy.hf.engine import HFGenerateEngine, eos_ids
-    from sc_app.policy.hf.model_dir import check_model_dir, load_model, load_tokenizer
-    from sc_app.policy.hf.vllm_engine import VLLMEngine, VLLMSettings, start_llm
+    from sc_app.rl.hf.chat import pad_id
+    from sc_app.rl.hf.engine import HFGenerateEngine, eos_ids
+    from sc_app.rl.hf.model_dir import check_model_dir, load_model, load_tokenizer
+    from sc_app.rl.hf.vllm_engine import VLLMEngine, VLLMSettings, start_llm
 
     md = check_model_dir(model_dir)
     tok, model = load_tokenizer(md), load_model(md, torch.float32)
@@ -95,7 +95,7 @@ def _engines(model_dir: Path, max_len: int) -> dict[str, Any]:
 
 
 def _throughput(engines: dict[str, Any], reps: int, new_tokens: int) -> dict[str, Any]:
-    from sc_app.policy.hf.engine import SamplingParams
+    from sc_app.rl.hf.engine import SamplingParams
 
     batch, params = _prompts(), SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
     rates: dict[str, list[float]] = {k: [] for k in ("hf", "vllm", "vllm+trainer-lp")}
@@ -129,8 +129,8 @@ def _first_token(engines: dict[str, Any], model_dir: Path) -> dict[str, float]:
     """hf: load the model, the bundle's weights, one token; vllm: (start measured above) + weights + one token."""
     import torch
 
-    from sc_app.policy.hf.engine import HFGenerateEngine, SamplingParams
-    from sc_app.policy.hf.model_dir import check_model_dir, load_model
+    from sc_app.rl.hf.engine import HFGenerateEngine, SamplingParams
+    from sc_app.rl.hf.model_dir import check_model_dir, load_model
 
     batch, one = _prompts(), SamplingParams(max_new_tokens=1)
     t0 = time.perf_counter()

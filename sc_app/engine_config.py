@@ -3,12 +3,9 @@ that tie them to the rest of the config. Pure: imports neither Ray nor torch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-
-if TYPE_CHECKING:
-    from sc_app.config import AppConfig
 
 
 class EngineSettings(BaseModel):
@@ -39,8 +36,9 @@ OLD_LOGPROBS_HELP = (
 )
 
 
-def check_engine(cfg: AppConfig) -> None:
-    """``ValueError`` (one line naming the key) for an engine setting the rest of ``cfg`` cannot run."""
+def check_engine(cfg: Any) -> None:
+    """``ValueError`` (one line naming the key) for an engine setting the rest of ``cfg`` (an ``AppConfig``) cannot
+    run. ``cfg`` is typed ``Any``: ``sc_app.config`` imports this module, so importing it back would be a cycle."""
     gen = cfg.generation
     if gen.engine == "vllm" and cfg.model.backend != "hf":
         raise ValueError(

@@ -66,7 +66,7 @@ class World:
             "task.prompt_len=12",
             "task.response_len=4",
             "grpo.prompts_per_step=4",
-            "grpo.num_generations_per_prompt=4",
+            "grpo.group_size=4",
             f"grpo.learning_rate={LR}",
             "checkpoint.save_period=2",
             "checkpoint.keep=50",  # every bundle stays for the checks below
@@ -105,7 +105,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     user.mkdir()
     (user / "my_reward.py").write_text(
         "import json, os\n"
-        "from sc_app.policy.hf.rewards import numeric_match\n"
+        "from sc_app.rl.hf.rewards import numeric_match\n"
         "def score(*, prompt, completion, answer):\n"
         "    with open(os.environ['SC_APP_TEST_REWARD_LOG'], 'a') as f:\n"
         "        f.write(json.dumps([prompt, completion, answer]) + '\\n')\n"

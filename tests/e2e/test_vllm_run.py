@@ -106,7 +106,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
         "task.prompt_len=12",
         "task.response_len=4",
         "grpo.prompts_per_step=4",
-        "grpo.num_generations_per_prompt=4",
+        "grpo.group_size=4",
         f"grpo.learning_rate={LR}",
         "checkpoint.save_period=2",
         "checkpoint.keep=50",

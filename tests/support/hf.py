@@ -21,7 +21,7 @@ ARITHMETIC = [
 
 
 def make_model_dir(root: Path, **spec: Any) -> Path:
-    from sc_app.policy.hf.random_model import RandomModelSpec, write_random_model
+    from sc_app.rl.hf.random_model import RandomModelSpec, write_random_model
 
     return write_random_model(root, RandomModelSpec(**spec))
 
@@ -34,7 +34,7 @@ def policy_oracle(bundle: Path, model_dir: Path, lr: float) -> tuple[dict[str, s
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from transformers import AutoModelForCausalLM
 
-    from sc_app.policy.fingerprint import full_fingerprint
+    from sc_app.rl.fingerprint import full_fingerprint
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.Adam(model.parameters(), lr=lr)

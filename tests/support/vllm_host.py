@@ -25,7 +25,7 @@ _state: dict[str, Any] = {}
 
 def _start(model_path: str, seed: int, max_model_len: int) -> None:
     os.environ.update(ENV)
-    from sc_app.policy.hf.vllm_engine import VLLMSettings, start_llm
+    from sc_app.rl.hf.vllm_engine import VLLMSettings, start_llm
 
     settings = VLLMSettings(model_path=model_path, dtype="float32", seed=seed, max_model_len=max_model_len)
     _state["settings"] = settings
@@ -42,10 +42,10 @@ def engine_of(*, engine_logprobs: bool) -> Any:
 
     import torch
 
-    from sc_app.policy.hf.chat import pad_id
-    from sc_app.policy.hf.engine import eos_ids
-    from sc_app.policy.hf.model_dir import check_model_dir, load_model, load_tokenizer
-    from sc_app.policy.hf.vllm_engine import VLLMEngine
+    from sc_app.rl.hf.chat import pad_id
+    from sc_app.rl.hf.engine import eos_ids
+    from sc_app.rl.hf.model_dir import check_model_dir, load_model, load_tokenizer
+    from sc_app.rl.hf.vllm_engine import VLLMEngine
 
     key = f"engine-{engine_logprobs}"
     if key not in _state:
