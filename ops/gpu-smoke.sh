@@ -5,7 +5,8 @@
 # Usage: ops/gpu-smoke.sh [MODEL_DIR] [WORK_DIR]
 #   MODEL_DIR  a local HF model directory (default: a tiny random Llama built into WORK_DIR/model)
 #   WORK_DIR   scratch (default: a new /tmp/sc-app-gpu-smoke.* directory, kept for inspection)
-# Env: GPU_SMOKE_STEPS (default 40), GPU_SMOKE_SAVE_PERIOD (5), SC_APP_PYTHON (default .venv/bin/python).
+# Env: GPU_SMOKE_STEPS (default 40), GPU_SMOKE_SAVE_PERIOD (5), SC_APP_PYTHON (default .venv/bin/python),
+#   GPU_SMOKE_VLLM (1: also the vLLM engine runs, fresh + resume), GPU_SMOKE_WEIGHT_SYNC (object_store | nccl).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${SC_APP_PYTHON:-${repo}/.venv/bin/python}"
@@ -101,4 +102,42 @@ print(f"GPU memory peak in this process: {torch.cuda.max_memory_allocated() / 2*
 PY
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 say "resume run took ${resume_s}s; everything is in ${work}"
+
+# vLLM engine (generation.engine=vllm, docs/vllm.md): a fresh run, then a resume, on the same GPU (the engine
+# takes generation.gpu_memory_utilization of it). Needs the CUDA vllm (the image has it) and GPU_SMOKE_VLLM != 0.
+if [[ "${GPU_SMOKE_VLLM:-1}" != 0 ]]; then
+  "${py}" -c 'import vllm' 2> /dev/null || fail "vllm is not installed (the image installs it; pip install vllm==0.32.0)"
+  vckpt="${work}/ckpt-vllm"
+  vsettings=(
+    --checkpoint-dir "${vckpt}"
+    --set model.backend=hf --set "model.path=${model}" --set generation.engine=vllm
+    --set generation.gpu_memory_utilization=0.3 --set "generation.weight_sync=${GPU_SMOKE_WEIGHT_SYNC:-object_store}"
+    --set "grpo.old_logprobs=$([[ "${GPU_SMOKE_WEIGHT_SYNC:-}" == nccl ]] && echo engine || echo trainer)"
+    --set trainer.num_gpus=0.5 --set generation.num_gpus=0.5
+    --set trainer.num_cpus=1 --set generation.num_cpus=1
+    --set "checkpoint.save_period=${period}" --set "run.trace_file=${work}/trace-vllm.jsonl"
+  )
+  say "vLLM run V1: fresh, to step $(( steps / 2 ))"
+  t0=$(date +%s)
+  "${py}" -m sc_app run "${vsettings[@]}" --max-steps "$(( steps / 2 ))" | tee "${work}/run_v1.log"
+  say "vLLM run V1 took $(( $(date +%s) - t0 ))s"
+  say "vLLM run V2: resumes, to step ${steps}"
+  "${py}" -m sc_app run "${vsettings[@]}" --max-steps "${steps}" | tee "${work}/run_v2.log"
+  grep -q "resuming from" "${work}/run_v2.log" || fail "vLLM run V2 did not resume"
+  "${py}" - "${work}/trace-vllm.jsonl" <<'PY'
+import json, sys
+events = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+runs, cur = [], None
+for e in events:
+    if e["ev"] == "start":
+        cur = {"step": e["step"], "versions": []}
+        runs.append(cur)
+    elif e["ev"] == "rollout":
+        cur["versions"].append(e["version"])
+for r in runs:
+    v = r["versions"]
+    assert v and v[0] == r["step"] and v == sorted(v), f"run from step {r['step']}: versions served {v[:8]}..."
+    print(f"vLLM run from step {r['step']}: {len(v)} generate calls, first served version {v[0]}, last {v[-1]}")
+PY
+fi
 say "OK"

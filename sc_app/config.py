@@ -25,6 +25,7 @@ from sc_app.config_tree import (
     rename_keys,
     set_path,
 )
+from sc_app.engine_config import OLD_LOGPROBS_HELP, EngineSettings, check_engine
 
 CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
@@ -175,6 +176,7 @@ class GRPOConfig(_Section):
     max_groups_buffered: int = Field(16, ge=1, description="Backpressure: committed + in-flight groups held at most.")
     temperature: float = Field(1.0, gt=0)
     max_grad_norm: float | None = Field(None, gt=0, description="hf: clip the gradient norm (None: no clipping).")
+    old_logprobs: Literal["trainer", "engine"] = Field("trainer", description=OLD_LOGPROBS_HELP)
 
     @property
     def num_generations_per_prompt(self) -> int:
@@ -198,7 +200,7 @@ class TrainerConfig(WorkerGroupConfig):
     micro_batch_rows: int = Field(0, ge=0, description="hf: rows per forward/backward (0: the worker's whole share).")
 
 
-class GenerationWorkersConfig(WorkerGroupConfig):
+class GenerationWorkersConfig(WorkerGroupConfig, EngineSettings):
     max_restarts: int = Field(
         3,
         ge=0,
@@ -266,6 +268,7 @@ class AppConfig(_Section):
                 raise ValueError("task.name=jsonl needs model.backend=hf (the tiny model has no tokenizer)")
             if not self.task.path:
                 raise ValueError("task.name=jsonl needs task.path: a JSONL file of {'prompt', 'answer'} lines")
+        check_engine(self)
         rows = self.grpo.prompts_per_step * self.grpo.group_size
         if rows < self.trainer.num_workers:
             raise ValueError(

@@ -228,6 +228,7 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
                     if out is None:  # the worker died: its prompts went back to the loader, a new one took over
                         continue
                     self._rollout_seconds["generation"] += time.perf_counter() - generating
+                    self._trace(ev="rollout", prompts=idxs, worker=worker_index, version=out.version)
                     # the groups of the call in one put and one barrier slot (data_plane.groups_per_put caps it)
                     data = TensorDict(dict(out.fields), batch_size=len(idxs) * group_size)
                     per_put = self.cfg.data_plane.groups_per_put or len(idxs)

@@ -47,6 +47,7 @@ class TrainerWorker:
         self.device = device_for(self.cfg.trainer.num_gpus)
         self._backend: TrainerBackend | None = None
         self._dp: Any = None
+        self._nccl: Any = None  # generation.weight_sync=nccl on rank 0 (sc_app.rl.hf.vllm_nccl)
 
     def address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
@@ -62,6 +63,10 @@ class TrainerWorker:
             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
             dist.init_process_group(used, rank=self.rank, world_size=self.world_size)
         self._backend = make_trainer_backend(self.cfg, self.rank, self.world_size, self.device)
+        if self.cfg.generation.weight_sync == "nccl":
+            from sc_app.rl.hf.vllm_nccl import sender_for
+
+            self._nccl = sender_for(self.cfg, self.rank)
         return used
 
     @property
@@ -82,6 +87,8 @@ class TrainerWorker:
 
         ``capture``: also ``capture_state()`` right after the step (the step a checkpoint will be cut at), which
         saves the checkpoint a separate call while training is paused."""
+        if self._nccl is not None:  # the last version's broadcast reads these weights until it ends
+            self._nccl.wait()
         share = sample_ids[self.rank :: self.world_size]
         read_started = time.perf_counter()
         rows = self._client().get_samples_sync(self.cfg.data_plane.partition, share, list(self.backend.fields))
@@ -91,9 +98,13 @@ class TrainerWorker:
             self.backend.capture()
         return replace(result, get_seconds=read_seconds)
 
-    def get_weights(self) -> dict[str, torch.Tensor] | None:
-        """The whole model on rank 0, None on the others (collective when the backend shards the model)."""
-        return self.backend.full_weights()
+    def get_weights(self) -> dict[str, torch.Tensor] | Any | None:
+        """The whole model on rank 0, None on the others (collective when the backend shards the model); under
+        ``generation.weight_sync=nccl`` rank 0 returns an ``NcclWeightsOffer`` and broadcasts the tensors."""
+        weights = self.backend.full_weights()
+        if self._nccl is not None and weights is not None:  # the bytes go over NCCL; Ray carries the offer
+            return self._nccl.offer(weights)
+        return weights
 
     def capture_state(self) -> int:
         """Copy this rank's weights + optimizer state for ``write_captured``; returns the captured version."""

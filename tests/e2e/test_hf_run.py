@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.hf import ARITHMETIC, make_model_dir, write_jsonl
+from tests.support.hf import ARITHMETIC, make_model_dir, policy_oracle, write_jsonl
 from tests.support.proc import Finished, kill_session, read_trace, sc_app, start_logged
 
 pytestmark = pytest.mark.slow
@@ -95,23 +95,7 @@ def bundles(root: Path) -> dict[int, Path]:
 
 
 def oracle(bundle: Path, model_dir: Path) -> tuple[dict[str, str], Any]:
-    """The bundle's policy read with DCP's own reader into a plain model + Adam (not sc-app's loader): its
-    fingerprint and the model."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from transformers import AutoModelForCausalLM
-
-    from sc_app.rl.fingerprint import full_fingerprint
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optimizer": osd}
-    dcp.load(state, checkpoint_id=bundle / "policy", no_dist=True)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    fp = full_fingerprint(model, opt)
-    assert fp is not None
-    return {"weights": fp.weights, "optimizer": fp.optimizer}, model
+    return policy_oracle(bundle, model_dir, LR)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,27 @@ def make_model_dir(root: Path, **spec: Any) -> Path:
     return write_random_model(root, RandomModelSpec(**spec))
 
 
+def policy_oracle(bundle: Path, model_dir: Path, lr: float) -> tuple[dict[str, str], Any]:
+    """A bundle's policy read with DCP's own reader into a plain model + Adam (not sc-app's loader): its
+    fingerprint and the model."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from sc_app.rl.fingerprint import full_fingerprint
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optimizer": osd}
+    dcp.load(state, checkpoint_id=bundle / "policy", no_dist=True)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    fp = full_fingerprint(model, opt)
+    assert fp is not None
+    return {"weights": fp.weights, "optimizer": fp.optimizer}, model
+
+
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

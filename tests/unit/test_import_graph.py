@@ -36,6 +36,7 @@ FLOORS: list[set[str]] = [
         "sc_app.config",
         "sc_app.config_tree",
         "sc_app.digest",
+        "sc_app.engine_config",  # generation.engine + vLLM keys mixed into config (pure: pydantic only)
         "sc_app.durable_io",
         "sc_app.exits",
         "sc_app.faults",

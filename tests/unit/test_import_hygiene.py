@@ -20,6 +20,7 @@ PURE = [
     "sc_app.replay_index",
     "sc_app.digest",
     "sc_app.config",
+    "sc_app.engine_config",
     "sc_app.durable_io",
     "sc_app.exits",
     "sc_app.faults",

