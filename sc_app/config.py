@@ -16,18 +16,23 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sc_app.config_input import MAX_SECONDS, ConfigError, check_section, read_file
+
+__all__ = ["AppConfig", "ConfigError", "Override", "dump_config", "load_config"]
+
 CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
 TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (see DESIGN.md: oversubscription hangs tq.init silently)
 REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*"
 
 
-class ConfigError(ValueError):
-    """A configuration problem; ``str()`` is one line naming the key and what to do."""
-
-
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> _Section:
+        check_section(type(self).__name__, self.__dict__)
+        return self
 
 
 class RunConfig(_Section):
@@ -192,12 +197,14 @@ class CheckpointConfig(_Section):
     emergency_budget_s: float = Field(
         60.0,
         gt=0,
+        le=MAX_SECONDS,
         description="On SIGTERM or `sc-app stop`: seconds to finish the step and cut a bundle; keep below the grace "
         "period.",
     )
     lease_ttl_s: float = Field(
         60.0,
         ge=3,
+        le=MAX_SECONDS,
         description="The writer lease expires this long after its holder's last heartbeat (renewed every third of "
         "it); until then no other command tidies the directory.",
     )
@@ -336,35 +343,9 @@ def parse_override(text: str, *, source: str | None = None) -> tuple[str, Any]:
         raise ConfigError(f"{source}: expected key.path=value, e.g. --set checkpoint.save_period=2")
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
-    except (yaml.YAMLError, RecursionError) as exc:
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an int of more than 4300 digits
         raise ConfigError(f"{source}: value is not valid YAML ({exc.__class__.__name__})") from None
     return key.strip(), value
-
-
-def _read_file(p: Path) -> dict[str, Any]:
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"config file {p}: cannot read ({exc.strerror}); pass an existing YAML file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config file {p}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
-        ) from None
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {p}: malformed YAML{where}; fix the syntax") from None
-    except RecursionError:
-        raise ConfigError(f"config file {p}: nested too deeply to be a config") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {p}: top level must be a mapping of sections, got {type(loaded).__name__}")
-    return loaded
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str | Override] = ()) -> AppConfig:
@@ -373,7 +354,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str | Overri
     tree: dict[str, Any] = {}
     sources: dict[str, str] = {}
     if path is not None:
-        tree = _read_file(Path(path))
+        tree = read_file(Path(path))
         _leaf_sources(tree, "", f"config file {path}", sources)
     for item in overrides:
         override = item if isinstance(item, Override) else Override(item)
