@@ -77,7 +77,7 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
     from sc_app.controller import InventoryMismatch, SaveFailed
     from sc_app.driver import ResumeRefused
     from sc_app.job import CheckpointDirUnusable, EmergencyTimeout, JobFailed, run_job
-    from sc_app.policy.hf.errors import HFInputError
+    from sc_app.policy.hf.errors import HFInputError, RewardFailed
     from sc_app.progress import ProgressRecord, RunSummary, format_line
 
     stop = {"requested": False}
@@ -129,7 +129,7 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
         return failed(f"{exc}")
     except LeaseLost as exc:
         return failed(f"superseded: {exc}", EXIT_SUPERSEDED)
-    except (SaveFailed, InventoryMismatch, EmergencyTimeout, JobFailed) as exc:
+    except (SaveFailed, InventoryMismatch, EmergencyTimeout, JobFailed, RewardFailed) as exc:
         return failed(str(exc), EXIT_FAILED)
     summary = result.summary
     if result.outcome == "already_done":
@@ -385,8 +385,13 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- export
 def cmd_export(args: argparse.Namespace) -> int:
     from sc_app.checkpoint import hmac_key_from_env, layout, verify_bundle
+    from sc_app.policy.hf.export_target import ExportTargetError, check_export_out
 
     root = _checkpoint_root(args, must_exist=True)
+    try:
+        check_export_out(args.out, root)  # never inside checkpoint.dir, never a link, a name that can be created
+    except ExportTargetError as exc:
+        return fail(str(exc))
     key = hmac_key_from_env()
     if args.step is not None:
         bundle = root / layout.step_name(args.step)

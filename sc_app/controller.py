@@ -46,6 +46,7 @@ from sc_app.faults import afault_point
 from sc_app.phases import StepClock
 from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult, policy_format
 from sc_app.policy.grpo import group_advantages
+from sc_app.policy.hf.errors import HFInputError, RewardFailed
 from sc_app.policy.loader import PromptLoader
 from sc_app.progress import (
     ProgressRecord,
@@ -90,6 +91,12 @@ class SingleControllerActorArgs:
     lineage: str | None = None  # the checkpoint directory's lineage, recorded in every manifest
     dataset: dict[str, Any] | None = None  # the task's dataset file (path, sha256, rows): recorded in every bundle
     restored_fingerprint: PolicyFingerprint | None = None  # of the state the trainers restored (traced at start)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The exception a worker raised, out of Ray's ``RayTaskError`` wrapper (itself when not wrapped)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
 
 
 def group_id_for(prompt_index: int) -> str:
@@ -259,7 +266,10 @@ class SingleControllerActor:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            log.exception("rollout pump %d failed", worker_index)
+            if isinstance(_cause(exc), RewardFailed | HFInputError):  # one line names it; no traceback to show
+                log.error("rollout pump %d: %s", worker_index, _cause(exc))
+            else:
+                log.exception("rollout pump %d failed", worker_index)
             self._rollout_error = exc
             async with self._cond:
                 self._cond.notify_all()
@@ -282,6 +292,9 @@ class SingleControllerActor:
             if len(fresh) >= n:
                 return fresh[:n]
             if self._rollout_error is not None:
+                cause = _cause(self._rollout_error)
+                if isinstance(cause, RewardFailed | HFInputError):  # typed: its one line names the function
+                    raise cause
                 raise RuntimeError("rollout pump failed") from self._rollout_error
             if self._stop_requested:
                 raise _StopNow
