@@ -12,12 +12,13 @@ The ``kubernetes`` package is imported here only, and only when a client is buil
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
+
+from sc_app import strict_json
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +70,13 @@ class Response:
         return self.body.decode(errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        """The body as JSON: ``ValueError`` for anything else, whatever its depth or number sizes."""
+        return strict_json.parse(self.body)
 
     def status_doc(self) -> dict[str, Any] | None:
         """The ``Status`` object when the API server itself answered (errors), else None."""
         try:
-            doc = json.loads(self.body)
+            doc = strict_json.parse(self.body)
         except ValueError:
             return None
         return doc if isinstance(doc, dict) and doc.get("kind") == "Status" else None
@@ -215,14 +217,9 @@ class Kube:
             raw = self.client.call_api(*args, _request_timeout=timeout)
         except Exception as exc:
             raise _transport_error(exc, what, self.host, timeout) from None
-        try:
-            data = raw.response.read(amt=MAX_BODY_BYTES + 1, decode_content=True) or b""
-        except Exception as exc:
-            raw.response.close()
-            raise _transport_error(exc, what, self.host, timeout) from None
-        if len(data) > MAX_BODY_BYTES:
-            raw.response.close()
-            raise K8sError(f"{what}: answer larger than {MAX_BODY_BYTES // 2**20} MiB; refused")
+        from sc_app.k8s.answers import read_body
+
+        data = read_body(raw.response, what, self.host, timeout)
         raw.response.release_conn()
         return Response(int(raw.status), data, raw.getheader("content-type") or "")
 
@@ -248,11 +245,9 @@ class Kube:
             elif not resp.ok:
                 raise explain(resp, f"discovery of {api_version}", self.namespace)
             else:
-                found: dict[str, Resource] = {}
-                for r in resp.json().get("resources", []):
-                    if "/" not in r.get("name", ""):  # subresources (pods/log) are not kinds
-                        found[r["kind"]] = Resource(api_version, r["kind"], r["name"], bool(r.get("namespaced")))
-                self._discovered[api_version] = found
+                from sc_app.k8s.answers import served_kinds
+
+                self._discovered[api_version] = served_kinds(resp, api_version)
         served = self._discovered[api_version]
         if served is None or kind not in served:
             group = api_version.rpartition("/")[0]
@@ -271,7 +266,10 @@ class Kube:
             return None
         if not resp.ok:
             raise explain(resp, f"{res.kind.lower()}/{name}", self.namespace)
-        doc = resp.json()
+        try:
+            doc = resp.json()
+        except ValueError:
+            raise K8sError(f"{res.kind.lower()}/{name}: the API server answered {resp.status} without JSON") from None
         return doc if isinstance(doc, dict) else None
 
     def must_get(self, res: Resource, name: str) -> dict[str, Any]:

@@ -107,7 +107,9 @@ def score(reward: RewardFn, *, prompt: str, completion: str, answer: str) -> flo
         value = reward.fn(prompt=prompt, completion=completion, answer=answer)
     except (Exception, SystemExit) as exc:
         raise RewardFailed(f"task.reward {reward.spec!r} failed ({_first(exc)}); fix the function") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool | str | bytes):
+        raise RewardFailed(f"task.reward {reward.spec!r} returned {type(value).__name__}, not a number")
+    if not isinstance(value, (int, float)):
         try:
             value = float(value)  # numpy and torch scalars
         except (TypeError, ValueError, OverflowError):
