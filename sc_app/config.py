@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sc_app.config_input import MAX_SECONDS, ConfigError, check_section, read_file
+from sc_app.safe_files import show
 
 __all__ = ["AppConfig", "ConfigError", "Override", "dump_config", "load_config"]
 
@@ -281,7 +282,12 @@ class Override:
 
     @property
     def source(self) -> str:
-        return self.flag or f"--set '{self.text}'"
+        return self.flag or f"--set '{_short(self.text)}'"
+
+
+def _short(text: str, keep: int = 100) -> str:
+    """``text`` as an error line shows it: at most ``keep`` characters, escaped to stay one line."""
+    return show(text[:keep]) + ("..." if len(text) > keep else "")
 
 
 def _error_line(err: ValidationError, sources: dict[str, str]) -> str:
@@ -295,7 +301,7 @@ def _error_line(err: ValidationError, sources: dict[str, str]) -> str:
     elif first["type"] == "value_error":
         return msg.removeprefix("Value error, ")
     elif loc:
-        line = f"'{loc}': {msg} (got {first.get('input')!r})"
+        line = f"'{loc}': {msg} (got {_short(repr(first.get('input')))})"
     else:
         line = msg
     return f"{origin}: {line}" if origin else line
@@ -337,7 +343,7 @@ def set_path(tree: dict[str, Any], dotted: str, value: Any, *, source: str | Non
 
 def parse_override(text: str, *, source: str | None = None) -> tuple[str, Any]:
     """``a.b=c`` → ``("a.b", yaml-typed c)``."""
-    source = source or f"--set '{text}'"
+    source = source or f"--set '{_short(text)}'"
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"{source}: expected key.path=value, e.g. --set checkpoint.save_period=2")
