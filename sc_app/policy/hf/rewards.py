@@ -2,7 +2,8 @@
 
 A reward function is called with keywords — ``fn(prompt=str, completion=str, answer=str)`` — and returns a
 finite number (typically 0..1). ``resolve_reward`` turns ``task.reward`` into a ``RewardFn`` and refuses, in one
-line (``RewardError``), a spec it cannot import or call; ``score`` refuses a non-numeric or non-finite result.
+line (``RewardError``, bad input), a spec it cannot import or call; ``score`` turns a call that raises or exits and
+a non-numeric or non-finite result into ``RewardFailed`` (the job failed), one line naming the function.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 class RewardError(HFInputError):
-    """``task.reward`` cannot be used, or returned something that is not a finite number; one line."""
+    """``task.reward`` cannot be imported or called with the keywords; one line."""
 
 
 def _normalise(text: str) -> str:
