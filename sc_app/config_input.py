@@ -19,6 +19,24 @@ MAX_SECONDS = 7 * 24 * 3600.0
 PATH_MAX = 4096  # Linux: the longest path a system call takes, NUL included
 NAME_MAX = 255
 
+SIZE_LIMITS = {  # sizes that allocate memory or processes: far above a real job, far below exhausting a machine
+    "TaskConfig.prompt_len": 1 << 20,
+    "TaskConfig.response_len": 1 << 20,
+    "ModelConfig.max_seq_len": 1 << 20,
+    "ModelConfig.vocab_size": 1 << 24,
+    "ModelConfig.d_model": 1 << 16,
+    "ModelConfig.n_layers": 1024,
+    "ModelConfig.n_heads": 1024,
+    "GRPOConfig.prompts_per_step": 1 << 20,
+    "GRPOConfig.num_generations_per_prompt": 1 << 16,
+    "GRPOConfig.max_groups_buffered": 1 << 20,
+    "TrainerConfig.num_workers": 4096,
+    "GenerationWorkersConfig.num_workers": 4096,
+    "DataPlaneConfig.storage_units": 4096,
+    "RayConfig.num_cpus": 1 << 20,
+    "RunConfig.log_buffer": 1 << 24,
+}
+
 
 class ConfigError(ValueError):
     """A configuration problem; ``str()`` is one line naming the key and what to do."""
@@ -34,8 +52,9 @@ def check_section(section: str, values: Mapping[str, object]) -> None:
 def _check_value(where: str, value: object) -> None:
     if isinstance(value, bool):
         return
-    if isinstance(value, int) and abs(value) > MAX_INT:
-        raise ValueError(f"{_key(where)} = {str(value)[:20]}... is too large (at most 2**53)")
+    limit = SIZE_LIMITS.get(where, MAX_INT)
+    if isinstance(value, int) and abs(value) > limit:
+        raise ValueError(f"{_key(where)} = {str(value)[:20]} is too large (at most {limit:,})")
     if isinstance(value, float) and abs(value) > MAX_FLOAT:
         raise ValueError(f"{_key(where)} = {value:g} is too large (at most {MAX_FLOAT:g})")
     if isinstance(value, str):

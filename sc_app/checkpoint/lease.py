@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sc_app import strict_json
+from sc_app.config_input import MAX_SECONDS
 from sc_app.durable_io import utc_stamp, write_durable
 from sc_app.safe_files import FileProblem, read_optional
 
@@ -129,8 +130,8 @@ class LeaseRecord:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(str(exc).strip("'\"")) from None
-        if record.epoch < 1 or record.ttl_s <= 0:
-            raise bad("epoch must be >= 1 and ttl_s > 0")
+        if record.epoch < 1 or not 0 < record.ttl_s <= MAX_SECONDS:
+            raise bad(f"epoch must be >= 1 and 0 < ttl_s <= {MAX_SECONDS:g}")
         return record
 
 

@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 
 from sc_app.config_input import NAME_MAX, PATH_MAX
+from sc_app.safe_files import kind
 
 PROBE_BYTES = 4096
 PATH_RESERVE = 512  # the longest path sc-app writes under checkpoint.dir (tmp bundle, data plane parts, run log)
@@ -87,3 +88,19 @@ def unwritable(root: Path) -> str | None:
         with contextlib.suppress(OSError):
             probe.unlink()
     return None
+
+
+def not_appendable(path: str | None, key: str) -> str | None:
+    """Why a file the run will append to (``key``, e.g. ``run.trace_file``) cannot be one: it exists and is not a
+    regular file (a FIFO would block the process that opens it). None when unset, absent or a regular file."""
+    if path is None:
+        return None
+    try:
+        mode = os.stat(path).st_mode  # a link to a regular file is fine: appending never blocks there
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{key} {path}: cannot be examined ({exc.strerror or exc}); point it at a writable file"
+    if stat.S_ISREG(mode):
+        return None
+    return f"{key} {path}: is {kind(mode)}, not a regular file; point it at a new file"
