@@ -13,6 +13,8 @@ The ``kubernetes`` package is imported here only, and only when a client is buil
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -345,6 +347,13 @@ def load_client(kubeconfig: str | None = None, context: str | None = None) -> An
             cfg.retries = False
             return client.ApiClient(cfg)
     source = kubeconfig or "$KUBECONFIG or ~/.kube/config"
+    for path in [kubeconfig] if kubeconfig else os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep):
+        try:  # the client reads it without a bound: a FIFO there would hang, /dev/zero would never end
+            st = os.stat(os.path.expanduser(path))
+        except OSError:
+            continue  # missing: the client says so in its own words below
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BODY_BYTES:
+            raise K8sError(f"kubeconfig {path}: not a regular file of at most 64 MiB; pass --kubeconfig FILE")
     try:
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     except config.ConfigException as exc:

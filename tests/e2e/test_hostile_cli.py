@@ -106,6 +106,10 @@ NUMBERS = [
     ("run.seed=" + "9" * 30, "run.seed"),
     ("run.max_steps=" + "9" * 5000, "run.max_steps"),
     ("checkpoint.save_period=" + "[" * 5000, "checkpoint.save_period"),
+    ("task.prompt_len=99999999999", "task.prompt_len"),
+    ("model.max_seq_len=4294967296", "model.max_seq_len"),
+    ("run.log_buffer=999999999999", "run.log_buffer"),
+    ("grpo.num_generations_per_prompt=9999999", "grpo.num_generations_per_prompt"),
 ]
 
 
@@ -246,3 +250,19 @@ def test_report_on_a_log_that_is_not_a_file_is_one_line(tmp_path: Path, kind: st
     logs.mkdir()
     plant(logs / LOG_FILE, kind)
     refused(sc_app("report", "--log-dir", str(logs), timeout=TIMEOUT), 2, LOG_FILE)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+def test_a_trace_file_that_is_not_a_file_is_refused_before_ray(tmp_path: Path, kind: str) -> None:
+    plant(tmp_path / "trace", kind)
+    ck = tmp_path / "ck"
+    result = sc_app(
+        "run", "--checkpoint-dir", str(ck), "--set", f"run.trace_file={tmp_path / 'trace'}", timeout=TIMEOUT
+    )
+    refused(result, 2, "run.trace_file")
+    assert not (ck / LEASE_FILE).exists()
+
+
+@pytest.mark.parametrize("wait", ["nan", "inf", "-1", "1e300"])
+def test_stop_wait_must_be_a_sane_number_of_seconds(ckpt: Path, wait: str) -> None:
+    refused(sc_app("stop", "--checkpoint-dir", str(ckpt), "--wait", wait, timeout=TIMEOUT), 2, "--wait")

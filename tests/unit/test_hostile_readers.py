@@ -144,3 +144,16 @@ def test_a_run_log_line_without_end_is_skipped_not_held(tmp_path: Path) -> None:
         f.write(b'{"v":1,"kind":"event"' + b" " * (3 << 20) + b"\n")  # 3 MiB on one line
     history = bounded(lambda: read_history(tmp_path))
     assert history.skipped == 1 and not history.steps and not history.events
+
+
+def test_a_lease_whose_ttl_never_ends_is_not_a_lease(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / LEASE_FILE).write_text(
+        json.dumps(
+            {"run_id": "r", "epoch": 1, "host": "h", "pid": 1, "acquired_at": "x", "heartbeat_at": 0.0, "ttl_s": 1e300}
+        )
+    )
+    with pytest.raises(LeaseError) as info:
+        read_lease(tmp_path)
+    one_line(info.value, "ttl_s")
