@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sc_app.config_input import MAX_SECONDS, ConfigError, check_section, read_file
+from sc_app.config_input import MAX_SECONDS, ConfigError, check_section, read_file, too_big
 from sc_app.safe_files import show
 
 __all__ = ["AppConfig", "ConfigError", "Override", "dump_config", "load_config"]
@@ -351,6 +351,8 @@ def parse_override(text: str, *, source: str | None = None) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw != "" else ""
     except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an int of more than 4300 digits
         raise ConfigError(f"{source}: value is not valid YAML ({exc.__class__.__name__})") from None
+    if problem := too_big(value):
+        raise ConfigError(f"{source}: the value {problem}")
     return key.strip(), value
 
 

@@ -104,8 +104,30 @@ def read_file(p: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {p}: nested too deeply to be a config") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise ConfigError(f"config file {p}: a value cannot be read ({str(exc).splitlines()[0][:120]})") from None
+    if problem := too_big(loaded):
+        raise ConfigError(f"config file {p}: {problem}")
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {p}: top level must be a mapping of sections, got {type(loaded).__name__}")
     return loaded
+
+
+MAX_NODES = 100_000  # values in a config, aliases counted each time they are used (a real one has a few hundred)
+
+
+def too_big(tree: object) -> str | None:
+    """Why ``tree`` (loaded YAML) is too big to validate — YAML aliases can make a small file expand to billions
+    of values ("billion laughs") — else None. Walks at most ``MAX_NODES`` values."""
+    stack, seen = [tree], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            return f"expands to more than {MAX_NODES:,} values (YAML anchors and aliases?); write it out plainly"
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return None

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from sc_app.config import ConfigError, parse_override, set_path
-from sc_app.config_input import MAX_CONFIG_BYTES
+from sc_app.config_input import MAX_CONFIG_BYTES, too_big
 from sc_app.safe_files import FileProblem, read_regular
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ def load_values(files: list[str] | tuple[str, ...] = (), sets: list[str] | tuple
             raise ReleaseError(f"values file {f}: not UTF-8 text") from None
         except (yaml.YAMLError, RecursionError, ValueError):
             raise ReleaseError(f"values file {f}: not valid YAML") from None
+        if problem := too_big(loaded):
+            raise ReleaseError(f"values file {f}: {problem}")
         if not isinstance(loaded, dict):
             raise ReleaseError(f"values file {f}: top level must be a mapping")
         deep_merge(values, loaded)

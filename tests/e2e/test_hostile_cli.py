@@ -266,3 +266,26 @@ def test_a_trace_file_that_is_not_a_file_is_refused_before_ray(tmp_path: Path, k
 @pytest.mark.parametrize("wait", ["nan", "inf", "-1", "1e300"])
 def test_stop_wait_must_be_a_sane_number_of_seconds(ckpt: Path, wait: str) -> None:
     refused(sc_app("stop", "--checkpoint-dir", str(ckpt), "--wait", wait, timeout=TIMEOUT), 2, "--wait")
+
+
+LAUGHS = "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
+    for p, n in zip(["", "a", "b", "c", "d", "e", "f", "g"], ["a", "b", "c", "d", "e", "f", "g", "h"], strict=True)
+)
+
+
+@pytest.mark.parametrize("how", ["--config", "--set"])
+def test_yaml_aliases_that_expand_to_billions_are_one_line(tmp_path: Path, how: str) -> None:
+    if how == "--config":
+        (tmp_path / "job.yaml").write_text(LAUGHS + "run: {seed: *h}\n")
+        args = ["--config", str(tmp_path / "job.yaml")]
+    else:
+        flow = (
+            "[&a [lol, lol, lol, lol, lol, lol, lol, lol, lol], "
+            + ", ".join(f"&{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abcdef", "bcdefg", strict=True))
+            + ", ["
+            + ", ".join(["*g"] * 9)
+            + "]]"
+        )
+        args = ["--set", f"run.seed={flow}"]
+    refused(sc_app("config", *args, timeout=TIMEOUT), 2, "expands to more than")
