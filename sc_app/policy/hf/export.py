@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,7 @@ def export_policy(policy_dir: str | Path, expected: Mapping[str, str], out: str 
     names = sorted(n.split("/", 1)[1] for n in expected if n.startswith(f"{policy_ckpt.MODEL_FILES_DIR}/"))
     if "config.json" not in names:
         raise ExportError(f"{policy_dir}: the bundle holds no model config (hf/config.json); it cannot be exported")
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")  # racing exports: one each
     try:
         dtype, parameters = _write(policy_dir, expected, names, tmp, out)
     except OSError as exc:  # a full disk, no permission, or another export put ``out`` in place meanwhile
