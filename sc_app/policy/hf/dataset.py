@@ -20,6 +20,7 @@ from sc_app.policy.hf.errors import HFInputError
 from sc_app.safe_files import FileMissing, FileProblem, read_regular
 
 MAX_DATASET_BYTES = 1 << 30  # every worker holds the whole file in memory; larger is refused, not read
+MAX_ROWS = 5_000_000  # ... and every row as an object: a file of a billion tiny lines is refused too
 
 
 class DatasetError(HFInputError):
@@ -84,8 +85,11 @@ def load_jsonl(path: str | Path, *, shuffle: bool = False, seed: int = 0) -> Jso
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DatasetError(f"task.path {p}: not UTF-8 (byte {exc.start}); save the file as UTF-8") from None
+    lines = jsonl_lines(text)
+    if len(lines) > MAX_ROWS + 1:
+        raise DatasetError(f"task.path {p}: {len(lines):,} lines, more than the {MAX_ROWS:,} rows a dataset may have")
     examples = []
-    for number, line in enumerate(jsonl_lines(text), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         examples.append(_parse(p, number, line))

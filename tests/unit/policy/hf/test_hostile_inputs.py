@@ -214,6 +214,19 @@ def test_a_hostile_jsonl_line_is_one_line_naming_it(tmp_path: Path, line: str, n
     one_line(info.value, "line 2", named)
 
 
+def test_a_dataset_of_too_many_rows_is_refused_before_they_are_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sc_app.policy.hf import dataset
+
+    monkeypatch.setattr(dataset, "MAX_ROWS", 1000)
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": "p", "answer": 1}\n' * 1001)
+    with pytest.raises(DatasetError) as info:
+        load_jsonl(path)
+    one_line(info.value, "1,002 lines", "1,000 rows")
+
+
 # ---------------------------------------------------------------------------------------------- prompts
 def jsonl_task(model: Path, tmp_path: Path, prompt: str, prompt_len: int = 32) -> JsonlTask:
     from sc_app.policy.hf.model_dir import load_tokenizer
