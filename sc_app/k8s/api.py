@@ -353,7 +353,8 @@ def load_client(kubeconfig: str | None = None, context: str | None = None) -> An
         except OSError:
             continue  # missing: the client says so in its own words below
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BODY_BYTES:
-            raise K8sError(f"kubeconfig {path}: not a regular file of at most 64 MiB; pass --kubeconfig FILE")
+            why = "cannot read (Is a directory)" if stat.S_ISDIR(st.st_mode) else "not a regular file of at most 64 MiB"
+            raise K8sError(f"kubeconfig {path}: {why}; pass --kubeconfig FILE")
     try:
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     except config.ConfigException as exc:
