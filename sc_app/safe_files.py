@@ -326,7 +326,7 @@ def _open_checked(where: str, lstat: Callable[[], os.stat_result], open_: Callab
     link) and again on the descriptor, since the entry can be swapped in between."""
     try:
         st = lstat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (or a file where a directory should be)
         raise FileMissing(f"{where}: missing") from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise FileProblem(f"{where}: cannot be examined ({_reason(exc)})") from None
