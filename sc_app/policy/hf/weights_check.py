@@ -10,6 +10,7 @@ with the bounded regular-file reader (never a FIFO, never more than ``MAX_HEADER
 from __future__ import annotations
 
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -116,9 +117,19 @@ def stored_tensors(model_dir: ModelDir) -> dict[str, TensorEntry]:
     return out
 
 
-def expected_tensors(model_dir: ModelDir) -> tuple[dict[str, tuple[int, ...]], list[set[str]]]:
-    """The model's state (name → shape), built on the meta device, and its groups of tied names (any one of a
-    group may be stored)."""
+@dataclass(frozen=True)
+class Expected:
+    shapes: dict[str, tuple[int, ...]]  # the model's state: name → shape
+    groups: list[set[str]]  # tied names: any one of a group may be stored
+    ignore_missing: tuple[str, ...]  # the model class's own patterns transformers ignores on load
+    ignore_unexpected: tuple[str, ...]
+
+    def ignored(self, key: str, patterns: tuple[str, ...]) -> bool:
+        return any(re.search(p, key) for p in patterns)
+
+
+def expected_tensors(model_dir: ModelDir) -> Expected:
+    """What the model of ``config.json`` holds, built on the meta device (no memory)."""
     from sc_app.policy.hf.policy_check import meta_model
 
     model = meta_model(model_dir.config)
@@ -126,21 +137,29 @@ def expected_tensors(model_dir: ModelDir) -> tuple[dict[str, tuple[int, ...]], l
     groups: dict[int, set[str]] = {}
     for key, tensor in state.items():
         groups.setdefault(id(tensor), set()).add(key)
-    return {k: tuple(v.shape) for k, v in state.items()}, list(groups.values())
+    return Expected(
+        {k: tuple(v.shape) for k, v in state.items()},
+        list(groups.values()),
+        tuple(getattr(model, "_keys_to_ignore_on_load_missing", None) or ()),
+        tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()),
+    )
 
 
 def check_weights(model_dir: ModelDir) -> None:
     """``ModelDirError`` naming the missing, unexpected or mis-shaped tensors; before any worker loads the model."""
     stored = stored_tensors(model_dir)
     try:
-        shapes, groups = expected_tensors(model_dir)
+        want = expected_tensors(model_dir)
     except Exception as exc:  # transformers on an arbitrary config: whatever it raises means "cannot build it"
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise ModelDirError(
             f"model.path {model_dir.path}: config.json does not describe a causal LM transformers builds ({first})"
         ) from None
-    missing = sorted(min(g) for g in groups if not g & set(stored))
-    unexpected = sorted(set(stored) - set(shapes))
+    shapes = want.shapes
+    missing = sorted(
+        min(g) for g in want.groups if not g & set(stored) and not all(want.ignored(k, want.ignore_missing) for k in g)
+    )
+    unexpected = sorted(k for k in set(stored) - set(shapes) if not want.ignored(k, want.ignore_unexpected))
     wrong = sorted(k for k in set(stored) & set(shapes) if stored[k].shape != shapes[k])
     if not (missing or unexpected or wrong):
         return
