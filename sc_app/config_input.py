@@ -28,7 +28,7 @@ SIZE_LIMITS = {  # sizes that allocate memory or processes: far above a real job
     "ModelConfig.n_layers": 1024,
     "ModelConfig.n_heads": 1024,
     "GRPOConfig.prompts_per_step": 1 << 20,
-    "GRPOConfig.num_generations_per_prompt": 1 << 16,
+    "GRPOConfig.group_size": 1 << 16,
     "GRPOConfig.max_groups_buffered": 1 << 20,
     "TrainerConfig.num_workers": 4096,
     "GenerationWorkersConfig.num_workers": 4096,

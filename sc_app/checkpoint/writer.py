@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,16 @@ if TYPE_CHECKING:
     from sc_app.checkpoint.lease import Lease
 
 log = logging.getLogger(__name__)
+
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A file of the bundle a writer wrote and hashed as it wrote it (a trainer's policy files): the commit takes
+    these (``prehashed``) instead of reading the file back."""
+
+    sha256: str
+    size: int
 
 
 class BundleExistsError(FileExistsError):

@@ -111,7 +111,7 @@ NUMBERS = [
     ("task.prompt_len=99999999999", "task.prompt_len"),
     ("model.max_seq_len=4294967296", "model.max_seq_len"),
     ("run.log_buffer=999999999999", "run.log_buffer"),
-    ("grpo.num_generations_per_prompt=9999999", "grpo.num_generations_per_prompt"),
+    ("grpo.group_size=9999999", "grpo.group_size"),
 ]
 
 

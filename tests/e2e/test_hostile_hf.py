@@ -66,7 +66,7 @@ def run(base: Path, ckpt: Path, *sets: str, model: Path | None = None, max_steps
         "task.prompt_len=12",
         "task.response_len=4",
         "grpo.prompts_per_step=4",
-        "grpo.num_generations_per_prompt=4",
+        "grpo.group_size=4",
         "checkpoint.save_period=2",
         *sets,
     ]

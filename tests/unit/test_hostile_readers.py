@@ -22,8 +22,8 @@ from sc_app.checkpoint.stop_request import STOP_FILE, read_stop_request
 from sc_app.config import ConfigError, load_config
 from sc_app.observe.reader import read_history
 from sc_app.observe.records import LOG_FILE
-from sc_app.policy.hf.dataset import DatasetError, load_jsonl
-from sc_app.policy.hf.model_dir import ModelDirError, check_model_dir
+from sc_app.rl.hf.dataset import DatasetError, load_jsonl
+from sc_app.rl.hf.model_dir import ModelDirError, check_model_dir
 from sc_app.safe_files import FileProblem
 
 BOUND_S = 20.0
