@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sc_app.config_input import MAX_SECONDS, check_section
 from sc_app.config_tree import (
     ConfigError,
     Override,
@@ -24,8 +25,11 @@ from sc_app.config_tree import (
     read_file,
     rename_keys,
     set_path,
+    short_text,
 )
 from sc_app.engine_config import OLD_LOGPROBS_HELP, EngineSettings, check_engine
+
+__all__ = ["AppConfig", "ConfigError", "Override", "dump_config", "load_config", "read_file"]
 
 CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
@@ -34,7 +38,12 @@ REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> _Section:
+        check_section(type(self).__name__, self.__dict__)
+        return self
 
 
 class RunConfig(_Section):
@@ -226,6 +235,7 @@ class CheckpointConfig(_Section):
     emergency_budget_s: float = Field(
         60.0,
         gt=0,
+        le=MAX_SECONDS,
         description="On SIGTERM or `sc-app stop`: seconds to finish the step and cut a bundle; keep below the grace "
         "period.",
     )
@@ -238,6 +248,7 @@ class CheckpointConfig(_Section):
     lease_ttl_s: float = Field(
         60.0,
         ge=3,
+        le=MAX_SECONDS,
         description="The writer lease expires this long after its holder's last heartbeat (renewed every third of "
         "it); until then no other command tidies the directory.",
     )
@@ -316,7 +327,7 @@ def _error_line(err: ValidationError, sources: dict[str, str]) -> str:
     elif first["type"] == "value_error":
         return msg.removeprefix("Value error, ")
     elif loc:
-        line = f"'{loc}': {msg} (got {first.get('input')!r})"
+        line = f"'{loc}': {msg} (got {short_text(repr(first.get('input')))})"
     else:
         line = msg
     return f"{origin}: {line}" if origin else line

@@ -1,24 +1,34 @@
 """The raw config tree before validation: ``--set key.path=value`` parsing, where each value came from (for the
-error line), the YAML file, and keys renamed since a release. Pure: no Ray, no torch (``sc_app.config`` validates).
+error line) and keys renamed since a release. Reading the file and the bounds on every value are
+``sc_app.config_input``'s (``read_file`` re-exported here). Pure: no Ray, no torch (``sc_app.config`` validates).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
+
+from sc_app.config_input import ConfigError, read_file, too_big
+from sc_app.safe_files import show
+
+__all__ = [
+    "ConfigError",
+    "Override",
+    "leaf_sources",
+    "origin_of",
+    "parse_override",
+    "read_file",
+    "rename_keys",
+    "short_text",
+]
 
 # Keys renamed since a release: the old one is still read (with a warning) and names the new one.
 RENAMED_KEYS = {"grpo.num_generations_per_prompt": "grpo.group_size"}
 
 log = logging.getLogger("sc_app.config")
-
-
-class ConfigError(ValueError):
-    """A configuration problem; ``str()`` is one line naming the key and what to do."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,12 @@ class Override:
 
     @property
     def source(self) -> str:
-        return self.flag or f"--set '{self.text}'"
+        return self.flag or f"--set '{short_text(self.text)}'"
+
+
+def short_text(text: str, keep: int = 100) -> str:
+    """``text`` as an error line shows it: at most ``keep`` characters, escaped to stay one line."""
+    return show(text[:keep]) + ("..." if len(text) > keep else "")
 
 
 def origin_of(loc: str, sources: dict[str, str]) -> str | None:
@@ -70,41 +85,17 @@ def set_path(tree: dict[str, Any], dotted: str, value: Any, *, source: str | Non
 
 def parse_override(text: str, *, source: str | None = None) -> tuple[str, Any]:
     """``a.b=c`` → ``("a.b", yaml-typed c)``."""
-    source = source or f"--set '{text}'"
+    source = source or f"--set '{short_text(text)}'"
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"{source}: expected key.path=value, e.g. --set checkpoint.save_period=2")
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
-    except (yaml.YAMLError, RecursionError) as exc:
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: an int of more than 4300 digits
         raise ConfigError(f"{source}: value is not valid YAML ({exc.__class__.__name__})") from None
+    if problem := too_big(value):
+        raise ConfigError(f"{source}: the value {problem}")
     return key.strip(), value
-
-
-def read_file(p: Path) -> dict[str, Any]:
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"config file {p}: cannot read ({exc.strerror}); pass an existing YAML file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config file {p}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
-        ) from None
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {p}: malformed YAML{where}; fix the syntax") from None
-    except RecursionError:
-        raise ConfigError(f"config file {p}: nested too deeply to be a config") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {p}: top level must be a mapping of sections, got {type(loaded).__name__}")
-    return loaded
 
 
 def rename_keys(tree: dict[str, Any], sources: dict[str, str]) -> None:

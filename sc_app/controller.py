@@ -248,10 +248,7 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            log.exception("rollout pump %d failed", worker_index)
-            self._rollout_error = exc
-            async with self._cond:
-                self._cond.notify_all()
+            await self._rollout_failed(worker_index, exc)
 
     async def _drop(self, groups: list[Group]) -> None:
         """Clear groups through the barrier, then wake the rollout pumps waiting for buffer space."""
@@ -270,7 +267,7 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
             fresh = self.buffer.groups()
             if len(fresh) >= n:
                 return fresh[:n]
-            if self._rollout_error is not None:  # a spent in-job recovery keeps its own one line
+            if self._rollout_error is not None:  # a reward/input error or a spent recovery keeps its one line
                 raise rollout_failure(self._rollout_error)
             if self._stop_requested:
                 raise _StopNow

@@ -11,20 +11,27 @@ recovery (``RecoveryExhausted``) keeps its own one line.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from sc_app.config import AppConfig
 from sc_app.data_plane.client import DataPlaneClient
 from sc_app.data_plane.retry import DataPlaneFault, RetryingClient, policy_of
 from sc_app.progress import ProgressRecord, RecoveryExhausted
+from sc_app.rl.hooks import typed_failure
 from sc_app.rl.loader import PromptLoader
 from sc_app.rl.worker_restart import GenerationSupervisor
 
+log = logging.getLogger(__name__)
+
 
 def rollout_failure(exc: BaseException) -> BaseException:
-    """The error that ends the run when a rollout pump failed with ``exc``."""
+    """The error that ends the run when a rollout pump failed with ``exc``: a reward or input error (its one line
+    names the function, not "pump failed") or a spent recovery as itself, anything else as a defect."""
     if isinstance(exc, RecoveryExhausted):
         return exc
+    if (typed := typed_failure(exc)) is not None:
+        return typed
     failure = RuntimeError("rollout pump failed")
     failure.__cause__ = exc
     return failure
@@ -41,6 +48,7 @@ class ControllerRecovery:
     _progress: list[ProgressRecord]
     _cond: asyncio.Condition
     _inflight: int
+    _rollout_error: BaseException | None
     _generation: GenerationSupervisor
 
     def _trace(self, **event: Any) -> None:
@@ -81,3 +89,14 @@ class ControllerRecovery:
         them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
         refs = [t.get_weights.remote() for t in self.args.trainers]
         await self._generation.set_weights_all(refs[0], self.version, refs[1:])  # a dead worker is skipped
+
+    async def _rollout_failed(self, worker_index: int, exc: BaseException) -> None:
+        """A rollout pump ended with ``exc``: logged (one line for a reward or input error, else with its
+        traceback) and kept for the sampler, which ends the run with ``rollout_failure(exc)``."""
+        if (typed := typed_failure(exc)) is not None:
+            log.error("rollout pump %d: %s", worker_index, typed)
+        else:
+            log.error("rollout pump %d failed", worker_index, exc_info=exc)
+        self._rollout_error = exc
+        async with self._cond:
+            self._cond.notify_all()

@@ -20,7 +20,7 @@ EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request after the emergency chec
 # An error class (``module.QualName``) → the exit code it ends a command with; a subclass inherits its base's.
 EXIT_OF: dict[str, int] = {
     # bad input: config, flags, model/data/reward, the checkpoint directory or bundles that must not be resumed
-    "sc_app.config_tree.ConfigError": EXIT_BAD_INPUT,  # re-exported by sc_app.config
+    "sc_app.config_input.ConfigError": EXIT_BAD_INPUT,  # HmacKeyError (a set but unusable key) too
     "sc_app.cli.options.BadDir": EXIT_BAD_INPUT,
     "sc_app.checkpoint.lease.LeaseError": EXIT_BAD_INPUT,
     "sc_app.checkpoint.lineage.LineageError": EXIT_BAD_INPUT,
@@ -35,6 +35,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.job.EmergencyTimeout": EXIT_FAILED,
     "sc_app.job.JobFailed": EXIT_FAILED,
     "sc_app.progress.RecoveryExhausted": EXIT_FAILED,  # in-job recovery spent its bound (retries, restarts)
+    "sc_app.rl.hooks.RewardFailed": EXIT_FAILED,  # a reward function failed at run time: one line naming it
 }
 _PREFIX = {EXIT_SUPERSEDED: "superseded: "}
 

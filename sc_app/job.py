@@ -261,6 +261,7 @@ def run_job(cfg: AppConfig, calls: JobCallbacks | None = None) -> RunResult:
     dataset = hooks.check_inputs(cfg)  # bad model, data or reward: one line, before anything is taken or started
     root = Path(cfg.checkpoint.dir)
     problem = volume.unwritable(root) if cfg.checkpoint.enabled else volume.unusable_as_dir(root)
+    problem = problem or volume.not_appendable(cfg.run.trace_file, "run.trace_file")
     if problem:
         raise CheckpointDirUnusable(problem)
     read_lease(root)  # a malformed LEASE is refused here (LeaseError), before anything else happens

@@ -39,6 +39,10 @@ class FileProblem(OSError):
         return str(self.args[0]) if self.args else "file problem"
 
 
+class FileMissing(FileProblem):
+    """The path names nothing (``FileProblem`` "missing")."""
+
+
 def kind(mode: int) -> str:
     """What an ``st_mode`` is, as a phrase: "a regular file", "a FIFO", ..."""
     for test, name in (
@@ -112,8 +116,10 @@ class Inventory:
         return bool(prefixes & (set(self.unlisted) | set(self.odd))) or "." in self.unlisted
 
 
-def _reason(exc: OSError) -> str:
-    return exc.strerror or type(exc).__name__
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, ValueError):
+        return "the path holds a NUL byte" if "null" in str(exc) else str(exc)
+    return getattr(exc, "strerror", None) or type(exc).__name__
 
 
 class Tree:
@@ -129,7 +135,7 @@ class Tree:
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            raise FileProblem(f"{show(path)}: missing") from None
+            raise FileMissing(f"{show(path)}: missing") from None
         except OSError as exc:
             raise FileProblem(f"{show(path)}: cannot be examined ({_reason(exc)})") from None
         if not stat.S_ISDIR(st.st_mode):
@@ -162,7 +168,7 @@ class Tree:
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            return FileProblem(f"{self.at(rel)}: missing")
+            return FileMissing(f"{self.at(rel)}: missing")
         except OSError as exc2:
             return FileProblem(f"{self.at(rel)}: cannot be examined ({_reason(exc2)})")
         if stat.S_ISLNK(st.st_mode):
@@ -298,18 +304,21 @@ def _read_fd(fd: int, limit: int, where: str) -> bytes:
     return b"".join(chunks)
 
 
-def open_regular(path: str | Path) -> int:
+def open_regular(path: str | Path, *, follow: bool = False) -> int:
     """A read-only descriptor of ``path``, which must be a regular file and not a link (its last component is not
-    followed; callers pass paths inside a bundle that verified). The caller closes it."""
+    followed; callers pass paths inside a bundle that verified) — or, with ``follow``, a link to a regular file (a
+    Hugging Face cache's model directory is links to blobs). Never blocks (a FIFO or device is refused before it
+    is opened, and again on the descriptor). The caller closes it."""
     path = Path(path)
+    flags = _FILE_FLAGS & ~os.O_NOFOLLOW if follow else _FILE_FLAGS
 
     def open_() -> int:
         try:
-            return os.open(path, _FILE_FLAGS)
+            return os.open(path, flags)
         except OSError as exc:
             raise FileProblem(f"{show(path)}: cannot be read ({_reason(exc)})") from None
 
-    return _open_checked(show(path), lambda: os.lstat(path), open_)
+    return _open_checked(show(path), (lambda: os.stat(path)) if follow else (lambda: os.lstat(path)), open_)
 
 
 def _open_checked(where: str, lstat: Callable[[], os.stat_result], open_: Callable[[], int]) -> int:
@@ -317,9 +326,9 @@ def _open_checked(where: str, lstat: Callable[[], os.stat_result], open_: Callab
     link) and again on the descriptor, since the entry can be swapped in between."""
     try:
         st = lstat()
-    except FileNotFoundError:
-        raise FileProblem(f"{where}: missing") from None
-    except OSError as exc:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (or a file where a directory should be)
+        raise FileMissing(f"{where}: missing") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise FileProblem(f"{where}: cannot be examined ({_reason(exc)})") from None
     if stat.S_ISDIR(st.st_mode):
         raise FileProblem(f"{where}: is a directory, expected a regular file")
@@ -333,10 +342,18 @@ def _open_checked(where: str, lstat: Callable[[], os.stat_result], open_: Callab
     return fd
 
 
-def read_regular(path: str | Path, limit: int) -> bytes:
+def read_regular(path: str | Path, limit: int, *, follow: bool = False) -> bytes:
     """The content of the regular file ``path`` (see ``open_regular``), at most ``limit`` bytes."""
-    fd = open_regular(path)
+    fd = open_regular(path, follow=follow)
     try:
         return _read_fd(fd, limit, show(path))
     finally:
         os.close(fd)
+
+
+def read_optional(path: str | Path, limit: int, *, follow: bool = False) -> bytes | None:
+    """``read_regular``, but None when ``path`` does not exist (a record not written yet)."""
+    try:
+        return read_regular(path, limit, follow=follow)
+    except FileMissing:
+        return None

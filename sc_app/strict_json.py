@@ -36,7 +36,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def parse(data: bytes) -> Any:
+def parse(data: bytes | str) -> Any:
     """JSON bytes → Python objects; ``ValueError`` naming the first defect for anything that is not JSON."""
     try:
         return pydantic_core.from_json(data, allow_inf_nan=False)

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -33,7 +34,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sc_app import strict_json
+from sc_app.config_input import MAX_SECONDS
 from sc_app.durable_io import utc_stamp, write_durable
+from sc_app.safe_files import FileProblem, read_optional
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +118,8 @@ class LeaseRecord:
         if len(raw) > MAX_LEASE_BYTES:
             raise bad(f"{len(raw)} bytes, a lease is under {MAX_LEASE_BYTES}")
         try:
-            doc = json.loads(raw)
-        except (ValueError, RecursionError):
+            doc = strict_json.parse(raw)
+        except ValueError:
             raise bad("not JSON") from None
         if not isinstance(doc, dict):
             raise bad("not a JSON object")
@@ -134,8 +138,8 @@ class LeaseRecord:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(str(exc).strip("'\"")) from None
-        if record.fencing_epoch < 1 or record.ttl_s <= 0:
-            raise bad("epoch must be >= 1 and ttl_s > 0")
+        if record.fencing_epoch < 1 or not 0 < record.ttl_s <= MAX_SECONDS:
+            raise bad(f"epoch must be >= 1 and 0 < ttl_s <= {MAX_SECONDS:g}")
         return record
 
 
@@ -178,7 +182,17 @@ def _release_fields(doc: Any) -> dict[str, Any]:
 def dir_lock(root: Path) -> Iterator[None]:
     """The directory's ``flock``; only writers take it (it creates ``.lease.lock``)."""
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    path = root / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise LeaseError(
+            f"{path}: cannot be opened as the directory's lock file ({exc.strerror or exc}); if no run is writing to "
+            f"{root}, move it aside (mv {path} {path}.bad) and rerun"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LeaseError(f"{path}: is not a regular file, so it cannot be the lock; move it aside and rerun")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -191,12 +205,10 @@ def read_lease(root: Path) -> LeaseRecord | None:
     """The current record, None when there is none; ``LeaseError`` when LEASE is not a lease record. Read-only."""
     path = Path(root) / LEASE_FILE
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError:
-        raise LeaseError(f"{path}: is a directory, not a lease record; move it aside and rerun") from None
-    return LeaseRecord.parse(path, raw)
+        raw = read_optional(path, MAX_LEASE_BYTES + 1)
+    except FileProblem as exc:  # a directory, FIFO, device or link: never opened for reading (it could block)
+        raise LeaseError(f"{exc}: not a lease record; move it aside (mv {path} {path}.bad) and rerun") from None
+    return None if raw is None else LeaseRecord.parse(path, raw)
 
 
 def live_holder(root: Path, now: float | None = None) -> LeaseRecord | None:

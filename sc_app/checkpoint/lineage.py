@@ -11,7 +11,9 @@ import json
 import uuid
 from pathlib import Path
 
+from sc_app import strict_json
 from sc_app.durable_io import utc_stamp, write_durable
+from sc_app.safe_files import FileProblem, read_optional
 
 LINEAGE_FILE = "LINEAGE"
 MAX_LINEAGE_BYTES = 16 * 1024
@@ -25,19 +27,17 @@ def read_lineage(root: Path) -> str | None:
     """The directory's lineage id, None when it has none yet. Read-only."""
     path = Path(root) / LINEAGE_FILE
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        raw = read_optional(path, MAX_LINEAGE_BYTES)
+    except FileProblem as exc:  # a FIFO, device, directory or link is never opened for reading
+        raise LineageError(f"{exc}; not a lineage record: fix or move it aside") from None
+    if raw is None:
         return None
-    except OSError as exc:
-        raise LineageError(f"{path}: unreadable ({exc.strerror or exc}); fix or move it aside") from None
     try:
-        if len(raw) > MAX_LINEAGE_BYTES:
-            raise ValueError("too large")
-        doc = json.loads(raw)
+        doc = strict_json.parse(raw)
         lineage = doc["lineage"]
         if not isinstance(lineage, str) or not lineage:
             raise ValueError("lineage is not a non-empty string")
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise LineageError(
             f"{path}: not a lineage record ({exc}); if this directory belongs to one job, restore the file from a "
             "bundle's manifest.json ('lineage') or move it aside"

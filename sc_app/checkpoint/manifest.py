@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sc_app.checkpoint.layout import MANIFEST_FILE
+from sc_app.config_input import ConfigError
 from sc_app.digest import canonical_bytes
 from sc_app.safe_files import FileProblem, read_regular
 from sc_app.strict_json import Hex64, Name, NonNegInt, PosInt, Scalar, SchemaError, StrictModel, parse, validate
@@ -32,9 +33,24 @@ class ManifestError(ValueError):
     """The manifest is missing, unparsable, unsupported or mis-signed; the message names the file."""
 
 
+class HmacKeyError(ConfigError):
+    """``SC_APP_CHECKPOINT_HMAC_KEY`` is set but unusable (empty, not UTF-8): signing is never silently off."""
+
+
 def hmac_key_from_env() -> bytes | None:
+    """The signing key; None only when the variable is unset. Set but empty or undecodable: ``HmacKeyError``."""
     value = os.environ.get(HMAC_ENV)
-    return value.encode() if value else None
+    if value is None:
+        return None
+    try:
+        key = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HmacKeyError(
+            f"{HMAC_ENV} is not UTF-8 text; set it to the signing key (or unset it to turn signing off)"
+        ) from None
+    if not key.strip():
+        raise HmacKeyError(f"{HMAC_ENV} is set but empty; set it to the signing key, or unset it to turn signing off")
+    return key
 
 
 def _signable(doc: dict[str, Any]) -> bytes:

@@ -16,8 +16,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sc_app import strict_json
 from sc_app.checkpoint.lease import LeaseRecord
 from sc_app.durable_io import utc_stamp, write_durable
+from sc_app.safe_files import read_optional
 
 STOP_FILE = "STOP"
 MAX_STOP_BYTES = 16 * 1024
@@ -47,11 +49,12 @@ def read_stop_request(root: Path) -> StopRequest | None:
     """The request on the volume, or None (none, or not a request this sc-app wrote: it is ignored)."""
     path = Path(root) / STOP_FILE
     try:
-        if path.stat().st_size > MAX_STOP_BYTES or not path.is_file():
+        raw = read_optional(path, MAX_STOP_BYTES)  # regular files only: a FIFO there never blocks the run
+        if raw is None:
             return None
-        doc = json.loads(path.read_bytes())
+        doc = strict_json.parse(raw)
         return StopRequest(str(doc["run_id"]), int(doc["epoch"]), str(doc["requested_at"]), str(doc["by"]))
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -27,8 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from sc_app.rl import hooks
+    from sc_app.rl.export_target import ExportTargetError, check_export_out
 
     root = checkpoint_root(args, must_exist=True)
+    try:
+        check_export_out(args.out, root)  # never inside checkpoint.dir, never a link, a name that can be created
+    except ExportTargetError as exc:
+        return fail(str(exc))
     plan = choose_bundle(BundleRules.of_dir(root), step=args.step)
     if args.step is None:
         for skipped in (r for r in plan.reports if not r.ok):

@@ -49,7 +49,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(
         f"steps {summary.first_step} -> {summary.last_step} over {len(summary.attempts)} attempt(s), "
-        f"{summary.redone_lines} redone, {len(summary.missing_steps)} missing; {summary.saves} bundles published"
+        f"{summary.redone_lines} redone, {summary.missing_count} missing; {summary.saves} bundles published"
     )
     for name, path in summary.files.items():
         print(f"wrote {name}: {path}")

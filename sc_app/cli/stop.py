@@ -36,8 +36,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from sc_app.checkpoint.lease import read_lease
     from sc_app.checkpoint.stop_request import request_stop
 
-    if args.wait < 0:
-        return fail("--wait must be >= 0 seconds")
+    if not 0 <= args.wait <= 7 * 24 * 3600:  # also refuses nan and inf
+        return fail(f"--wait {args.wait:g}: give a number of seconds from 0 to 604800")
     root = checkpoint_root(args, must_exist=True)
     holder = read_lease(root)
     if holder is None or not holder.live():

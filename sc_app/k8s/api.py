@@ -12,91 +12,37 @@ The ``kubernetes`` package is imported here only, and only when a client is buil
 
 from __future__ import annotations
 
-import json
 import logging
+import os
+import stat
 import time
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
+
+from sc_app.k8s.answers import (
+    MAX_BODY_BYTES,
+    DeadlinePassed,
+    K8sError,
+    K8sTimeout,
+    Resource,
+    Response,
+    read_body,
+    seconds,
+    served_kinds,
+    transport_error,
+)
+
+__all__ = ["MAX_BODY_BYTES", "DeadlinePassed", "K8sError", "K8sTimeout", "Kube", "Resource", "Response", "seconds"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
-MAX_BODY_BYTES = 64 * 1024 * 1024  # an answer larger than this is refused, not loaded
 TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 # API group → what to do when the cluster does not serve it.
 SERVED_BY = {
     "ray.io": "install the KubeRay operator and its CRDs first (ops/README.md, Install)",
     "monitoring.coreos.com": "install the Prometheus Operator's CRDs, or turn the monitor off in the values",
 }
-
-
-class K8sError(RuntimeError):
-    """One clear line about a failed API call; ``transient``: a later try may succeed."""
-
-    def __init__(self, message: str, *, status: int | None = None, reason: str = "", transient: bool = False):
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.transient = transient
-
-
-class K8sTimeout(K8sError):
-    """The API server did not answer in time, or ``Kube.deadline`` has passed."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, transient=True)
-
-
-class DeadlinePassed(K8sTimeout):
-    """No request was sent: ``Kube.deadline`` had already passed."""
-
-
-@dataclass(frozen=True)
-class Response:
-    """One HTTP answer, whatever its status."""
-
-    status: int
-    body: bytes
-    content_type: str
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    @property
-    def text(self) -> str:
-        return self.body.decode(errors="replace")
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def status_doc(self) -> dict[str, Any] | None:
-        """The ``Status`` object when the API server itself answered (errors), else None."""
-        try:
-            doc = json.loads(self.body)
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) and doc.get("kind") == "Status" else None
-
-
-@dataclass(frozen=True)
-class Resource:
-    """Where objects of one kind live, as discovery says."""
-
-    api_version: str
-    kind: str
-    plural: str
-    namespaced: bool
-
-    @property
-    def group(self) -> str:
-        return self.api_version.rpartition("/")[0]
-
-    def path(self, namespace: str, name: str = "") -> str:
-        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        scope = f"/namespaces/{quote(namespace, safe='')}" if self.namespaced else ""
-        return f"{base}{scope}/{self.plural}" + (f"/{quote(name, safe='')}" if name else "")
 
 
 def ref(obj: dict[str, Any]) -> str:
@@ -129,36 +75,6 @@ def explain(resp: Response, what: str, namespace: str) -> K8sError:
     else:
         err = f"{what}: API server answered {code} {reason}: {message}".replace("  ", " ").rstrip(": ")
     return K8sError(err, status=code, reason=reason, transient=transient)
-
-
-def seconds(value: float) -> str:
-    """``30``, ``1.5``, ``0.25``: seconds as a person writes them."""
-    return f"{value:.2f}".rstrip("0").rstrip(".")
-
-
-def _transport_error(exc: BaseException, what: str, host: str, timeout: float) -> K8sError:
-    """A request that got no HTTP answer (refused, timed out, TLS) as one line."""
-    import urllib3.exceptions as ux
-
-    cause: BaseException = exc
-    if isinstance(exc, ux.MaxRetryError) and exc.reason is not None:
-        cause = exc.reason
-    # NewConnectionError (refused, no route) subclasses ConnectTimeoutError in urllib3 2: tell them apart first.
-    if isinstance(cause, (ux.TimeoutError, TimeoutError)) and not isinstance(cause, ux.NewConnectionError):
-        return K8sTimeout(
-            f"{what}: the API server at {host} did not answer within {seconds(timeout)}s; check that it is up and that "
-            "your kubeconfig/context points at it (raise --request-timeout for a slow link)"
-        )
-    if isinstance(cause, ux.SSLError):
-        first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        return K8sError(f"{what}: TLS with the API server at {host} failed ({first}); check your kubeconfig's CA")
-    text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-    if "refused" in text.lower():
-        text = "connection refused"
-    return K8sError(
-        f"{what}: cannot reach the Kubernetes API server at {host} ({text}); check your kubeconfig/context",
-        transient=True,
-    )
 
 
 class Kube:
@@ -214,15 +130,8 @@ class Kube:
         try:
             raw = self.client.call_api(*args, _request_timeout=timeout)
         except Exception as exc:
-            raise _transport_error(exc, what, self.host, timeout) from None
-        try:
-            data = raw.response.read(amt=MAX_BODY_BYTES + 1, decode_content=True) or b""
-        except Exception as exc:
-            raw.response.close()
-            raise _transport_error(exc, what, self.host, timeout) from None
-        if len(data) > MAX_BODY_BYTES:
-            raw.response.close()
-            raise K8sError(f"{what}: answer larger than {MAX_BODY_BYTES // 2**20} MiB; refused")
+            raise transport_error(exc, what, self.host, timeout) from None
+        data = read_body(raw.response, what, self.host, timeout)
         raw.response.release_conn()
         return Response(int(raw.status), data, raw.getheader("content-type") or "")
 
@@ -248,11 +157,7 @@ class Kube:
             elif not resp.ok:
                 raise explain(resp, f"discovery of {api_version}", self.namespace)
             else:
-                found: dict[str, Resource] = {}
-                for r in resp.json().get("resources", []):
-                    if "/" not in r.get("name", ""):  # subresources (pods/log) are not kinds
-                        found[r["kind"]] = Resource(api_version, r["kind"], r["name"], bool(r.get("namespaced")))
-                self._discovered[api_version] = found
+                self._discovered[api_version] = served_kinds(resp, api_version)
         served = self._discovered[api_version]
         if served is None or kind not in served:
             group = api_version.rpartition("/")[0]
@@ -271,7 +176,10 @@ class Kube:
             return None
         if not resp.ok:
             raise explain(resp, f"{res.kind.lower()}/{name}", self.namespace)
-        doc = resp.json()
+        try:
+            doc = resp.json()
+        except ValueError:
+            raise K8sError(f"{res.kind.lower()}/{name}: the API server answered {resp.status} without JSON") from None
         return doc if isinstance(doc, dict) else None
 
     def must_get(self, res: Resource, name: str) -> dict[str, Any]:
@@ -343,6 +251,14 @@ def load_client(kubeconfig: str | None = None, context: str | None = None) -> An
             cfg.retries = False
             return client.ApiClient(cfg)
     source = kubeconfig or "$KUBECONFIG or ~/.kube/config"
+    for path in [kubeconfig] if kubeconfig else os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep):
+        try:  # the client reads it without a bound: a FIFO there would hang, /dev/zero would never end
+            st = os.stat(os.path.expanduser(path))
+        except OSError:
+            continue  # missing: the client says so in its own words below
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BODY_BYTES:
+            why = "cannot read (Is a directory)" if stat.S_ISDIR(st.st_mode) else "not a regular file of at most 64 MiB"
+            raise K8sError(f"kubeconfig {path}: {why}; pass --kubeconfig FILE")
     try:
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     except config.ConfigException as exc:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sc_app import strict_json
 from sc_app.k8s import storage
 from sc_app.k8s.api import K8sError, Kube, Resource, ref, seconds
 from sc_app.k8s.release import Release
@@ -160,8 +161,8 @@ def delete(kube: Kube, release: Release, *, timeout: float, poll: float = 2.0) -
             raise K8sError(f"rayjob/{name} is not sc-app k8s's to delete: {problem}")
         recorded = ((job.get("metadata") or {}).get("annotations") or {}).get(INVENTORY)
         try:
-            items = [str(i) for i in json.loads(recorded)] if recorded else []
-        except ValueError:
+            items = [str(i) for i in strict_json.parse(recorded)] if recorded else []
+        except (ValueError, TypeError):
             raise K8sError(f"rayjob/{name}: annotation {INVENTORY} is not JSON; remove the rest by hand") from None
         if not recorded:
             items = [_item(o) for o in release.objects if o is not release.ray_object and o["kind"] not in KEPT_KINDS]

@@ -21,11 +21,11 @@ Invariant: the token is never printed or logged; any failure is ``LiveUnavailabl
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from sc_app import strict_json
 from sc_app.k8s.api import K8sError, Kube, Response
 from sc_app.k8s.driver_log import DriverProgress, parse
 
@@ -160,7 +160,7 @@ def live_status(kube: Kube, rayjob: dict[str, Any], *, last_events: int = 5) -> 
                 raise LiveUnavailable(blocked)
             raise LiveUnavailable(_refusal(resp, service, job_id, kube.namespace))
         try:
-            return json.loads(resp.body)
+            return strict_json.parse(resp.body)
         except ValueError:
             raise LiveUnavailable(f"the Ray dashboard answered {path} without JSON") from None
 

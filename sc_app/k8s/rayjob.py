@@ -8,12 +8,12 @@ errors (no answer, 5xx) until then.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sc_app import strict_json
 from sc_app.k8s.api import DeadlinePassed, K8sError, Kube, Resource, seconds
 from sc_app.k8s.live import LiveStatus, LiveUnavailable, live_status
 from sc_app.k8s.storage import ClaimState, claim_state, mounted_claims
@@ -213,7 +213,7 @@ class RayJobs:
             return None, None
         start = text.find("{")
         try:
-            doc = json.loads(text[start:]) if start >= 0 else None
+            doc = strict_json.parse(text[start:]) if start >= 0 else None
         except ValueError:
             doc = None
         if not isinstance(doc, dict):

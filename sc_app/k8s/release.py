@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from sc_app.config import ConfigError, parse_override, set_path
+from sc_app.config_input import MAX_CONFIG_BYTES, too_big
+from sc_app.safe_files import FileProblem, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +76,16 @@ def load_values(files: list[str] | tuple[str, ...] = (), sets: list[str] | tuple
     """
     values: dict[str, Any] = {}
     for f in files:
-        try:
-            loaded = yaml.safe_load(Path(f).read_text()) or {}
-        except OSError as exc:
-            raise ReleaseError(f"values file {f}: cannot read ({exc.strerror})") from None
+        try:  # a regular file of at most 1 MiB: a FIFO or /dev/zero is one line, never a hang
+            loaded = yaml.safe_load(read_regular(f, MAX_CONFIG_BYTES, follow=True).decode()) or {}
+        except FileProblem as exc:
+            raise ReleaseError(f"values file {exc}") from None
         except UnicodeDecodeError:
             raise ReleaseError(f"values file {f}: not UTF-8 text") from None
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError, ValueError):
             raise ReleaseError(f"values file {f}: not valid YAML") from None
+        if problem := too_big(loaded):
+            raise ReleaseError(f"values file {f}: {problem}")
         if not isinstance(loaded, dict):
             raise ReleaseError(f"values file {f}: top level must be a mapping")
         deep_merge(values, loaded)

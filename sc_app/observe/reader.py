@@ -8,8 +8,11 @@ are skipped and counted.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from sc_app.observe.records import (
     LOG_FILE,
@@ -19,6 +22,10 @@ from sc_app.observe.records import (
     RecordError,
     decode,
 )
+from sc_app.safe_files import FileMissing, open_regular
+
+MISSING_LISTED = 1000  # missing steps listed at most (the count is exact)
+MAX_LINE_BYTES = 1 << 20  # a run-log record is well under 1 KiB
 
 
 class RunLogMissing(FileNotFoundError):
@@ -61,10 +68,22 @@ class RunHistory:
         """Published bundles (periodic, final and emergency), in the order they were logged."""
         return self.events_named(*SAVE_EVENTS)
 
-    def missing_steps(self) -> list[int]:
-        """Steps between 1 and the last one logged that no attempt logged (e.g. dropped on a slow volume)."""
-        have = {s.step for s in self.steps}
-        return [n for n in range(1, max(have, default=0) + 1) if n not in have]
+    def missing_steps(self, limit: int = MISSING_LISTED) -> list[int]:
+        """The first ``limit`` steps between 1 and the last one logged that no attempt logged (e.g. dropped on a
+        slow volume). Walks the gaps, never the range: a step of 10**12 costs nothing."""
+        out: list[int] = []
+        prev = 0
+        for step in sorted({s.step for s in self.steps if s.step >= 1}):
+            out.extend(range(prev + 1, min(step, prev + 1 + limit - len(out))))
+            if len(out) >= limit:
+                break
+            prev = step
+        return out
+
+    def missing_count(self) -> int:
+        """How many steps ``missing_steps`` would list without a limit."""
+        have = sorted({s.step for s in self.steps if s.step >= 1})
+        return (have[-1] - len(have)) if have else 0
 
     def attempts(self) -> list[Attempt]:
         by: dict[int, Attempt] = {}
@@ -89,19 +108,25 @@ def log_file(where: str | Path) -> Path:
 
 
 def read_history(where: str | Path) -> RunHistory:
-    """Read every readable line of the run log at ``where`` (a log directory or the ``metrics.jsonl`` file)."""
+    """Read every readable line of the run log at ``where`` (a log directory or the ``metrics.jsonl`` file).
+
+    A regular file only (a FIFO or device there is ``FileProblem``, never a hang); a line longer than
+    ``MAX_LINE_BYTES`` is skipped and counted like any other unreadable line, so memory stays bounded."""
     path = log_file(where)
     try:
-        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
-    except (FileNotFoundError, NotADirectoryError):
+        fd = open_regular(path, follow=True)
+    except FileMissing:
         raise RunLogMissing(f"no run log at {path}") from None
     history = RunHistory(path)
-    with fh:
-        for line in fh:
-            if not line.strip():
+    with os.fdopen(fd, "rb") as fh:
+        for raw in _bounded_lines(fh):
+            if raw is None:
+                history.skipped += 1
+                continue
+            if not raw.strip():
                 continue
             try:
-                item = decode(line)
+                item = decode(raw.decode("utf-8", "replace"))
             except RecordError:
                 history.skipped += 1
                 continue
@@ -110,3 +135,17 @@ def read_history(where: str | Path) -> RunHistory:
             else:
                 history.events.append(item)
     return history
+
+
+def _bounded_lines(fh: BinaryIO) -> Iterator[bytes | None]:
+    """The file's lines (split at "\\n" only); None for a line longer than ``MAX_LINE_BYTES`` (not kept)."""
+    while True:
+        line = fh.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):  # skip the rest of the long line, a bounded piece at a time
+                line = fh.readline(MAX_LINE_BYTES)
+            yield None
+            continue
+        yield line

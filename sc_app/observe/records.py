@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
+from sc_app import strict_json
 from sc_app.progress import StepRecord
 
 SCHEMA_VERSION = 1
@@ -189,12 +190,21 @@ class RecordError(ValueError):
     """A line that is not a run-log record of a schema this version reads."""
 
 
+MAX_STEP = 2**53  # a step or count beyond this is no record sc-app wrote
+
+
+def _bounded_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_STEP:
+        raise ValueError(f"{key} {str(value)[:20]!r} is not a step count")
+    return int(value)
+
+
 def decode(line: str) -> Logged:
     """Parse one line; ``RecordError`` for a torn, foreign or newer-schema line."""
     try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"not JSON ({exc.msg})") from None
+        obj = strict_json.parse(line.encode("utf-8", "surrogatepass"))
+    except ValueError as exc:  # any depth, any number size: one RecordError
+        raise RecordError(str(exc)) from None
     if not isinstance(obj, dict):
         raise RecordError("not a JSON object")
     if obj.get("v") != SCHEMA_VERSION:
@@ -206,7 +216,7 @@ def decode(line: str) -> Logged:
             for k in ("reward_mean", "reward_min", "reward_max", "loss", "staleness", "step_seconds"):
                 values[k] = math.nan if values[k] is None else float(values[k])
             for k in ("step", "rows_held"):
-                values[k] = int(values[k])
+                values[k] = _bounded_int(values[k], k)
             if values["weights_version"] is not None:
                 values["weights_version"] = int(values["weights_version"])
             phases = values["phase_seconds"]
@@ -217,7 +227,9 @@ def decode(line: str) -> Logged:
         if obj["kind"] == "event":
             data = {k: v for k, v in obj.items() if k not in {*_HEAD, "event", "step"}}
             step = obj.get("step")
-            return LoggedEvent(stamp, Event(obj["event"], None if step is None else int(step), data))
+            return LoggedEvent(
+                stamp, Event(str(obj["event"]), None if step is None else _bounded_int(step, "step"), data)
+            )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"malformed record ({type(exc).__name__}: {exc})") from None
     raise RecordError(f"unknown kind {obj.get('kind')!r}")

@@ -60,7 +60,7 @@ class Summary:
     last_step: int | None
     steps_logged: int  # distinct steps
     redone_lines: int  # step lines of a step an earlier attempt had already trained
-    missing_steps: list[int]  # between 1 and the last step, logged by no attempt
+    missing_steps: list[int]  # between 1 and the last step, logged by no attempt (the first MISSING_LISTED)
     reward_first: float | None  # mean over the first EDGE effective steps
     reward_last: float | None
     step_seconds_median: float | None
@@ -79,6 +79,7 @@ class Summary:
     dropped_records: int
     unreadable_lines: int
     goodput: dict[str, Any] = field(default_factory=dict)  # the run's ledger (sc_app.observe.goodput), as_event()
+    missing_count: int = 0  # every missing step, however many
     files: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -110,8 +111,8 @@ def summarize(h: RunHistory) -> Summary:
     paused = [v for e in saves if (v := _num(e, "paused_seconds")) is not None]
     sizes = [int(v) for e in saves if (v := _num(e, "bytes")) is not None]
     dropped = sum(
-        int(e.data.get(k) or 0) for e in h.events_named("dropped") for k in ("steps", "events", "write_failed")
-    )
+        int(_num(e, k) or 0) for e in h.events_named("dropped") for k in ("steps", "events", "write_failed")
+    )  # a field that is not a number (someone else's line) counts as nothing, never a crash
     notices = [_num(e, "preemption_notice_s") for e in h.events_named("start")]
     notice = notices[-1] if notices else None
     return Summary(
@@ -122,6 +123,7 @@ def summarize(h: RunHistory) -> Summary:
         steps_logged=len(eff),
         redone_lines=sum(1 for s in h.steps if s.redone),
         missing_steps=h.missing_steps(),
+        missing_count=h.missing_count(),
         reward_first=_mean([s.record.reward_mean for s in eff[:EDGE]]),
         reward_last=_mean([s.record.reward_mean for s in eff[-EDGE:]]),
         step_seconds_median=statistics.median([s.record.step_seconds for s in eff]) if eff else None,
@@ -296,7 +298,7 @@ def markdown(s: Summary, h: RunHistory | None = None) -> str:
         f"Run log: `{s.log}`",
         "",
         f"- steps: {s.first_step} → {s.last_step} ({s.steps_logged} distinct, {s.redone_lines} redone after a "
-        f"resume, {len(s.missing_steps)} missing)",
+        f"resume, {s.missing_count} missing)",
         f"- reward: {_fmt(s.reward_first)} (first {EDGE} steps) → {_fmt(s.reward_last)} (last {EDGE} steps)",
         f"- step time: median {_fmt(s.step_seconds_median, ' s')}, p90 {_fmt(s.step_seconds_p90, ' s')}",
         f"- bundles published: {s.saves} ({s.emergency_saves} on SIGTERM), {s.failed_saves} failed saves; "
@@ -316,7 +318,7 @@ def markdown(s: Summary, h: RunHistory | None = None) -> str:
             f"{a['exit_code'] if a['exit_code'] is not None else 'none logged (killed?)'} |"
         )
     if s.missing_steps:
-        shown = ", ".join(map(str, s.missing_steps[:20])) + (" …" if len(s.missing_steps) > 20 else "")
+        shown = ", ".join(map(str, s.missing_steps[:20])) + (" …" if s.missing_count > 20 else "")
         lines += ["", f"Missing steps: {shown}"]
     lines.append("")
     if h is not None:

@@ -22,15 +22,11 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import re
-import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -46,12 +42,12 @@ from sc_app.observe.records import (
     encode_event,
     encode_step,
 )
+from sc_app.observe.runlog_file import Prior, close_torn_line, scan_prior
 from sc_app.observe.tensorboard_writer import ScalarWriter
 
 log = logging.getLogger(__name__)
 
 EVENT_RESERVE = 256  # buffer slots only events may use
-_STEP_RE = re.compile(r'"kind":"step".*?"step":(\d+)')
 
 
 @dataclass(frozen=True)
@@ -63,14 +59,6 @@ class RunLogOptions:
     capacity: int = 10_000  # records held while the volume is slower than training
     tensorboard: bool = True
     fsync_interval_s: float = 5.0
-
-
-@dataclass(frozen=True)
-class Prior:
-    """What the log held before this attempt."""
-
-    high_water: int = 0  # the highest step any earlier attempt logged
-    last_attempt: int = 0
 
 
 @dataclass
@@ -98,66 +86,6 @@ class CloseResult:
     written: int  # lines written by this attempt (records + dropped-notes)
     dropped: Dropped
     unwritten: int  # records still buffered when close() gave up waiting (a hung volume)
-
-
-def _lines_backwards(path: Path, block: int = 1 << 16) -> Iterator[str]:
-    """The file's lines, last first (a torn last line included)."""
-    with open(path, "rb") as fh:
-        pos = fh.seek(0, os.SEEK_END)
-        tail = b""
-        while pos > 0:
-            size = min(block, pos)
-            pos -= size
-            fh.seek(pos)
-            chunk = fh.read(size) + tail
-            parts = chunk.split(b"\n")
-            tail = parts[0]
-            for raw in reversed(parts[1:]):
-                if raw:
-                    yield raw.decode("utf-8", "replace")
-        if tail:
-            yield tail.decode("utf-8", "replace")
-
-
-def scan_prior(path: Path) -> Prior:
-    """High-water step and last attempt of the log at ``path``: reads backwards to the newest ``start`` event.
-
-    Every step line after that event is looked at (a superseded attempt still dying may interleave its steps), and
-    the event's own ``high_water`` covers everything before it. A missing or non-regular file has no prior."""
-    try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            return Prior()
-    except FileNotFoundError:
-        return Prior()
-    high, attempt = 0, 0
-    for line in _lines_backwards(path):
-        m = _STEP_RE.search(line)
-        if m:
-            high = max(high, int(m.group(1)))
-            continue
-        if '"event":"start"' in line:
-            try:
-                obj = json.loads(line)
-                high = max(high, int(obj.get("high_water") or 0))
-                attempt = int(obj.get("attempt") or 0)
-            except (json.JSONDecodeError, TypeError, ValueError):
-                continue  # a torn start line: keep looking further back
-            break
-    return Prior(high, attempt)
-
-
-def _close_torn_line(path: Path) -> None:
-    """End a last line a SIGKILL cut short, so the next append starts a line of its own."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-        return
-    with open(path, "rb+") as fh:
-        fh.seek(-1, os.SEEK_END)
-        if fh.read(1) != b"\n":
-            fh.write(b"\n")
 
 
 def _fsync(fh: TextIO) -> None:
@@ -317,7 +245,9 @@ class RunLogWriter:
         Path(opts.log_dir).mkdir(parents=True, exist_ok=True)
         if self.prior is None:
             self.prior = scan_prior(self.path)
-        _close_torn_line(self.path)  # also after a failed write that may have cut a line
+        close_torn_line(self.path)  # also after a failed write that may have cut a line
+        # a FIFO here blocks only this thread, as a hung volume would: training never waits for the log (close()
+        # gives up after its timeout and counts what it could not write)
         fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the thread
         tb = None
         if opts.tensorboard:

@@ -38,6 +38,21 @@ class InputError(ValueError):
     backend's checks on the driver and by its workers (the driver re-raises it as itself): exit 2."""
 
 
+class RewardFailed(RuntimeError):
+    """The reward function failed while the job ran (raised, exited, returned a non-finite or non-numeric value):
+    ``str()`` is one line naming the function. Not bad input found before the run — the job failed (exit 1) — and
+    typed, so the name survives the worker → controller → driver path instead of a generic "rollout pump failed".
+    Defined here, not in a backend, so the generic path (controller, exits) names it without importing one."""
+
+
+def typed_failure(exc: BaseException) -> RewardFailed | InputError | None:
+    """The one-line error (``RewardFailed``, ``InputError``) a worker raised, out of Ray's ``RayTaskError`` wrapper
+    (``exc`` itself when not wrapped); None for any other error (a defect: its traceback is shown)."""
+    cause = getattr(exc, "cause", None)
+    found = cause if isinstance(cause, BaseException) else exc
+    return found if isinstance(found, RewardFailed | InputError) else None
+
+
 class ExportFailed(ValueError):
     """The export cannot be written or the bundle's policy does not read back; ``str()`` is one line."""
 

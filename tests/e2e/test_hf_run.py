@@ -303,6 +303,6 @@ def test_bad_inputs_are_one_line_before_ray_starts(world: World, override: str, 
 def test_exporting_a_tiny_bundle_says_there_is_nothing_to_export(tmp_path: Path) -> None:
     from tests.support.bundles import make_bundle
 
-    make_bundle(tmp_path, 2)
-    result = sc_app("export", "--checkpoint-dir", str(tmp_path), "--out", str(tmp_path / "out"), timeout=60)
+    make_bundle(tmp_path / "ck", 2)  # --out outside the checkpoint dir (inside it is refused before anything)
+    result = sc_app("export", "--checkpoint-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out"), timeout=60)
     assert result.rc == 2 and "nothing to export" in result.out and not (tmp_path / "out").exists()

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 from sc_app.checkpoint.lease import LeaseError, LeaseLost
-from sc_app.exits import EXIT_BAD_INPUT, EXIT_OF, EXIT_SUPERSEDED, exit_for
+from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OF, EXIT_SUPERSEDED, exit_for
 
 
 @pytest.mark.parametrize("name", sorted(EXIT_OF))
@@ -34,3 +34,13 @@ def test_superseded_says_so_and_an_unnamed_error_is_not_mapped() -> None:
     assert ended is not None and ended.code == EXIT_SUPERSEDED and ended.message == "superseded: run b took the lease"
     assert exit_for(RuntimeError("a defect")) is None
     assert exit_for(KeyError("x")) is None
+
+
+def test_a_failed_reward_is_a_failed_job_and_a_bad_signing_key_is_bad_input() -> None:
+    from sc_app.checkpoint.manifest import HmacKeyError
+    from sc_app.rl.hf.errors import RewardFailed  # the hf backend raises the generic class (sc_app.rl.hooks)
+
+    ended = exit_for(RewardFailed("task.reward mymod:score raised ValueError: boom"))
+    assert ended is not None and ended.code == EXIT_FAILED and "mymod:score" in ended.message
+    ended = exit_for(HmacKeyError("SC_APP_CHECKPOINT_HMAC_KEY is set but empty"))
+    assert ended is not None and ended.code == EXIT_BAD_INPUT

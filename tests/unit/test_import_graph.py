@@ -35,6 +35,7 @@ FLOORS: list[set[str]] = [
         "sc_app.barrier",
         "sc_app.config",
         "sc_app.config_tree",
+        "sc_app.config_input",
         "sc_app.digest",
         "sc_app.engine_config",  # generation.engine + vLLM keys mixed into config (pure: pydantic only)
         "sc_app.durable_io",

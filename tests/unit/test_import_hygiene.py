@@ -17,6 +17,7 @@ from tests.support.proc import REPO
 PURE = [
     "sc_app.barrier",
     "sc_app.config_tree",
+    "sc_app.config_input",
     "sc_app.replay_index",
     "sc_app.digest",
     "sc_app.config",
@@ -39,6 +40,7 @@ PURE = [
     "sc_app.strict_json",
     "sc_app.data_plane.schema",
     "sc_app.rl.loader",
+    "sc_app.rl.export_target",  # where export --out may write: checked by the CLI before anything heavy
     "sc_app.rl.hooks",  # what the generic path asks a backend or task: imported only on use
     "sc_app.cli",  # the parser of every command: the commands import what they need when they run
     "sc_app.rl.hf",  # the package, and what the driver checks before anything heavy starts:

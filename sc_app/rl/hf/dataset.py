@@ -10,11 +10,15 @@ resume check (``sc_app.checkpoint.dataset.DatasetRecord``). Pure: no torch, no t
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from sc_app import strict_json
 from sc_app.rl.hf.errors import HFInputError
+from sc_app.safe_files import FileMissing, FileProblem, read_regular
+
+MAX_DATASET_BYTES = 1 << 30  # every worker holds the whole file in memory; larger is refused, not read
+MAX_ROWS = 5_000_000  # ... and every row as an object: a file of a billion tiny lines is refused too
 
 
 class DatasetError(HFInputError):
@@ -51,25 +55,39 @@ class JsonlDataset:
         return self.examples[self.row(index)]
 
 
+def read_dataset_bytes(p: Path) -> bytes:
+    """The file's bytes: a regular file (a link to one is followed) of at most ``MAX_DATASET_BYTES``; a FIFO or a
+    device is refused before it is opened, so nothing blocks or reads forever."""
+    try:
+        return read_regular(p, MAX_DATASET_BYTES, follow=True)
+    except FileMissing:
+        raise DatasetError(f"task.path {p}: no such file; point task.path at a JSONL file") from None
+    except FileProblem as exc:
+        raise DatasetError(f"task.path {exc}; point task.path at a JSONL file") from None
+
+
 def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return hashlib.sha256(read_dataset_bytes(Path(path))).hexdigest()
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """JSONL lines: split at "\\n" only (U+2028, U+0085, form feeds and lone "\\r" are text inside a line)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def load_jsonl(path: str | Path, *, shuffle: bool = False, seed: int = 0) -> JsonlDataset:
     """Read and check every line; ``DatasetError`` names the first bad one."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(f"task.path {p}: no such file; point task.path at a JSONL file") from None
-    except OSError as exc:
-        raise DatasetError(f"task.path {p}: cannot read ({exc.strerror}); check the path and permissions") from None
+    data = read_dataset_bytes(p)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DatasetError(f"task.path {p}: not UTF-8 (byte {exc.start}); save the file as UTF-8") from None
+    lines = jsonl_lines(text)
+    if len(lines) > MAX_ROWS + 1:
+        raise DatasetError(f"task.path {p}: {len(lines):,} lines, more than the {MAX_ROWS:,} rows a dataset may have")
     examples = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         examples.append(_parse(p, number, line))
@@ -81,9 +99,9 @@ def load_jsonl(path: str | Path, *, shuffle: bool = False, seed: int = 0) -> Jso
 def _parse(p: Path, number: int, line: str) -> Example:
     where = f"task.path {p} line {number}"
     try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{where}: not valid JSON ({exc.msg}); one JSON object per line") from None
+        obj = strict_json.parse(line.encode("utf-8", "surrogatepass"))
+    except ValueError as exc:  # any depth, any number size: strict_json raises only ValueError
+        raise DatasetError(f"{where}: {exc}; one JSON object per line") from None
     if not isinstance(obj, dict):
         raise DatasetError(f"{where}: a JSON {type(obj).__name__}, expected an object with 'prompt' and 'answer'")
     prompt, answer = obj.get("prompt"), obj.get("answer")

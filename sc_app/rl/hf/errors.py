@@ -4,6 +4,7 @@ them as one line and exits 2 (bad input), whether the driver found it before Ray
 from __future__ import annotations
 
 from sc_app.rl.hooks import InputError
+from sc_app.rl.hooks import RewardFailed as RewardFailed  # raised by the hf reward wrapper; defined generic
 
 
 class HFInputError(InputError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,8 @@ import torch
 
 from sc_app.durable_io import fsync_dir, fsync_tree_dirs, hash_and_fsync
 from sc_app.rl.hf import policy_ckpt
-from sc_app.rl.hf.model_dir import check_model_dir
+from sc_app.rl.hf.model_dir import MODEL_FILES_MAX_BYTES, check_model_dir
+from sc_app.safe_files import read_regular
 
 
 class ExportError(ValueError):
@@ -46,7 +48,6 @@ def _config_dtype(config: object) -> torch.dtype:
 
 def export_policy(policy_dir: str | Path, expected: Mapping[str, str], out: str | Path) -> ExportResult:
     """Pre: ``expected`` (policy-dir-relative name → sha256) comes from a verified manifest."""
-    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -56,7 +57,24 @@ def export_policy(policy_dir: str | Path, expected: Mapping[str, str], out: str 
     names = sorted(n.split("/", 1)[1] for n in expected if n.startswith(f"{policy_ckpt.MODEL_FILES_DIR}/"))
     if "config.json" not in names:
         raise ExportError(f"{policy_dir}: the bundle holds no model config (hf/config.json); it cannot be exported")
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")  # racing exports: one each
+    try:
+        dtype, parameters = _write(policy_dir, expected, names, tmp, out)
+    except OSError as exc:  # a full disk, no permission, or another export put ``out`` in place meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ExportError(
+            f"--out {out}: the export could not be written ({exc.strerror or exc}); nothing was kept — free space, "
+            "or choose a new --out (another export may have written this one meanwhile)"
+        ) from None
+    files = tuple(sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()))
+    return ExportResult(out, files, dtype, parameters)
+
+
+def _write(policy_dir: Path, expected: Mapping[str, str], names: list[str], tmp: Path, out: Path) -> tuple[str, int]:
+    """The export written into ``tmp``, fsynced, then renamed to ``out`` (which must be absent or empty); returns
+    the weights' dtype and the parameter count."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -79,19 +97,16 @@ def export_policy(policy_dir: str | Path, expected: Mapping[str, str], out: str 
             if p.is_file():
                 hash_and_fsync(p)
         fsync_tree_dirs(tmp)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.rename(tmp, out)
+        os.rename(tmp, out)  # replaces an empty directory; a non-empty one (a racing export's) is ENOTEMPTY
         fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    files = tuple(sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()))
-    return ExportResult(out, files, str(dtype).removeprefix("torch."), sum(p.numel() for p in model.parameters()))
+    return str(dtype).removeprefix("torch."), sum(p.numel() for p in model.parameters())
 
 
 def _verified(policy_dir: Path, rel: str, expected: Mapping[str, str]) -> bytes:
-    data = (policy_dir / rel).read_bytes()
+    data = read_regular(policy_dir / rel, MODEL_FILES_MAX_BYTES)
     if hashlib.sha256(data).hexdigest() != expected.get(rel):
         raise policy_ckpt.PolicyIntegrityError(f"{policy_dir / rel}: sha256 does not match the manifest")
     return data

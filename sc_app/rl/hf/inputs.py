@@ -13,7 +13,9 @@ from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.config import AppConfig
 from sc_app.rl.hf.dataset import load_jsonl
 from sc_app.rl.hf.model_dir import ModelDir, ModelDirError, check_model_dir, load_tokenizer
+from sc_app.rl.hf.reward_probe import probe_reward
 from sc_app.rl.hf.rewards import resolve_reward
+from sc_app.rl.hf.weights_check import check_weights
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ def check_inputs(cfg: AppConfig) -> CheckedInputs:
     """Pre: ``cfg.model.backend == "hf"``. Raises an ``HFInputError`` (one line) naming the first problem."""
     assert cfg.model.path is not None
     model = check_model_dir(cfg.model.path)
+    check_weights(model)  # every header readable, the tensors exactly the model's: never a random init
     seq = cfg.task.prompt_len + cfg.task.response_len
     if model.max_positions is not None and seq > model.max_positions:
         raise ModelDirError(
@@ -38,6 +41,7 @@ def check_inputs(cfg: AppConfig) -> CheckedInputs:
     from sc_app.rl.hf.tasks import JsonlTask
 
     dataset = load_jsonl(cfg.task.path, shuffle=cfg.task.shuffle, seed=cfg.run.seed)
+    probe_reward(cfg.task.reward)  # the module's import runs in a child first: an exit or a hang there is one line
     reward = resolve_reward(cfg.task.reward)
     task = JsonlTask(
         load_tokenizer(model), dataset, reward, prompt_len=cfg.task.prompt_len, response_len=cfg.task.response_len

@@ -8,13 +8,14 @@ trusted, and the path is always a directory, so it can never be mistaken for a H
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sc_app import strict_json
 from sc_app.rl.hf.errors import HFInputError
+from sc_app.safe_files import FileProblem, read_regular, show, unsafe_rel
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -38,6 +39,7 @@ class ModelDir:
     weights: tuple[str, ...]
     tokenizer: tuple[str, ...]
     config: dict[str, Any]
+    weight_map: dict[str, str] = field(default_factory=dict)  # a sharded index's tensor → shard file
 
     @property
     def max_positions(self) -> int | None:
@@ -62,39 +64,61 @@ def check_model_dir(path: str | Path) -> ModelDir:
     cfg_path = p / CONFIG_FILE
     if not cfg_path.is_file():
         raise _fail(p, f"{CONFIG_FILE} is missing", todo)
-    try:
-        config = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _fail(p, f"{CONFIG_FILE} is not valid JSON ({exc.__class__.__name__})", "restore the file") from None
+    config = _read_json(p, CONFIG_FILE)
     if not isinstance(config, dict) or not (config.get("model_type") or config.get("architectures")):
         raise _fail(p, f"{CONFIG_FILE} names no model_type", "restore the model's own config.json")
     if config.get("auto_map"):
         raise _fail(p, "the model needs its own Python code (auto_map)", "use a model transformers supports natively")
-    weights = _weight_files(p)
+    weights, weight_map = _weight_files(p)
     tokenizer = tuple(name for name in TOKENIZER_FILES if (p / name).is_file())
     if not tokenizer:
         raise _fail(p, f"no tokenizer file ({', '.join(TOKENIZER_FILES)})", "save the tokenizer into the directory")
     for name in (*weights, *tokenizer):
         if (p / name).stat().st_size == 0:
             raise _fail(p, f"{name} is empty", "copy the file again")
-    return ModelDir(path=p, weights=weights, tokenizer=tokenizer, config=config)
+    return ModelDir(path=p, weights=weights, tokenizer=tokenizer, config=config, weight_map=weight_map)
 
 
-def _weight_files(p: Path) -> tuple[str, ...]:
+def _read_json(p: Path, name: str) -> Any:
+    """``name`` in ``p``: a regular file (or a link to one), bounded, any JSON depth or number size one line."""
+    try:
+        return strict_json.parse(read_regular(p / name, MODEL_FILES_MAX_BYTES, follow=True))
+    except FileProblem as exc:
+        raise _fail(p, f"{name}: {str(exc).removeprefix(str(p / name) + ': ')}", "restore the file") from None
+    except ValueError as exc:
+        raise _fail(p, f"{name} is {exc}", "restore the file") from None
+
+
+def _index_map(p: Path) -> dict[str, str]:
+    """The index's weight_map: tensor name → a shard file named inside ``p`` (no absolute path, no '..')."""
+    doc = _read_json(p, SAFETENSORS_INDEX)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise _fail(p, f"{SAFETENSORS_INDEX} has no readable weight_map", "restore the file")
+    for shard in sorted(set(weight_map.values())):
+        why = unsafe_rel(shard)
+        if why is not None or not shard.endswith(".safetensors"):
+            raise _fail(
+                p,
+                f"{SAFETENSORS_INDEX} names shard {show(shard)!r}, which "
+                + (why.replace("bundle", "model directory") if why else "is not a .safetensors file"),
+                "list only shard files inside model.path",
+            )
+    return weight_map
+
+
+def _weight_files(p: Path) -> tuple[tuple[str, ...], dict[str, str]]:
     if (p / SAFETENSORS_FILE).is_file():
-        return (SAFETENSORS_FILE,)
+        return (SAFETENSORS_FILE,), {}
     index = p / SAFETENSORS_INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
-            raise _fail(p, f"{SAFETENSORS_INDEX} has no readable weight_map", "restore the file") from None
+    if index.exists():
+        weight_map = _index_map(p)
+        shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (p / s).is_file()]
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
             raise _fail(p, f"weight shard {missing[0]}{more} listed in {SAFETENSORS_INDEX} is missing", "copy it")
-        return (SAFETENSORS_INDEX, *shards)
+        return (SAFETENSORS_INDEX, *shards), weight_map
     if any(p.glob("*.bin")):
         raise _fail(p, "has only pickled .bin weights", "convert them to safetensors (sc-app loads no pickles)")
     raise _fail(p, f"no weights ({SAFETENSORS_FILE} or {SAFETENSORS_INDEX})", "copy the safetensors weights there")
@@ -129,13 +153,27 @@ def load_model(model_dir: ModelDir, dtype: Any) -> Any:
 
     hf_logging.disable_progress_bar()
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            model_dir.path, dtype=dtype, local_files_only=True, use_safetensors=True, trust_remote_code=False
+        model, info = AutoModelForCausalLM.from_pretrained(
+            model_dir.path,
+            dtype=dtype,
+            local_files_only=True,
+            use_safetensors=True,
+            trust_remote_code=False,
+            output_loading_info=True,
         )
     except Exception as exc:  # safetensors, transformers and torch each raise their own types for a bad file
         raise _fail(
             model_dir.path, f"transformers cannot load the model ({_first_line(exc)})", "check the files"
         ) from None
+    wrong = {
+        k: sorted(map(str, v)) for k in ("missing_keys", "unexpected_keys", "mismatched_keys") if (v := info.get(k))
+    }
+    if wrong:  # a missing weight is randomly initialised: never train or export that silently
+        said = "; ".join(
+            f"{k.replace('_', ' ')}: {', '.join(v[:3])}{' ...' if len(v) > 3 else ''}" for k, v in wrong.items()
+        )
+        raise _fail(model_dir.path, f"the weights do not fit the model ({said})", "copy the model's own weights")
+    return model
 
 
 def load_tokenizer(model_dir: ModelDir) -> Any:
@@ -161,7 +199,10 @@ def model_files(model_dir: ModelDir) -> dict[str, bytes]:
     for entry in sorted(model_dir.path.iterdir()):
         if not entry.is_file() or entry.name.startswith(".") or entry.name.endswith(WEIGHT_SUFFIXES):
             continue
-        data = entry.read_bytes()
+        try:
+            data = read_regular(entry, MODEL_FILES_MAX_BYTES, follow=True)
+        except FileProblem as exc:
+            raise _fail(model_dir.path, str(exc), "keep only regular files beside the weights") from None
         total += len(data)
         if total > MODEL_FILES_MAX_BYTES:
             raise _fail(

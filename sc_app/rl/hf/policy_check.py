@@ -12,9 +12,9 @@ tensor payloads (tens of GB for a large model) are vouched for by their sha256, 
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
+from sc_app import strict_json
 from sc_app.rl.hf.policy_ckpt import MODEL_FILES_DIR, POLICY_FORMAT
 from sc_app.rl.hf.verified_read import DCP_METADATA_FILE, PolicyIntegrityError
 from sc_app.safe_files import FileProblem
@@ -33,8 +33,8 @@ def _names(keys: Any, limit: int = 3) -> str:
     return ", ".join(shown[:limit]) + (f" and {len(shown) - limit} more" if len(shown) > limit else "")
 
 
-def model_template(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    """The state names → shapes and the parameter names → shapes of the model ``config`` describes (meta device)."""
+def meta_model(config: dict[str, Any]) -> Any:
+    """The causal LM ``config`` (a config.json's content) describes, on the meta device: shapes, no memory."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -43,7 +43,12 @@ def model_template(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], 
         raise ValueError("names no model_type")
     cfg = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
+        return AutoModelForCausalLM.from_config(cfg)
+
+
+def model_template(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """The state names → shapes and the parameter names → shapes of the model ``config`` describes (meta device)."""
+    model = meta_model(config)
     state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     params = {k: tuple(p.shape) for k, p in model.named_parameters()}
     return state, params
@@ -55,13 +60,15 @@ def check_policy_dir(ctx: PolicyCheck) -> list[str]:
     meta_rel, config_rel = prefix + DCP_METADATA_FILE, f"{prefix}{MODEL_FILES_DIR}/config.json"
     try:
         metadata = _decode(ctx, meta_rel)
-        config = json.loads(ctx.files.read(config_rel, MAX_CONFIG_BYTES))
+        config = strict_json.parse(ctx.files.read(config_rel, MAX_CONFIG_BYTES))
     except FileProblem as exc:
         return [str(exc)]
     except PolicyIntegrityError as exc:
         return [f"{ctx.files.at(meta_rel)}: {exc}"]
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except ValueError:  # strict_json: any depth, any number size, invalid UTF-8
         return [f"{ctx.files.at(config_rel)}: not JSON"]
+    if not isinstance(config, dict):
+        return [f"{ctx.files.at(config_rel)}: not a JSON object"]
     problems, shards = _check_storage(ctx, metadata, listed, prefix)
     try:
         state, params = model_template(config)

@@ -2,7 +2,8 @@
 
 A reward function is called with keywords — ``fn(prompt=str, completion=str, answer=str)`` — and returns a
 finite number (typically 0..1). ``resolve_reward`` turns ``task.reward`` into a ``RewardFn`` and refuses, in one
-line (``RewardError``), a spec it cannot import or call; ``score`` refuses a non-numeric or non-finite result.
+line (``RewardError``, bad input), a spec it cannot import or call; ``score`` turns a call that raises or exits and
+a non-numeric or non-finite result into ``RewardFailed`` (the job failed), one line naming the function.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sc_app.rl.hf.errors import HFInputError
+from sc_app.rl.hf.errors import HFInputError, RewardFailed
 
 BUILTIN = ("exact_match", "numeric_match")
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 class RewardError(HFInputError):
-    """``task.reward`` cannot be used, or returned something that is not a finite number; one line."""
+    """``task.reward`` cannot be imported or called with the keywords; one line."""
 
 
 def _normalise(text: str) -> str:
@@ -76,8 +77,12 @@ def resolve_reward(spec: str) -> RewardFn:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise RewardError(
-            f"task.reward {spec!r}: cannot import {module_name} ({exc.__class__.__name__}: {exc}); install it or "
+            f"task.reward {spec!r}: cannot import {module_name} ({_first(exc)}); install it or "
             "put it on PYTHONPATH of every worker"
+        ) from None
+    except (Exception, SystemExit) as exc:  # a syntax error, a raise or an exit() in the module's own code
+        raise RewardError(
+            f"task.reward {spec!r}: importing {module_name} failed ({_first(exc)}); fix the module"
         ) from None
     fn = getattr(module, attr, None)
     if fn is None:
@@ -97,13 +102,30 @@ def resolve_reward(spec: str) -> RewardFn:
 
 
 def score(reward: RewardFn, *, prompt: str, completion: str, answer: str) -> float:
-    value = reward.fn(prompt=prompt, completion=completion, answer=answer)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """The function's value for one completion; ``RewardFailed`` (one line naming it) for anything but a finite
+    number — an exception, an exit, NaN, a string."""
+    try:
+        value = reward.fn(prompt=prompt, completion=completion, answer=answer)
+    except (Exception, SystemExit) as exc:
+        raise RewardFailed(f"task.reward {reward.spec!r} failed ({_first(exc)}); fix the function") from None
+    if isinstance(value, bool | str | bytes):
+        raise RewardFailed(f"task.reward {reward.spec!r} returned {type(value).__name__}, not a number")
+    if not isinstance(value, (int, float)):
         try:
             value = float(value)  # numpy and torch scalars
-        except (TypeError, ValueError):
-            raise RewardError(f"task.reward {reward.spec!r} returned {type(value).__name__}, not a number") from None
-    value = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise RewardFailed(f"task.reward {reward.spec!r} returned {type(value).__name__}, not a number") from None
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise RewardFailed(f"task.reward {reward.spec!r} returned an integer too large for a float") from None
     if not math.isfinite(value):
-        raise RewardError(f"task.reward {reward.spec!r} returned {value}, not a finite number")
+        raise RewardFailed(f"task.reward {reward.spec!r} returned {value}, not a finite number")
     return value
+
+
+def _first(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"it called exit({exc.code!r})"
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__

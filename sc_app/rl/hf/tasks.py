@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from sc_app.rl.hf.chat import encode_prompt, left_pad, pad_id
+from sc_app.rl.hf.chat import PromptError, encode_prompt, left_pad, max_prompt_chars, pad_id
 from sc_app.rl.hf.dataset import DatasetError, JsonlDataset
 from sc_app.rl.hf.rewards import RewardFn
 from sc_app.rl.task import random_prompt
@@ -79,16 +79,23 @@ class JsonlTask:
         self.tokenizer, self.dataset, self.reward = tokenizer, dataset, reward
         self.prompt_len, self.response_len = prompt_len, response_len
         self.pad = pad_id(tokenizer)
+        self.max_chars = max_prompt_chars(tokenizer, prompt_len)
         self._ids: dict[int, list[int]] = {}
 
     def encoded(self, row: int) -> list[int]:
         ids = self._ids.get(row)
         if ids is None:
             ex = self.dataset.examples[row]
-            ids = encode_prompt(self.tokenizer, ex.prompt)
+            where = f"task.path {self.dataset.path} line {ex.line}"
+            try:
+                ids = encode_prompt(self.tokenizer, ex.prompt, self.max_chars)
+            except PromptError as exc:
+                raise DatasetError(f"{where}: the prompt cannot be used: {exc}") from None
+            if not ids:
+                raise DatasetError(f"{where}: the prompt encodes to no tokens; write a prompt")
             if len(ids) > self.prompt_len:
                 raise DatasetError(
-                    f"task.path {self.dataset.path} line {ex.line}: the prompt is {len(ids)} tokens with the chat "
+                    f"{where}: the prompt is {len(ids)} tokens with the chat "
                     f"template, over task.prompt_len={self.prompt_len}; raise task.prompt_len or shorten the prompt"
                 )
             self._ids[row] = ids

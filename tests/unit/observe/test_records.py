@@ -68,7 +68,7 @@ def test_events_are_named_from_one_list_and_cannot_shadow_the_head() -> None:
 @pytest.mark.parametrize(
     ("line", "problem"),
     [
-        ('{"v":1,"kind":"step","t":1,"run_id":"a","attempt":1,"st', "not JSON"),
+        ('{"v":1,"kind":"step","t":1,"run_id":"a","attempt":1,"st', "not valid JSON"),
         ("[1, 2]", "not a JSON object"),
         ('{"v":2,"kind":"step"}', "schema version 2"),
         ('{"v":1,"kind":"step","t":1,"run_id":"a","attempt":1}', "malformed record"),

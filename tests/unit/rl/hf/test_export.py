@@ -86,3 +86,30 @@ def test_a_changed_file_stops_the_export_and_leaves_nothing(saved: Any, tmp_path
         export_policy(copy, expected, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.partial")]
+
+
+def test_two_exports_racing_to_one_out_leave_one_complete_export_and_one_error(saved: Any, tmp_path: Path) -> None:
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    policy, expected, trained, _ = saved
+    out = tmp_path / "out"
+    results: list[object] = []
+
+    def export() -> None:
+        try:
+            results.append(export_policy(policy, expected, out))
+        except ExportError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=export) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    errors = [r for r in results if isinstance(r, ExportError)]
+    assert len(results) == 2 and len(errors) == 1, results
+    assert "\n" not in str(errors[0]) and "--out" in str(errors[0])
+    assert torch.equal(logits(AutoModelForCausalLM.from_pretrained(out)), trained)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "no partial directory is left behind"

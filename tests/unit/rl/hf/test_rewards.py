@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sc_app.rl.hf.errors import RewardFailed
 from sc_app.rl.hf.rewards import RewardError, exact_match, numeric_match, resolve_reward
 
 
@@ -83,6 +84,6 @@ def test_unusable_specs_are_one_line(user_module: str, spec: str, named: str) ->
 @pytest.mark.parametrize(("name", "named"), [("text", "returned str, not a number"), ("nan", "not a finite number")])
 def test_bad_results_are_one_line(user_module: str, name: str, named: str) -> None:
     fn = resolve_reward(f"{user_module}:{name}")
-    with pytest.raises(RewardError) as info:
+    with pytest.raises(RewardFailed) as info:  # at run time: the job failed (exit 1), the function named
         fn(prompt="p", completion="c", answer="a")
     assert "\n" not in str(info.value) and named in str(info.value)
