@@ -352,6 +352,8 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     else:
         for r in reports:
             state = "verified" if r.ok else "BAD: " + "; ".join(r.problems)
+            if r.manifest is not None:  # which algorithm the file digests were checked with
+                state += f" ({r.manifest.hash_alg} file digests)"
             print(f"{r.name}: " + ("gone: pruned by the writer while being checked" if r.name in gone else state))
             for note in r.notes:
                 print(f"  note: {note}")
@@ -517,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--checkpoint-dir", metavar="DIR", required=True)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ckpt_list)
-    ver = cks.add_parser("verify", help="verify every file's sha256 and the replay digests")
+    ver = cks.add_parser("verify", help="check every file's digest and the replay digests")
     ver.add_argument("--checkpoint-dir", metavar="DIR", required=True)
     ver.add_argument("bundle", nargs="*", help="bundle names (default: all)")
     ver.add_argument("--json", action="store_true")

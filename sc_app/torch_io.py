@@ -3,10 +3,11 @@ unpickles code.
 
 * ``save``: torch's zip writer turns a failed write into ``RuntimeError("unexpected pos ...")``; saving through an
   unbuffered Python file keeps the real ``OSError`` (a full disk raises ``OSError(ENOSPC)``), so callers can tell a
-  full disk from a bug. Post: on success the file is complete and fsynced.
+  full disk from a bug. Post: on success the file is complete and fsynced, and the returned ``FileDigest`` is that
+  of exactly the bytes written (hashed as they went out, ``sc_app.hashing``; nothing is read back).
 * ``load``: ``weights_only=True`` always (tensors and plain containers only), onto the CPU unless told otherwise;
   a path is opened as a regular file without following a link (``sc_app.safe_files.open_regular``), bytes are read
-  as they are. Callers load only files whose sha256 already matched a verified manifest, and check what they got
+  as they are. Callers load only files whose digest already matched a verified manifest, and check what they got
   with the validator of that file (``docs/checkpoint.md``, "What verification checks").
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sc_app import hashing
 from sc_app.safe_files import open_regular
 
 
@@ -38,9 +40,10 @@ class _RecordingFile:
         self._raw.flush()
 
 
-def save(obj: Any, path: str | Path) -> None:
+def save(obj: Any, path: str | Path, hash_alg: str = hashing.DEFAULT) -> hashing.FileDigest:
     with open(path, "wb", buffering=0) as raw:
-        rec = _RecordingFile(raw)
+        out = hashing.HashingWriter(raw, hash_alg)
+        rec = _RecordingFile(out)
         try:
             torch.save(obj, rec)  # type: ignore[arg-type]
         except RuntimeError:
@@ -48,6 +51,7 @@ def save(obj: Any, path: str | Path) -> None:
                 raise rec.error from None
             raise
         os.fsync(raw.fileno())
+    return out.result()
 
 
 def load(source: str | Path | bytes, *, map_location: str | torch.device = "cpu") -> Any:

@@ -13,7 +13,6 @@ v1 (``part-NNNNN``, one stream, a segment per whole group) is still read: it is 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from sc_app import hashing
 from sc_app.data_plane.client import METADATA_FILE
 from sc_app.data_plane.schema import (
     DTYPE_SIZES,
@@ -135,17 +135,21 @@ class PartWriter:
     """Appends group segments to ``<prefix>-NNNNN.bin`` files; every closed part is fsynced with its JSON header.
 
     One writer is one stream (one storage unit's rows); it is used by one thread at a time. ``hashes`` maps each
-    finished file's name to ``{"sha256", "size"}`` of exactly the bytes written to it."""
+    finished file's name to ``hashing.FileDigest.as_dict()`` of exactly the bytes written to it, hashed (by
+    ``hash_alg``) chunk by chunk right after each chunk is written, from the tensors' own memory (no copy)."""
 
-    def __init__(self, directory: Path, part_bytes: int, prefix: str = "part-00") -> None:
+    def __init__(
+        self, directory: Path, part_bytes: int, prefix: str = "part-00", hash_alg: str = hashing.DEFAULT
+    ) -> None:
         self.directory = directory
         self.part_bytes = part_bytes
         self.prefix = prefix
         self.parts: list[str] = []
         self.bytes = 0
         self.hashes: dict[str, dict[str, Any]] = {}
+        self.hash_alg = hashing.check_alg(hash_alg)
         self._fh: Any = None
-        self._sha: Any = None
+        self._out: hashing.HashingWriter | None = None
         self._segments: list[dict[str, Any]] = []
         self.rows = 0
         self.segments = 0
@@ -160,15 +164,12 @@ class PartWriter:
         name = f"{self.prefix}-{len(self.parts):05d}"
         self.parts.append(name)
         self._fh = open(self.directory / f"{name}.bin", "wb", buffering=0)  # noqa: SIM115 - closed in _close
-        self._sha = hashlib.sha256()
+        self._out = hashing.HashingWriter(self._fh, self.hash_alg)
         self._segments, self._pos = [], 0
 
     def _write(self, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        while view.nbytes:
-            n = self._fh.write(view)
-            view = view[n:]
-        self._sha.update(data)
+        assert self._out is not None
+        self._out.write(data)
 
     def _close(self) -> None:
         if self._fh is None:
@@ -177,14 +178,16 @@ class PartWriter:
         self._fh.close()
         self._fh = None
         name = self.parts[-1]
-        self.hashes[f"{name}.bin"] = {"sha256": self._sha.hexdigest(), "size": self._pos}
+        assert self._out is not None and self._out.size == self._pos
+        self.hashes[f"{name}.bin"] = self._out.result().as_dict()
+        self._out = None
         header = {"format": FORMAT, "bin": f"{name}.bin", "bytes": self._pos, "segments": self._segments}
         data = json.dumps(header, separators=(",", ":")).encode()
         with open(self.directory / f"{name}.json", "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        self.hashes[f"{name}.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        self.hashes[f"{name}.json"] = _digest_of(data, self.hash_alg)
         self.bytes += self._pos
 
     def append(self, gid: str, ids: list[str], tags: list[dict[str, Any]], td: TensorDict) -> None:
@@ -269,10 +272,15 @@ def merged_metadata(
     }
 
 
-def write_metadata(directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
+def _digest_of(data: bytes, alg: str) -> dict[str, Any]:
+    return hashing.FileDigest(alg, hashing.digest_bytes(data, alg), len(data)).as_dict()
+
+
+def write_metadata(directory: Path, doc: dict[str, Any], hash_alg: str = hashing.DEFAULT) -> dict[str, Any]:
+    """Write ``metadata.json`` durably; its ``hashing.FileDigest.as_dict()``."""
     data = json.dumps(doc, indent=1, sort_keys=True).encode()
     write_durable(directory / METADATA_FILE, data)  # fsyncs the file and the directory
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    return _digest_of(data, hash_alg)
 
 
 # ---------------------------------------------------------------------------------------------------- reading

@@ -18,18 +18,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from sc_app.hashing import FileDigest
+
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
     from sc_app.config import AppConfig
 
 
-@dataclass(frozen=True)
-class FileRecord:
-    """A file a writer wrote and hashed as it wrote it: the manifest takes these instead of reading it back."""
-
-    sha256: str
-    size: int
+FileRecord = FileDigest  # a file a writer wrote and hashed as it wrote it: the manifest takes it, nothing re-read
 
 
 @dataclass(frozen=True)
