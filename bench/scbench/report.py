@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.scbench import cpu_report
+
 PHASE_ORDER = (
     "wait_rollouts",
     "get",
@@ -115,6 +117,7 @@ def render_markdown(res: dict[str, Any]) -> str:
     pg = res.get("put_get")
     if pg:
         _calls_table(pg, add)
+    cpu_report.render(res, add)
     add("### Targets")
     add("")
     add("| target | measured | verdict |")
@@ -355,4 +358,5 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 b["met_rounds"] >= need and b["judged_rounds"] >= 8,
                 [b["met_rounds"], b["judged_rounds"]],
             )
+    cpu_report.targets(res, add)
     return out

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.scbench import cpu
 from bench.scbench.common import (
     GROUP,
     NATIVE_MAX_MIB,
@@ -120,8 +121,9 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
         captured = CapturedRows(sorted(listed), buffer.field_names_by_group(), listed)
         return before.StreamedSnapshot.capture(tq, directory, meta, partition, captured)
 
-    async def save(make: Snap, directory: Path) -> dict[str, Any]:
-        """One save the way the controller cuts it, with small rollout groups committing meanwhile."""
+    async def save(make: Snap, directory: Path, rollouts: bool = True) -> dict[str, Any]:
+        """One save the way the controller cuts it, with small rollout groups committing meanwhile (``rollouts``;
+        off where the save's own CPU is measured)."""
         waits_before = len(barrier.stats.mutation_waits)
         stop = asyncio.Event()
         latencies: list[float] = []
@@ -136,8 +138,8 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
                 i += 1
                 await asyncio.sleep(STREAM_INTERVAL_S)
 
-        streamer = asyncio.create_task(stream())
-        await asyncio.sleep(0.05)  # the stream is flowing before the save asks for the window
+        streamer = asyncio.create_task(stream() if rollouts else asyncio.sleep(0))
+        await asyncio.sleep(0.05 if rollouts else 0)  # the stream is flowing before the save asks for the window
         t0 = time.perf_counter()
         async with barrier.checkpoint():
             w0 = time.perf_counter()
@@ -152,11 +154,12 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
         finally:
             await buffer.thaw()
         total = time.perf_counter() - t0
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05 if rollouts else 0)
         stop.set()
         await streamer
         waits = barrier.stats.mutation_waits[waits_before:]
-        await stream_buffer.drop([g.group_id for g in stream_buffer.groups()])  # the next save sees the same set
+        if stream_buffer.groups():
+            await stream_buffer.drop([g.group_id for g in stream_buffer.groups()])  # the next save sees the same set
         return {
             "seconds": total,
             "window_s": window,
@@ -204,6 +207,26 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
         raw_w.append(await asyncio.to_thread(raw_write, raw_path, live))
         tq_get.append(await tq_get_all())
 
+    meter = cpu.CpuMeter()
+    meter.calibrate(0.3 if h.quick else 1.0)
+
+    async def save_quiet() -> None:
+        await save(streamed_now("streamed"), base / f"cpu_save{uuid.uuid4().hex[:6]}", rollouts=False)
+
+    cpu_saves = await cpu.interleave(
+        meter,
+        reps,
+        {
+            "save": (None, save_quiet),
+            "tq_get": (None, tq_get_all),
+            "raw_write": (
+                lambda: raw_path.unlink(missing_ok=True),
+                lambda: asyncio.to_thread(raw_write, raw_path, live),
+            ),
+        },
+    )
+    for d in base.glob("cpu_save*"):
+        shutil.rmtree(d)
     sdir = base / f"streamed{reps - 1}"
     bdir = base / f"before{reps - 1}"
     ndir = base / f"native{reps - 1}"
@@ -262,6 +285,18 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
         restore["tq_put"].append(await tq_put_all())
         check_restored(probe, "TransferQueue's own put")
         restore["raw_read"].append(await asyncio.to_thread(raw_read, raw_path))
+    cpu_restores = await cpu.interleave(
+        meter,
+        reps,
+        {
+            "restore": (
+                lambda: (h.clear_all(), drop_cache(files_under(sdir))),
+                lambda: asyncio.to_thread(load_streamed, tq, sdir),
+            ),
+            "tq_put": (h.clear_all, tq_put_all),
+            "raw_read": (None, lambda: asyncio.to_thread(raw_read, raw_path)),
+        },
+    )
     h.clear_all()
     shutil.rmtree(base)
 
@@ -299,6 +334,7 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
         "raw_read_mib_s": bw(restore["raw_read"]),
         "tq_put_mib_s": bw(restore["tq_put"]),
         "restore_ceiling_mib_s": ceiling(restore["raw_read"], restore["tq_put"]),
+        "cpu": cpu.cost_rows({**cpu_saves, **cpu_restores}, live, meter.idle_rate),
     }
     for name in ("streamed", "before", "native"):
         if not cands[name]:

@@ -13,7 +13,6 @@ v1 (``part-NNNNN``, one stream, a segment per whole group) is still read: it is 
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app import hashing
+from sc_app.data_plane import row_blocks
 from sc_app.data_plane.client import METADATA_FILE
 from sc_app.data_plane.schema import (
     DTYPE_SIZES,
@@ -97,30 +97,6 @@ def _dtype(name: str) -> torch.dtype:
     return dt
 
 
-def _as_blocks(value: Any, rows: int, field: str) -> tuple[torch.Tensor, list[int], list[int] | None]:
-    """``(contiguous tensor, logical shape, jagged offsets or None)`` for one field of one group."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"field {field!r} holds {type(value).__name__}; the streamed snapshot stores tensors only")
-    if value.is_nested and value.layout != torch.jagged:
-        value = torch.nested.nested_tensor(list(value.unbind()), layout=torch.jagged)
-    if value.is_nested:
-        values = value.values().contiguous()
-        offsets = [int(o) for o in value.offsets().tolist()]
-        lengths = {b - a for a, b in itertools.pairwise(offsets)}
-        if len(lengths) == 1:  # equal rows: store dense [rows, len, ...]
-            shape = [rows, lengths.pop(), *values.shape[1:]]
-            return values, shape, None
-        return values, list(values.shape), offsets
-    if value.shape[0] != rows:
-        raise ValueError(f"field {field!r} has {value.shape[0]} rows, expected {rows}")
-    return value.contiguous(), list(value.shape), None
-
-
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
-
-
 def _rebuild(buf: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
     """Tensor described by ``spec`` (checked by ``parse_header``) from the part's uint8 buffer (a view, no copy)."""
     start, n = spec.offset, spec.nbytes
@@ -191,29 +167,37 @@ class PartWriter:
         self.bytes += self._pos
 
     def append(self, gid: str, ids: list[str], tags: list[dict[str, Any]], td: TensorDict) -> None:
-        """One segment: rows ``ids`` (of group ``gid``) with their tags and fields."""
+        """One segment: rows ``ids`` (of group ``gid``) with their tags and fields, as a batched TensorDict."""
+        fields = {str(k): row_blocks.packed(td.get(k), len(ids), str(k)) for k in td.keys()}  # noqa: SIM118
+        self._append(gid, ids, tags, fields)
+
+    def append_rows(self, gid: str, ids: list[str], tags: list[dict[str, Any]], columns: dict[str, list[Any]]) -> None:
+        """One segment from per-row tensors (field → one tensor per row, TransferQueue's unpacked reply): the same
+        bytes as ``append`` of the packed rows, without packing them first (``row_blocks``)."""
+        self._append(gid, ids, tags, {k: row_blocks.per_row(v, len(ids), k) for k, v in columns.items()})
+
+    def _append(self, gid: str, ids: list[str], tags: list[dict[str, Any]], fields: dict[str, Any]) -> None:
         if self._fh is None:
             self._open()
         specs: dict[str, Any] = {}
         rows = len(ids)
-        for key in td.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch, not its keys
-            tensor, shape, offsets = _as_blocks(td.get(key), rows, str(key))
-            if _dtype_name(tensor.dtype) not in DTYPE_SIZES:  # what a reader could not check, is never written
-                raise TypeError(f"field {key!r} is {tensor.dtype}; the streamed snapshot stores {sorted(DTYPE_SIZES)}")
+        for key, blocks in fields.items():
+            if _dtype_name(blocks.dtype) not in DTYPE_SIZES:  # what a reader could not check, is never written
+                raise TypeError(f"field {key!r} is {blocks.dtype}; the streamed snapshot stores {sorted(DTYPE_SIZES)}")
             pad = -self._pos % _ALIGN
             if pad:
                 self._write(b"\0" * pad)
                 self._pos += pad
-            data = _tensor_bytes(tensor)
-            self._write(data)
-            specs[str(key)] = {
-                "dtype": _dtype_name(tensor.dtype),
-                "shape": shape,
+            for view in blocks.views:
+                self._write(view)
+            specs[key] = {
+                "dtype": _dtype_name(blocks.dtype),
+                "shape": blocks.shape,
                 "offset": self._pos,
-                "nbytes": data.nbytes,
-                "offsets": offsets,
+                "nbytes": blocks.nbytes,
+                "offsets": blocks.offsets,
             }
-            self._pos += data.nbytes
+            self._pos += blocks.nbytes
         self._segments.append({"group": gid, "ids": ids, "tags": tags, "fields": specs})
         self.rows += rows
         self.segments += 1
@@ -221,9 +205,13 @@ class PartWriter:
         if self._pos >= self.part_bytes:
             self._close()
 
-    def append_all(self, segments: list[tuple[str, list[str], list[dict[str, Any]], TensorDict]]) -> None:
-        for gid, ids, tags, td in segments:
-            self.append(gid, ids, tags, td)
+    def append_all(self, segments: list[tuple[str, list[str], list[dict[str, Any]], Any]]) -> None:
+        """Segments whose data is a TensorDict (``append``) or field → per-row values (``append_rows``)."""
+        for gid, ids, tags, data in segments:
+            if isinstance(data, dict):
+                self.append_rows(gid, ids, tags, data)
+            else:
+                self.append(gid, ids, tags, data)
 
     def summary(self, unit: str | None = None) -> dict[str, Any]:
         """What this finished writer wrote (plain data, so a remote writer can hand it back): its ``streams`` entry
