@@ -51,6 +51,10 @@ def test_torch_io_save_returns_the_digest_of_the_file_it_wrote(tmp_path: Path) -
     assert got == hashing.digest_file(tmp_path / "x.pt", "blake3")
     assert got.size == (tmp_path / "x.pt").stat().st_size
     assert torch_io.save({"w": 1}, tmp_path / "y.pt", hash_alg="sha256").alg == "sha256"
+    assert torch.equal(torch_io.load(tmp_path / "x.pt")["w"], torch.ones(4096)), "written without zip CRCs, loads"
+    from torch.utils.serialization import config
+
+    assert config.save.compute_crc32, "torch's own setting is restored after the save"
 
 
 def test_labels_carry_the_algorithm_and_a_bare_digest_is_sha256() -> None:
