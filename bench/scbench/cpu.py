@@ -1,16 +1,19 @@
 """CPU-seconds of every process that takes part in a measurement: this process (the driver, with every thread it
 runs — the snapshot's stream writer threads, the io pool) and all its descendants (the local Ray it started: GCS,
-raylet, and the worker processes hosting TransferQueue's controller and storage units, the sc-app actors), read
-from ``/proc/<pid>/stat`` (user + system time of all threads) before and after.
+raylet, and the worker processes hosting TransferQueue's controller and storage units, the sc-app actors), before
+and after: this process by ``getrusage`` (every thread, ended ones too), the others by the ``schedstat`` of each of
+their threads (nanoseconds; ``/proc/<pid>/stat`` counts in 10 ms ticks).
 
-A process that started *and* ended inside the span is missed (none does in the bench's sections: the actors are
-long-lived); idle Ray processes poll, so ``CpuMeter.idle_rate`` (CPU-s per wall second of the tree at rest) is
-measured once and ``Sample.busy_s`` subtracts it over each sample's wall time.
+A thread of another process that ended inside the span, or a process that started *and* ended in it, is missed (none
+does in the bench's sections: the actors are long-lived); idle Ray processes poll, so ``CpuMeter.idle_rate`` (CPU-s
+per wall second of the tree at rest) is measured once and ``Sample.busy_s`` subtracts it over each sample's wall
+time.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -56,25 +59,62 @@ def role_of(pid: int, root: int) -> str:
     return "other"
 
 
-def tree_cpu(root: int | None = None) -> dict[int, float]:
-    """CPU-seconds of ``root`` (default: this process) and every descendant, by pid."""
-    root = os.getpid() if root is None else root
-    stats: dict[int, tuple[int, float]] = {}
+def _threads_ns(pid: int) -> float | None:
+    """CPU-seconds of ``pid``'s live threads, from each one's ``schedstat`` (nanoseconds: the tick-based
+    ``stat`` counts in 10 ms steps, too coarse for a 16 MiB save); None when the process is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_bytes().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
+
+
+def _self_cpu() -> float:
+    """This process, every thread including those that ended (the stream writers' pools): ``getrusage``, in µs."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def descendants(root: int) -> list[int]:
+    """``root``'s descendants (not ``root``), found through every process's parent in ``/proc``."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             st = _read_stat(int(entry))
             if st is not None:
-                stats[int(entry)] = st
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    out: dict[int, float] = {}
-    todo = [root]
+                children.setdefault(st[0], []).append(int(entry))
+    out: list[int] = []
+    todo = list(children.get(root, ()))
     while todo:
         pid = todo.pop()
-        if pid in stats:
-            out[pid] = stats[pid][1]
-            todo.extend(children.get(pid, ()))
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def tree_cpu(root: int | None = None, *, self_last: bool = True) -> dict[int, float]:
+    """CPU-seconds of ``root`` (default: this process) and every descendant, by pid. This process is read with
+    ``getrusage`` last (``self_last``, before a span) or first (after one), so reading ``/proc`` is not counted."""
+    root = os.getpid() if root is None else root
+    out: dict[int, float] = {}
+    if root == os.getpid() and not self_last:
+        out[root] = _self_cpu()
+    for pid in descendants(root):
+        cpu = _threads_ns(pid)
+        if cpu is not None:
+            out[pid] = cpu
+    if root == os.getpid() and self_last:
+        out[root] = _self_cpu()
+    elif root != os.getpid():
+        st = _read_stat(root)
+        if st is not None:
+            out[root] = st[1]
     return out
 
 
@@ -111,7 +151,7 @@ class CpuMeter:
         """Measure the tree's CPU-seconds per wall second while nothing is asked of it."""
         a, t0 = tree_cpu(self.root), time.perf_counter()
         time.sleep(seconds)
-        b, t1 = tree_cpu(self.root), time.perf_counter()
+        b, t1 = tree_cpu(self.root, self_last=False), time.perf_counter()
         self.idle_rate = sum(b.get(p, 0.0) - a.get(p, 0.0) for p in b) / (t1 - t0)
         return self.idle_rate
 
@@ -129,13 +169,13 @@ class CpuMeter:
         before, t0 = tree_cpu(self.root), time.perf_counter()
         result = await fn()
         wall = time.perf_counter() - t0
-        return self._sample(before, tree_cpu(self.root), wall), result
+        return self._sample(before, tree_cpu(self.root, self_last=False), wall), result
 
     def measure_sync(self, fn: Callable[[], Any]) -> tuple[Sample, Any]:
         before, t0 = tree_cpu(self.root), time.perf_counter()
         result = fn()
         wall = time.perf_counter() - t0
-        return self._sample(before, tree_cpu(self.root), wall), result
+        return self._sample(before, tree_cpu(self.root, self_last=False), wall), result
 
 
 def per_gib(samples: list[Sample], nbytes: int) -> dict[str, Any]:
