@@ -63,12 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="scratch directory for bundles (default: a temp dir)")
     ap.add_argument("--skip", action="append", default=[], choices=SECTIONS)
     ap.add_argument("--merge", action="store_true", help="keep sections of <out>/latest.json this run skips")
+    ap.add_argument("--sizes", default=None, help="data-plane sizes in MiB, comma-separated (default: all)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="sc-app-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     h = Harness(args.out, work, args.quick)
+    if args.sizes:
+        h.sizes = [int(s) for s in args.sizes.split(",")]
+        h.results["config"]["sizes_mib"] = h.sizes
     started = time.perf_counter()
     h.start()
     sections = {

@@ -24,7 +24,7 @@ SPEC = {
     "num_key_value_heads": 4,
     "max_position_embeddings": 64,
 }
-STEPS, WARM, SAVE_PERIOD = 32, 2, 10
+STEPS, WARM, SAVE_PERIOD = 22, 2, 10
 PROMPTS = [{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a in range(10) for b in range(10)]
 
 
@@ -35,7 +35,7 @@ def _dataset(path: Path) -> Path:
 
 def run(h: Harness) -> dict[str, Any]:
     if h.quick:
-        return {"skipped": "--quick: a run of 32 hf steps takes minutes"}
+        return {"skipped": "--quick: a run of 22 hf steps takes minutes"}
     from sc_app.policy.hf.random_model import RandomModelSpec, write_random_model
     from sc_app.progress import SaveRecord, StepRecord
 
@@ -46,6 +46,7 @@ def run(h: Harness) -> dict[str, Any]:
     extra = {
         "model": {"backend": "hf", "path": str(model_dir)},
         "task": {"name": "jsonl", "path": str(data), "prompt_len": 16, "response_len": 8},
+        "grpo": {"prompts_per_step": 4, "num_generations_per_prompt": 4},
         "checkpoint": {"save_period": SAVE_PERIOD},
     }
     res = run_controller(h, _cfg(h, "hf_run", steps=STEPS, enabled=True, extra=extra))
