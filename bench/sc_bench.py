@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.scbench import end_to_end, hf_run, snapshot, throughput  # noqa: E402
-from bench.scbench.common import Harness, load_avg  # noqa: E402
+from bench.scbench.common import BenchError, Harness, load_avg  # noqa: E402
 from bench.scbench.plots import plot  # noqa: E402
 from bench.scbench.report import evaluate_targets, render_markdown  # noqa: E402
 from bench.scbench.stages import stage_costs  # noqa: E402
@@ -84,12 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         "policy_save": lambda: policy_save(args.quick, work),
     }
     h.results["section_seconds"] = {}
+    failed: list[str] = []
     try:
         for name, section in sections.items():
             if name in args.skip:
                 continue
             t0 = time.perf_counter()
-            h.results[name] = section()
+            try:
+                h.results[name] = section()
+            except (BenchError, subprocess.CalledProcessError) as exc:  # keep what the other sections measured
+                print(f"[{name}] FAILED: {exc}", flush=True)
+                failed.append(f"{name}: {exc}")
             h.results["section_seconds"][name] = time.perf_counter() - t0
     finally:
         h.stop()
@@ -113,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "latest.md").write_text(md + "\n")
     print(md)
     print(f"wrote {args.out / 'latest.json'}, {args.out / 'latest.md'}, plots: {', '.join(res['plots'])}")
+    if failed:
+        print("bench/run: " + "; ".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 
