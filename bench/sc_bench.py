@@ -56,6 +56,32 @@ def policy_save(quick: bool, work: Path) -> dict[str, Any]:
     return json.loads((out / "hf_policy_save.json").read_text())
 
 
+def run_sections(h: Harness, args: argparse.Namespace, work: Path) -> list[str]:
+    """Every section not skipped, in order, into ``h.results``; the failures (a section that fails keeps the
+    others' results)."""
+    sections = {
+        "stages": lambda: stage_costs(work, 16 if args.quick else 256, 1 if args.quick else 5),
+        "data_plane": lambda: snapshot.run(h, units=1) + snapshot.run(h, units=2),
+        "put_get": lambda: throughput.run(h),
+        "end_to_end": lambda: end_to_end.run(h),
+        "hf_run": lambda: hf_run.run(h),
+        "policy_save": lambda: policy_save(args.quick, work),
+    }
+    h.results["section_seconds"] = {}
+    failed: list[str] = []
+    for name, section in sections.items():
+        if name in args.skip:
+            continue
+        t0 = time.perf_counter()
+        try:
+            h.results[name] = section()
+        except (BenchError, subprocess.CalledProcessError) as exc:
+            print(f"[{name}] FAILED: {exc}", flush=True)
+            failed.append(f"{name}: {exc}")
+        h.results["section_seconds"][name] = time.perf_counter() - t0
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smallest size only, fewer repetitions")
@@ -75,27 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         h.results["config"]["sizes_mib"] = h.sizes
     started = time.perf_counter()
     h.start()
-    sections = {
-        "stages": lambda: stage_costs(work, 16 if args.quick else 256, 1 if args.quick else 5),
-        "data_plane": lambda: snapshot.run(h, units=1) + snapshot.run(h, units=2),
-        "put_get": lambda: throughput.run(h),
-        "end_to_end": lambda: end_to_end.run(h),
-        "hf_run": lambda: hf_run.run(h),
-        "policy_save": lambda: policy_save(args.quick, work),
-    }
-    h.results["section_seconds"] = {}
-    failed: list[str] = []
     try:
-        for name, section in sections.items():
-            if name in args.skip:
-                continue
-            t0 = time.perf_counter()
-            try:
-                h.results[name] = section()
-            except (BenchError, subprocess.CalledProcessError) as exc:  # keep what the other sections measured
-                print(f"[{name}] FAILED: {exc}", flush=True)
-                failed.append(f"{name}: {exc}")
-            h.results["section_seconds"][name] = time.perf_counter() - t0
+        failed = run_sections(h, args, work)
     finally:
         h.stop()
         if args.work is None:
