@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -76,9 +77,7 @@ def bystander(kind: str, root: Path, work: Path, i: int) -> str | None:
         res = sc_app("ckpt", "prune", "--checkpoint-dir", str(root), "--keep", "1", timeout=300)
         return None if res.rc == 2 and "live lease" in res.out else f"prune beside a live run: rc {res.rc}"
     if kind == "refused-run":
-        res = sc_app(
-            "run", "--checkpoint-dir", str(root), "--set", "grpo.num_generations_per_prompt=4", timeout=300
-        )
+        res = sc_app("run", "--checkpoint-dir", str(root), "--set", "grpo.group_size=4", timeout=300)
         return None if res.rc == 2 and "incompatible" in res.out else f"incompatible run: rc {res.rc}"
     if kind == "nothing-to-train":
         res = sc_app("run", "--checkpoint-dir", str(root), "--max-steps", "1", timeout=300)
@@ -90,57 +89,73 @@ BYSTANDERS = ["preflight", "preflight-dry-run", "list", "verify", "prune", "refu
 
 
 def one_iteration(i: int, rng: random.Random, root: Path, work: Path) -> tuple[str, list[str]]:
-    problems: list[str] = []
     before = steps(root)
     log = work / f"live{i}.log"
+    args = ["run", "--checkpoint-dir", str(root), "--max-steps", "1000000"]
     live = start_logged(
-        "run",
-        "--checkpoint-dir",
-        str(root),
-        "--max-steps",
-        "1000000",
-        "--set",
-        f"checkpoint.save_period={SAVE_PERIOD}",
-        "--set",
-        f"checkpoint.keep={KEEP}",
-        log=log,
+        *args, "--set", f"checkpoint.save_period={SAVE_PERIOD}", "--set", f"checkpoint.keep={KEEP}", log=log
     )
     planted = root / f"tmp_step_{90_000_000 + i}"
     end = rng.choice(["stop", "sigterm", "sigkill"])
     fired: list[str] = []
+    problems: list[str] = []
     code: int | None = None
     try:
         wait_for(lambda: any(s > (before[-1] if before else 0) for s in saved_steps(log)), 300, "a save", live)
-        holder = lease_of(root)
         planted.mkdir()
-        for kind in rng.sample(BYSTANDERS, k=rng.randint(3, len(BYSTANDERS))):
-            time.sleep(rng.uniform(0.0, 3.0))
-            fired.append(kind)
-            problem = bystander(kind, root, work, i)
-            if problem:
-                problems.append(problem)
-            if lease_of(root) != holder:
-                problems.append(f"the lease changed after {kind}: {holder} -> {lease_of(root)}")
-            if not planted.is_dir():
-                problems.append(f"the live writer's tmp dir was moved by {kind}")
-            if live.poll() is not None:
-                problems.append(f"the live run exited {live.returncode} after {kind}")
-                break
+        fire_bystanders(rng, root, work, i, live, planted, fired, problems)
         if live.poll() is None:
-            if end == "stop":
-                res = sc_app("stop", "--checkpoint-dir", str(root), "--wait", "240", timeout=300)
-                if res.rc != 0:
-                    problems.append(f"stop --wait exited {res.rc}: {res.out[-300:]}")
-                code = live.wait(timeout=120)
-            elif end == "sigterm":
-                os.kill(live.pid, signal.SIGTERM)
-                code = live.wait(timeout=240)
-            else:
-                time.sleep(rng.uniform(0.0, 5.0))
+            code = end_the_run(end, rng, root, live, problems)
     except subprocess.TimeoutExpired:
         problems.append(f"the live run did not end after {end}")
     finally:
         kill_session(live.pid)
+    problems += check_the_end(end, code, log, root)
+    if planted.exists():  # the harness's own leftover, not a bystander's: out of the way of the next iteration
+        planted.rename(work / planted.name)
+    plan = plan_resume(root, tidy=False)
+    if steps(root) and (plan.decision != "resume" or plan.step != steps(root)[-1]):
+        problems.append(f"preflight would resume {plan.step} ({plan.decision}), newest is {steps(root)[-1]}")
+    return f"{','.join(fired)} then {end}: bundles {steps(root)}", problems
+
+
+def fire_bystanders(
+    rng: random.Random, root: Path, work: Path, i: int, live: Any, planted: Path, fired: list[str], problems: list[str]
+) -> None:
+    """Bystander commands against the live run's directory; each must leave its lease, tmp dir and run alone."""
+    holder = lease_of(root)
+    for kind in rng.sample(BYSTANDERS, k=rng.randint(3, len(BYSTANDERS))):
+        time.sleep(rng.uniform(0.0, 3.0))
+        fired.append(kind)
+        problem = bystander(kind, root, work, i)
+        if problem:
+            problems.append(problem)
+        if lease_of(root) != holder:
+            problems.append(f"the lease changed after {kind}: {holder} -> {lease_of(root)}")
+        if not planted.is_dir():
+            problems.append(f"the live writer's tmp dir was moved by {kind}")
+        if live.poll() is not None:
+            problems.append(f"the live run exited {live.returncode} after {kind}")
+            break
+
+
+def end_the_run(end: str, rng: random.Random, root: Path, live: Any, problems: list[str]) -> int | None:
+    """``sc-app stop --wait``, SIGTERM or (after a random moment; the caller's SIGKILL) nothing; the exit code."""
+    if end == "stop":
+        res = sc_app("stop", "--checkpoint-dir", str(root), "--wait", "240", timeout=300)
+        if res.rc != 0:
+            problems.append(f"stop --wait exited {res.rc}: {res.out[-300:]}")
+        return int(live.wait(timeout=120))
+    if end == "sigterm":
+        os.kill(live.pid, signal.SIGTERM)
+        return int(live.wait(timeout=240))
+    time.sleep(rng.uniform(0.0, 5.0))
+    return None
+
+
+def check_the_end(end: str, code: int | None, log: Path, root: Path) -> list[str]:
+    """A graceful end saved the step it stopped at; nothing published is gone; every bundle verifies."""
+    problems: list[str] = []
     out = log.read_text()
     if "SAVE FAILED" in out:
         problems.append("a save of the live run failed")
@@ -160,12 +175,7 @@ def one_iteration(i: int, rng: random.Random, root: Path, work: Path) -> tuple[s
         report = verify_bundle(root / f"step_{step}")
         if not report.ok:
             problems.append(f"step_{step} does not verify: {report.problems[0]}")
-    if planted.exists():  # the harness's own leftover, not a bystander's: out of the way of the next iteration
-        planted.rename(work / planted.name)
-    plan = plan_resume(root, tidy=False)
-    if steps(root) and (plan.decision != "resume" or plan.step != steps(root)[-1]):
-        problems.append(f"preflight would resume {plan.step} ({plan.decision}), newest is {steps(root)[-1]}")
-    return f"{','.join(fired)} then {end}: bundles {steps(root)}", problems
+    return problems
 
 
 def main() -> int:

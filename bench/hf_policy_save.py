@@ -70,99 +70,119 @@ def cpu_now() -> float:
 
 
 def rank_main(rank: int, world: int, model_dir: str, work: str, reps: int, steps: int) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
+    bench = RankBench(rank, world, model_dir)
+    bench.step()  # Adam state exists from here on
+    saves = bench.saves(Path(work), reps)
+    plain, behind = bench.steps_behind(Path(work, "behind"), steps)
+    params = sum(p.numel() for p in bench.trainer.hf_model.parameters()) if world == 1 else None
+    return {**saves, "step_plain": plain, "step_behind": behind, "params": params}
 
-    from sc_app.policy.hf.logprobs import sequence_logprobs
-    from sc_app.policy.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
 
-    strategy = "fsdp" if world > 1 else "ddp"
-    trainer = HFTrainer(TrainerSettings(model_dir, strategy=strategy, prompt_len=P), rank, world, torch.device("cpu"))
-    g = torch.Generator().manual_seed(rank)
-    tokens = torch.randint(4, trainer.hf_model.config.vocab_size, (16, P + R), generator=g)
-    mask = torch.ones_like(tokens)
-    with torch.no_grad():
-        old = sequence_logprobs(trainer.model, tokens, mask, P)
-    batch = TrainBatch(tokens, mask, torch.ones(16, R, dtype=torch.long), old, torch.randn(16, generator=g))
-    version = 0
+class RankBench:
+    """One trainer rank of the benchmark: its train step, its DCP saves against a raw write of its bytes, and
+    steps taken while a save is written behind them."""
 
-    def step() -> float:
-        nonlocal version
-        version += 1
+    def __init__(self, rank: int, world: int, model_dir: str) -> None:
+        import torch
+
+        from sc_app.rl.hf.logprobs import sequence_logprobs
+        from sc_app.rl.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
+
+        self.rank, self.world = rank, world
+        strategy = "fsdp" if world > 1 else "ddp"
+        settings = TrainerSettings(model_dir, strategy=strategy, prompt_len=P)
+        self.trainer = HFTrainer(settings, rank, world, torch.device("cpu"))
+        g = torch.Generator().manual_seed(rank)
+        tokens = torch.randint(4, self.trainer.hf_model.config.vocab_size, (16, P + R), generator=g)
+        mask = torch.ones_like(tokens)
+        with torch.no_grad():
+            old = sequence_logprobs(self.trainer.model, tokens, mask, P)
+        self.batch = TrainBatch(tokens, mask, torch.ones(16, R, dtype=torch.long), old, torch.randn(16, generator=g))
+        self.version = 0
+
+    def step(self) -> float:
+        self.version += 1
         t0 = time.perf_counter()
-        trainer.train_step(batch, version)
+        self.trainer.train_step(self.batch, self.version)
         return time.perf_counter() - t0
 
-    barrier = (lambda: dist.barrier(group=trainer.ckpt_group)) if world > 1 else (lambda: None)
-    step()  # Adam state exists from here on
-    pattern = os.urandom(8 * MiB)
-    paused, dcp_s, raw_s, my_bytes, total_bytes = [], [], [], [], []
-    cpu: dict[str, list[float]] = {"paused": [], "dcp": [], "raw": []}
-    for rep in range(reps):
-        for kind in ("dcp", "raw") if rep % 2 == 0 else ("raw", "dcp"):
-            d = Path(work, f"rep{rep}-{kind}")
-            barrier()
-            if kind == "dcp":
-                t0, c0 = time.perf_counter(), cpu_now()
-                trainer.capture()
-                paused.append(time.perf_counter() - t0)
-                cpu["paused"].append(cpu_now() - c0)
-                if rank == 0:
-                    d.mkdir(parents=True)
-                barrier()
-                t0, c0 = time.perf_counter(), cpu_now()
-                written = trainer.write_captured(d)
-                dcp_s.append(time.perf_counter() - t0)
-                cpu["dcp"].append(cpu_now() - c0)
-                my_bytes.append(written.bytes)
-                barrier()
-                on_disk = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
-                total_bytes.append(on_disk)
-            else:
-                nbytes = my_bytes[-1] if my_bytes else 0
-                d.mkdir(parents=True, exist_ok=True)
-                barrier()
-                c0 = cpu_now()
-                raw_s.append(raw_write(d / f"raw-{rank}", nbytes, pattern) if nbytes else float("nan"))
-                cpu["raw"].append(cpu_now() - c0 if nbytes else float("nan"))
-            barrier()
-            if rank == 0:
-                shutil.rmtree(d, ignore_errors=True)
-    if raw_s and raw_s[0] != raw_s[0]:  # the first raw ran before the first DCP save had told its size
-        raw_s, cpu["raw"] = raw_s[1:], cpu["raw"][1:]
-    # steps with no save, then steps while a save is written behind them on another thread
-    plain = [step() for _ in range(steps)]
-    behind: list[float] = []
-    d = Path(work, "behind")
-    for _ in range(max(1, steps // 3)):
-        trainer.capture()
-        if rank == 0:
-            d.mkdir(parents=True)
-        barrier()
-        t = threading.Thread(target=write_behind, args=(trainer, d))
-        t.start()
-        while True:  # every rank takes the same steps (they are collective): until every rank's write is done
-            behind.append(step())
-            alive = torch.tensor([float(t.is_alive())])
-            if world > 1:
-                dist.all_reduce(alive)
-            if alive.item() == 0:
-                break
-        t.join()
-        barrier()
-        if rank == 0:
-            shutil.rmtree(d)
-    return {
-        "paused": paused,
-        "dcp_seconds": dcp_s,
-        "raw_seconds": raw_s,
-        "rank_bytes": my_bytes,
-        "total_bytes": total_bytes,
-        "step_plain": plain,
-        "step_behind": behind,
-        "cpu": cpu,
-        "params": sum(p.numel() for p in trainer.hf_model.parameters()) if world == 1 else None,
-    }
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.world > 1:
+            dist.barrier(group=self.trainer.ckpt_group)
+
+    def saves(self, work: Path, reps: int) -> dict[str, Any]:
+        """DCP saves (the pause to capture, then the write) and raw writes of this rank's bytes, interleaved."""
+        pattern = os.urandom(8 * MiB)
+        paused, dcp_s, raw_s, my_bytes, total_bytes = [], [], [], [], []
+        cpu: dict[str, list[float]] = {"paused": [], "dcp": [], "raw": []}
+        for rep in range(reps):
+            for kind in ("dcp", "raw") if rep % 2 == 0 else ("raw", "dcp"):
+                d = work / f"rep{rep}-{kind}"
+                self.barrier()
+                if kind == "dcp":
+                    t0, c0 = time.perf_counter(), cpu_now()
+                    self.trainer.capture()
+                    paused.append(time.perf_counter() - t0)
+                    cpu["paused"].append(cpu_now() - c0)
+                    if self.rank == 0:
+                        d.mkdir(parents=True)
+                    self.barrier()
+                    t0, c0 = time.perf_counter(), cpu_now()
+                    written = self.trainer.write_captured(d)
+                    dcp_s.append(time.perf_counter() - t0)
+                    cpu["dcp"].append(cpu_now() - c0)
+                    my_bytes.append(written.bytes)
+                    self.barrier()
+                    total_bytes.append(sum(p.stat().st_size for p in d.rglob("*") if p.is_file()))
+                else:
+                    nbytes = my_bytes[-1] if my_bytes else 0
+                    d.mkdir(parents=True, exist_ok=True)
+                    self.barrier()
+                    c0 = cpu_now()
+                    raw_s.append(raw_write(d / f"raw-{self.rank}", nbytes, pattern) if nbytes else float("nan"))
+                    cpu["raw"].append(cpu_now() - c0 if nbytes else float("nan"))
+                self.barrier()
+                if self.rank == 0:
+                    shutil.rmtree(d, ignore_errors=True)
+        if raw_s and raw_s[0] != raw_s[0]:  # the first raw ran before the first DCP save had told its size
+            raw_s, cpu["raw"] = raw_s[1:], cpu["raw"][1:]
+        return {
+            "paused": paused,
+            "dcp_seconds": dcp_s,
+            "raw_seconds": raw_s,
+            "rank_bytes": my_bytes,
+            "total_bytes": total_bytes,
+            "cpu": cpu,
+        }
+
+    def steps_behind(self, d: Path, steps: int) -> tuple[list[float], list[float]]:
+        """Steps with no save, then steps while a save is written behind them on another thread."""
+        import torch
+        import torch.distributed as dist
+
+        plain = [self.step() for _ in range(steps)]
+        behind: list[float] = []
+        for _ in range(max(1, steps // 3)):
+            self.trainer.capture()
+            if self.rank == 0:
+                d.mkdir(parents=True)
+            self.barrier()
+            t = threading.Thread(target=write_behind, args=(self.trainer, d))
+            t.start()
+            while True:  # every rank takes the same steps (they are collective): until every rank's write is done
+                behind.append(self.step())
+                alive = torch.tensor([float(t.is_alive())])
+                if self.world > 1:
+                    dist.all_reduce(alive)
+                if alive.item() == 0:
+                    break
+            t.join()
+            self.barrier()
+            if self.rank == 0:
+                shutil.rmtree(d)
+        return plain, behind
 
 
 def run_world(world: int, model_dir: Path, work: Path, reps: int, steps: int) -> list[dict[str, Any]]:
@@ -260,7 +280,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from sc_app.policy.hf.random_model import RandomModelSpec, write_random_model
+    from sc_app.rl.hf.random_model import RandomModelSpec, write_random_model
 
     started = time.perf_counter()
     load_before = os.getloadavg()[0]

@@ -97,33 +97,30 @@ def one_iteration(
     i: int, rng: random.Random, root: Path, trace: Path, work: Path, address: str | None
 ) -> tuple[str, list[str]]:
     """Run, kill, check. Returns (what was done, problems found)."""
-    problems: list[str] = []
     before = steps(root)
     expected_start = before[-1] if before else 0
     n_starts = sum(1 for e in read_trace(trace) if e["ev"] == "start")
+    what = run_and_kill(i, rng, root, trace, work, address, max_steps=expected_start + 6)
+    problems = check_resumed(root, trace, n_starts, expected_start)
+    left, found = check_after_preflight(root)
+    return f"{what}; bundles {left}", problems + found
+
+
+def run_and_kill(
+    i: int, rng: random.Random, root: Path, trace: Path, work: Path, address: str | None, *, max_steps: int
+) -> str:
+    """One run killed at a fault point (70%) or by SIGKILL at a random moment; returns which."""
     use_fault = rng.random() < 0.7
     env = {}
     if use_fault:
         point = rng.choice(SAVE_POINTS)
         env = {"SC_APP_FAULT_AT": point, "SC_APP_FAULT_AFTER": str(rng.randint(0, 2))}
         what = f"fault {point} after {env['SC_APP_FAULT_AFTER']}"
-    args = [
-        "run",
-        "--checkpoint-dir",
-        str(root),
-        "--max-steps",
-        str(expected_start + 6),
-        "--set",
-        "checkpoint.save_period=1",
-        "--set",
-        "checkpoint.keep=4",
-        "--set",
-        f"run.trace_file={trace}",
-    ]
+    args = ["run", "--checkpoint-dir", str(root), "--max-steps", str(max_steps)]
+    args += ["--set", "checkpoint.save_period=1", "--set", "checkpoint.keep=4", "--set", f"run.trace_file={trace}"]
     if address:
         args += ["--set", f"ray.address={address}"]
-    log = work / f"run{i}.log"
-    proc = start_logged(*args, log=log, env=env)
+    proc = start_logged(*args, log=work / f"run{i}.log", env=env)
     try:
         if use_fault:
             proc.wait(timeout=300)
@@ -136,7 +133,12 @@ def one_iteration(
         kill_session(proc.pid)
         if address:
             wait_until_run_is_gone()
-    # the run that was just killed resumed from the bundle preflight chose last time: check its start
+    return what
+
+
+def check_resumed(root: Path, trace: Path, n_starts: int, expected_start: int) -> list[str]:
+    """The run just killed resumed from the bundle preflight chose last time, with exactly its rows."""
+    problems: list[str] = []
     new_starts = [e for e in read_trace(trace) if e["ev"] == "start"][n_starts:]
     if new_starts:
         start = new_starts[0]
@@ -148,6 +150,12 @@ def one_iteration(
                 want = len(load_sidecar(sidecar_path)["groups"]) * GROUP_SIZE
                 if start["restored_rows"] != want:
                     problems.append(f"restored {start['restored_rows']} rows, index lists {want}")
+    return problems
+
+
+def check_after_preflight(root: Path) -> tuple[list[int], list[str]]:
+    """Preflight picks the newest bundle and leaves no tmp dir; every bundle verifies and holds its index's rows."""
+    problems: list[str] = []
     plan = plan_resume(root)
     if plan.decision == "refuse":
         problems.append(f"preflight refused: {plan.reason}")
@@ -167,7 +175,7 @@ def one_iteration(
         stored = {sid for g in iter_groups(root / f"step_{s}" / "data_plane") for sid in g.ids}
         if stored != listed:
             problems.append(f"step_{s}: data plane holds {len(stored)} rows, its index lists {len(listed)}")
-    return f"{what}; bundles {left}", problems
+    return left, problems
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ fail() { say "FAIL: $*"; exit 1; }
 mkdir -p "${work}"
 if [[ ! -d "${model}" ]]; then
   say "no MODEL_DIR given: building a tiny random model in ${model}"
-  "${py}" -m sc_app.policy.hf.random_model "${model}" > /dev/null
+  "${py}" -m sc_app.rl.hf.random_model "${model}" > /dev/null
 fi
 
 settings=(

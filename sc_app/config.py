@@ -9,21 +9,27 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sc_app.config_tree import (
+    ConfigError,
+    Override,
+    leaf_sources,
+    origin_of,
+    parse_override,
+    read_file,
+    rename_keys,
+    set_path,
+)
+
 CONTROLLER_ACTOR_CPUS = 1.0
 TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
-TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (see DESIGN.md: oversubscription hangs tq.init silently)
+TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (oversubscribed, tq.init hangs silently: docs/development.md)
 REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*"
-
-
-class ConfigError(ValueError):
-    """A configuration problem; ``str()`` is one line naming the key and what to do."""
 
 
 class _Section(BaseModel):
@@ -149,12 +155,22 @@ class TaskConfig(_Section):
 
 class GRPOConfig(_Section):
     prompts_per_step: int = Field(8, ge=1, description="Groups consumed by one train step.")
-    num_generations_per_prompt: int = Field(8, ge=2, description="Rows per group (GRPO needs >= 2).")
+    group_size: int = Field(
+        8,
+        ge=2,
+        description="Rows per group, one per generation of the prompt (GRPO needs >= 2). Formerly "
+        "grpo.num_generations_per_prompt, still read with a warning.",
+    )
     learning_rate: float = Field(3e-3, gt=0)
     max_staleness: int = Field(1, ge=0, description="Train on groups generated at most this many versions ago.")
     max_groups_buffered: int = Field(16, ge=1, description="Backpressure: committed + in-flight groups held at most.")
     temperature: float = Field(1.0, gt=0)
     max_grad_norm: float | None = Field(None, gt=0, description="hf: clip the gradient norm (None: no clipping).")
+
+    @property
+    def num_generations_per_prompt(self) -> int:
+        """Deprecated spelling of ``group_size`` (NeMo-RL's key), kept readable for code written against it."""
+        return self.group_size
 
 
 class WorkerGroupConfig(_Section):
@@ -228,10 +244,10 @@ class AppConfig(_Section):
                 raise ValueError("task.name=jsonl needs model.backend=hf (the tiny model has no tokenizer)")
             if not self.task.path:
                 raise ValueError("task.name=jsonl needs task.path: a JSONL file of {'prompt', 'answer'} lines")
-        rows = self.grpo.prompts_per_step * self.grpo.num_generations_per_prompt
+        rows = self.grpo.prompts_per_step * self.grpo.group_size
         if rows < self.trainer.num_workers:
             raise ValueError(
-                f"a step trains {rows} rows (grpo.prompts_per_step x grpo.num_generations_per_prompt) but "
+                f"a step trains {rows} rows (grpo.prompts_per_step x grpo.group_size) but "
                 f"trainer.num_workers={self.trainer.num_workers}: every trainer needs at least one row"
             )
         if self.ray.address is not None and self.ray.metrics_export_port is not None:
@@ -264,25 +280,12 @@ class AppConfig(_Section):
         )
 
 
-@dataclass(frozen=True)
-class Override:
-    """One ``key.path=value`` the user gave, and how they gave it (for error lines): ``--set k=v`` by default, or
-    the flag that stands for it (``--checkpoint-dir DIR``)."""
-
-    text: str
-    flag: str | None = None
-
-    @property
-    def source(self) -> str:
-        return self.flag or f"--set '{self.text}'"
-
-
 def _error_line(err: ValidationError, sources: dict[str, str]) -> str:
     """One line for the first validation error, naming the key and where its value came from."""
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"]
-    origin = _origin(loc, sources)
+    origin = origin_of(loc, sources)
     if first["type"] == "extra_forbidden":
         line = f"unknown config key '{loc}': check its spelling against `sc-app config` output"
     elif first["type"] == "value_error":
@@ -294,93 +297,21 @@ def _error_line(err: ValidationError, sources: dict[str, str]) -> str:
     return f"{origin}: {line}" if origin else line
 
 
-def _origin(loc: str, sources: dict[str, str]) -> str | None:
-    """Where the value at ``loc`` (or the section holding it) was set: a config file or a flag."""
-    parts = loc.split(".") if loc else []
-    for n in range(len(parts), 0, -1):
-        found = sources.get(".".join(parts[:n]))
-        if found:
-            return found
-    return None
-
-
-def _leaf_sources(tree: Any, prefix: str, source: str, out: dict[str, str]) -> None:
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            dotted = f"{prefix}.{key}" if prefix else str(key)
-            out[dotted] = source
-            _leaf_sources(value, dotted, source, out)
-
-
-def set_path(tree: dict[str, Any], dotted: str, value: Any, *, source: str | None = None) -> None:
-    """Set ``tree[a][b][c] = value`` for ``dotted = "a.b.c"``, creating sections; ``ConfigError`` names the key
-    and ``source`` (how the user gave it; default ``--set 'a.b.c'``)."""
-    source = source or f"--set '{dotted}'"
-    parts = dotted.split(".")
-    if not all(parts):
-        raise ConfigError(f"{source}: empty key segment; use --set section.key=value")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{source}: '{part}' is a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_override(text: str, *, source: str | None = None) -> tuple[str, Any]:
-    """``a.b=c`` → ``("a.b", yaml-typed c)``."""
-    source = source or f"--set '{text}'"
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"{source}: expected key.path=value, e.g. --set checkpoint.save_period=2")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise ConfigError(f"{source}: value is not valid YAML ({exc.__class__.__name__})") from None
-    return key.strip(), value
-
-
-def _read_file(p: Path) -> dict[str, Any]:
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"config file {p}: cannot read ({exc.strerror}); pass an existing YAML file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config file {p}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
-        ) from None
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {p}: malformed YAML{where}; fix the syntax") from None
-    except RecursionError:
-        raise ConfigError(f"config file {p}: nested too deeply to be a config") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {p}: top level must be a mapping of sections, got {type(loaded).__name__}")
-    return loaded
-
-
 def load_config(path: str | Path | None = None, overrides: Sequence[str | Override] = ()) -> AppConfig:
     """Embedded default ← YAML file ← overrides, validated once at the end; an error names the key and whether it
     came from the file or from which flag."""
     tree: dict[str, Any] = {}
     sources: dict[str, str] = {}
     if path is not None:
-        tree = _read_file(Path(path))
-        _leaf_sources(tree, "", f"config file {path}", sources)
+        tree = read_file(Path(path))
+        leaf_sources(tree, "", f"config file {path}", sources)
     for item in overrides:
         override = item if isinstance(item, Override) else Override(item)
         key, value = parse_override(override.text, source=override.source)
         set_path(tree, key, value, source=override.source)
         sources[key] = override.source
-        _leaf_sources(value, key, override.source, sources)
+        leaf_sources(value, key, override.source, sources)
+    rename_keys(tree, sources)
     try:
         return AppConfig.model_validate(tree)
     except ValidationError as err:

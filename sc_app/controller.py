@@ -1,5 +1,8 @@
 """SingleControllerActor: one Ray actor, one asyncio loop — rollout pumps, sampler, train pump, save.
 
+A plain class: the driver makes it a Ray actor (``ray.remote(SingleControllerActor)``), and unit tests run it in
+process with fake workers and a fake data plane (``connect=``). The save half is ``controller_saves``.
+
 ``__init__`` does no construction of other objects: everything arrives built in one ``SingleControllerActorArgs``
 (seed flow 2). Only the connect-only data-plane client is built in ``restore()`` (a live client cannot be
 pickled, so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses
@@ -9,10 +12,10 @@ starts the pumps.
 Invariants:
 * commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage (read
   rows back, write advantages onto the same rows) takes no barrier slot and never changes which rows exist;
-* a save pauses training only while its content is fixed (``_capture``: trainer state copy, loader place, the
-  barrier window); the rest follows behind training in ``sc_app.checkpoint.save.write_bundle``, which states the
-  whole save order. At most one save is in flight: the next save, the end of the run and a stop request each
-  await it first;
+* a save pauses training only while its content is fixed (``_capture``, in ``controller_saves``); the rest follows
+  behind training in ``sc_app.checkpoint.save.write_bundle``, which states the whole save order. At most one save
+  is in flight: the next save, the end of the run and a stop request each await it first;
+* a group trains only while ``version - group.version <= grpo.max_staleness`` (the sampler drops older ones);
 * the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before
   ``run``).
 """
@@ -23,50 +26,40 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 from tensordict import TensorDict
 
-from sc_app import __version__
-from sc_app.background import background_executor, run_blocking
+from sc_app.background import background_executor
 from sc_app.barrier import DataPlaneCheckpointBarrier
-from sc_app.checkpoint import BundleWriter, hmac_key_from_env
-from sc_app.checkpoint.compat import compat_of
-from sc_app.checkpoint.lease import Lease, LeaseLost
-from sc_app.checkpoint.save import CapturedSave, write_bundle
+from sc_app.checkpoint.lease import Lease
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config import AppConfig
+from sc_app.controller_saves import ControllerSaves, InventoryMismatch
+from sc_app.controller_saves import SaveFailed as SaveFailed  # what a run's end maps to an exit code
 from sc_app.data_plane import stream_io
-from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
-from sc_app.faults import afault_point
+from sc_app.data_plane.client import DataPlaneClient
 from sc_app.phases import StepClock
-from sc_app.policy.backend import FileRecord, PolicyFingerprint, Rollout, TrainStepResult, policy_format
-from sc_app.policy.grpo import group_advantages
-from sc_app.policy.loader import PromptLoader
-from sc_app.progress import (
-    ProgressRecord,
-    RunSummary,
-    SaveFailedRecord,
-    SaveRecord,
-    StepRecord,
-    StopRecord,
-    step_summary,
-)
+from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
 from sc_app.replay_buffer import BufferTimes, Group, GroupCommit, TQReplayBuffer
+from sc_app.rl.backend import PolicyFingerprint, Rollout, TrainStepResult
+from sc_app.rl.grpo import group_advantages
+from sc_app.rl.loader import PromptLoader
 
 log = logging.getLogger(__name__)
 
-
-class InventoryMismatch(RuntimeError):
-    """Rows stored in the data plane differ from the replay index; no bundle is cut from such a state."""
+Connect = Callable[[AppConfig], DataPlaneClient]  # builds the controller's connect-only data-plane client
 
 
-class SaveFailed(RuntimeError):
-    """A save failed and ``checkpoint.on_save_error=stop``; older bundles are intact."""
+def connect_transferqueue(cfg: AppConfig) -> DataPlaneClient:
+    """The connect-only TransferQueue client (refused by the guard until the driver sealed the restore)."""
+    from sc_app.data_plane.transferqueue import TransferQueueDataPlane
+
+    return TransferQueueDataPlane(bootstrap=False, namespace=cfg.ray.namespace, snapshot=cfg.data_plane.snapshot)
 
 
 class _StopNow(Exception):
@@ -96,24 +89,14 @@ def group_id_for(prompt_index: int) -> str:
     return f"p{prompt_index}"
 
 
-def _versions() -> dict[str, str]:
-    import transfer_queue
-
-    return {
-        "sc_app": __version__,
-        "ray": ray.__version__,
-        "torch": torch.__version__,
-        "transferqueue": getattr(transfer_queue, "__version__", "0.1.11"),
-    }
-
-
-@ray.remote
-class SingleControllerActor:
+class SingleControllerActor(ControllerSaves):
+    args: SingleControllerActorArgs  # type: ignore[assignment]  # the saves read a part of it (SaveArgs)
     client: DataPlaneClient  # connect-only, built by restore()
     buffer: TQReplayBuffer  # built by restore() on the client
 
-    def __init__(self, args: SingleControllerActorArgs) -> None:
+    def __init__(self, args: SingleControllerActorArgs, connect: Connect = connect_transferqueue) -> None:
         self.args = args
+        self._connect = connect
         self.cfg = AppConfig.model_validate_json(args.cfg_json)
         self.barrier = DataPlaneCheckpointBarrier()
         self.loader = PromptLoader()
@@ -149,17 +132,13 @@ class SingleControllerActor:
         """Connect to the data plane, rebuild the index from the sidecar (no data-plane writes) and check it
         against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
         the bundle cannot be resumed: the driver then falls back to an older bundle."""
-        from sc_app.data_plane.transferqueue import TransferQueueDataPlane
-
         cfg = self.cfg
-        self.client = TransferQueueDataPlane(
-            bootstrap=False, namespace=cfg.ray.namespace, snapshot=cfg.data_plane.snapshot
-        )
+        self.client = self._connect(cfg)
         self.buffer = TQReplayBuffer(
             self.client,
             self.barrier,
             partition=cfg.data_plane.partition,
-            group_size=cfg.grpo.num_generations_per_prompt,
+            group_size=cfg.grpo.group_size,
         )
         restored_rows = 0
         if self.args.sidecar_path is not None:
@@ -225,7 +204,7 @@ class SingleControllerActor:
 
     async def _rollout_pump(self, worker_index: int, worker: Any) -> None:
         grpo = self.cfg.grpo
-        group_size = grpo.num_generations_per_prompt
+        group_size = grpo.group_size
         batch = max(1, grpo.prompts_per_step // 2)  # prompts per generate call = groups per commit
         try:
             while not self._stopping:
@@ -297,8 +276,9 @@ class SingleControllerActor:
 
     # ------------------------------------------------------------------ train pump
     async def _train_pump(self) -> RunSummary:
+        """Train steps until ``run.max_steps`` or a stop request, each timed by phase; a save follows the step it
+        is due at. Then the run's end: the save in flight, an emergency save on a stop request, the summary."""
         cfg = self.cfg
-        partition = cfg.data_plane.partition
         rewards: list[float] = []
         rollout_mark = (self.buffer.times.copy(), self._rollout_seconds["generation"])
         while self.step < cfg.run.max_steps and not self._stop_requested:
@@ -310,58 +290,77 @@ class SingleControllerActor:
                 break
             clock.lap("wait_rollouts")
             clock.move("wait_rollouts", "clear", self.buffer.times.clear - clear_mark.clear)  # stale drops
-            ids = [sid for group in groups for sid in group.sample_ids]
             staleness = sum(self.version - group.version for group in groups) / len(groups)
-            # advantage stage (flow 4): read rows back, overwrite one field on the same rows; no barrier slot
-            indexes = self.buffer.global_indexes([group.group_id for group in groups])  # no key lookup when known
-            rows = await self.client.get_samples(partition, ids, ["reward"], global_indexes=indexes)
-            clock.lap("get")
-            adv = group_advantages(rows["reward"], cfg.grpo.num_generations_per_prompt)
-            await self.buffer.write_fields(
-                [group.group_id for group in groups], TensorDict({"advantage": adv}, batch_size=len(ids))
-            )
-            clock.lap("advantage_write")
-            next_version = self.version + 1
-            # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
-            capture = cfg.checkpoint.enabled and self._save_due(self.step + 1)
-            results: list[TrainStepResult] = await asyncio.gather(
-                *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
-            )
-            clock.lap("trainer")
-            clock.add("trainer_get", max(r.get_seconds for r in results))
-            if capture:
-                self._captured_version = next_version
-            self.version = next_version
-            self.step += 1
-            await self._drop(groups)
-            clock.lap("clear")
-            await self._sync_weights()
-            clock.lap("weight_sync")
-            reward = rows["reward"]
-            mean_reward = float(reward.mean())
-            rewards.append(mean_reward)
+            reward, results = await self._train_step(groups, clock)
+            rewards.append(float(reward.mean()))
             self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
             clock.add("barrier_wait", self.buffer.times.clear_wait - clear_mark.clear_wait)
             rollout_mark = self._rollout_phases(clock, rollout_mark)
-            step_seconds, phases = clock.finish()
-            self._record_step(
-                StepRecord(
-                    step=self.step,
-                    reward=mean_reward,
-                    loss=sum(r.loss for r in results) / len(results),
-                    staleness=staleness,
-                    rows_held=self.buffer.rows,
-                    step_seconds=step_seconds,
-                    reward_min=float(reward.min()),
-                    reward_max=float(reward.max()),
-                    weights_version=self.version,
-                    commit_waits=self.barrier.stats.drain_mutation_waits(),
-                    phase_seconds=phases,
-                )
-            )
+            self._record_step(self._step_record(clock, reward, results, staleness))
             if cfg.checkpoint.enabled and self._save_due(self.step):
                 await self._start_save()
             await self._collect_save(wait=False)
+        return await self._end_run(rewards)
+
+    async def _train_step(self, groups: list[Group], clock: StepClock) -> tuple[torch.Tensor, list[TrainStepResult]]:
+        """One step on ``groups``: the advantage stage, the trainers (copying their state when a bundle will be
+        cut at this step), the drop of the trained groups, the weight sync. Returns the rows' rewards."""
+        ids = [sid for group in groups for sid in group.sample_ids]
+        reward = await self._advantage_stage(groups, ids, clock)
+        next_version = self.version + 1
+        # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
+        capture = self.cfg.checkpoint.enabled and self._save_due(self.step + 1)
+        if capture:  # the new copy replaces the one a save still in flight may not have written yet
+            await self._before_new_capture()
+        results: list[TrainStepResult] = await asyncio.gather(
+            *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
+        )
+        clock.lap("trainer")
+        clock.add("trainer_get", max(r.get_seconds for r in results))
+        if capture:
+            self._captured_version = next_version
+        self.version = next_version
+        self.step += 1
+        await self._drop(groups)
+        clock.lap("clear")
+        await self._sync_weights()
+        clock.lap("weight_sync")
+        return reward, results
+
+    async def _advantage_stage(self, groups: list[Group], ids: list[str], clock: StepClock) -> torch.Tensor:
+        """Seed flow 4: read the rows' rewards back, write ``advantage`` onto the same rows (no barrier slot: it
+        never changes which rows exist, and it runs in the task that cuts saves). Returns the rewards."""
+        group_ids = [group.group_id for group in groups]
+        indexes = self.buffer.global_indexes(group_ids)  # no key lookup when known
+        rows = await self.client.get_samples(self.cfg.data_plane.partition, ids, ["reward"], global_indexes=indexes)
+        clock.lap("get")
+        adv = group_advantages(rows["reward"], self.cfg.grpo.group_size)
+        await self.buffer.write_fields(group_ids, TensorDict({"advantage": adv}, batch_size=len(ids)))
+        clock.lap("advantage_write")
+        reward: torch.Tensor = rows["reward"]
+        return reward
+
+    def _step_record(
+        self, clock: StepClock, reward: torch.Tensor, results: list[TrainStepResult], staleness: float
+    ) -> StepRecord:
+        step_seconds, phases = clock.finish()
+        return StepRecord(
+            step=self.step,
+            reward=float(reward.mean()),
+            loss=sum(r.loss for r in results) / len(results),
+            staleness=staleness,
+            rows_held=self.buffer.rows,
+            step_seconds=step_seconds,
+            reward_min=float(reward.min()),
+            reward_max=float(reward.max()),
+            weights_version=self.version,
+            commit_waits=self.barrier.stats.drain_mutation_waits(),
+            phase_seconds=phases,
+        )
+
+    async def _end_run(self, rewards: list[float]) -> RunSummary:
+        """The save in flight reported; on a stop request, a bundle of the step reached (unless it has one)."""
+        cfg = self.cfg
         await self._collect_save(wait=True)
         if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
             self._progress.append(StopRecord(self.step))
@@ -369,7 +368,7 @@ class SingleControllerActor:
             await self._collect_save(wait=True)
         return RunSummary(
             final_step=self.step,
-            version=self.version,
+            weights_version=self.version,
             first_rewards=rewards[:5],
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
@@ -393,169 +392,3 @@ class SingleControllerActor:
     def _record_step(self, record: StepRecord) -> None:
         self._progress.append(record)
         self._unsaved_steps.append(record)
-
-    # ------------------------------------------------------------------ save (flows 5 and 6)
-    def _save_due(self, step: int) -> bool:
-        return step % self.cfg.checkpoint.save_period == 0 or step == self.cfg.run.max_steps
-
-    async def _start_save(self, *, emergency: bool = False) -> None:
-        """Cut a bundle of the current step (``emergency``: on a stop request); returns once its window closed (or
-        the save already ended).
-
-        Pre: called from the train pump only. Post: the previous save has finished and been reported; the new
-        one's policy, loader place and captured rows are fixed, the rest runs in ``self._pending_save``."""
-        await self._collect_save(wait=True)
-        released = asyncio.Event()
-        task = asyncio.create_task(self._save_or_report(self.step, released, emergency))
-        self._pending_save = (self.step, task)
-        waiter = asyncio.ensure_future(released.wait())
-        try:
-            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-
-    async def _collect_save(self, *, wait: bool) -> None:
-        """Report the save in flight once it is done (``wait``: await it first). Re-raises what must stop the
-        run (``LeaseLost``, ``SaveFailed``, a bug); a reported I/O failure lets training continue."""
-        if self._pending_save is None:
-            return
-        step, task = self._pending_save
-        if not wait and not task.done():
-            return
-        self._pending_save = None
-        outcome = await task
-        self._progress.append(outcome)
-        if isinstance(outcome, SaveRecord):
-            self._last_saved = step
-            self._failed_saves_in_a_row = 0
-            self._unsaved_steps = [r for r in self._unsaved_steps if r.step > step]
-
-    async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
-        return await run_blocking(self._save_io, fn, *args, **kwargs)
-
-    async def _save_or_report(
-        self, step: int, released: asyncio.Event, emergency: bool = False
-    ) -> SaveRecord | SaveFailedRecord:
-        """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
-
-        ``LeaseLost`` always propagates: a superseded run must stop, not keep training.
-        """
-        try:
-            return await self._save(released, emergency)
-        except LeaseLost:
-            raise
-        except OSError as exc:
-            msg = (
-                f"save of step {step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
-                "its tmp dir was removed and every older bundle is intact"
-            )
-            self._failed_saves_in_a_row += 1
-            log.error(msg)
-            if self._failed_saves_in_a_row >= 2:
-                log.warning(
-                    "%d saves in a row failed; the newest bundle is step_%d, %d steps behind",
-                    self._failed_saves_in_a_row,
-                    self._last_saved,
-                    step - self._last_saved,
-                )
-            self._trace(ev="save_failed", step=step, error=str(exc))
-            if self.cfg.checkpoint.on_save_error == "stop":
-                raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
-            return SaveFailedRecord(step, msg, in_a_row=self._failed_saves_in_a_row, last_saved_step=self._last_saved)
-
-    async def _save(self, released: asyncio.Event, emergency: bool = False) -> SaveRecord:
-        """Capture (training paused until ``released`` is set), then write behind training."""
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        writer = BundleWriter(cfg.checkpoint.dir, self.step, hmac_key=hmac_key_from_env(), lease=self.args.lease)
-        if cfg.data_plane.snapshot == "native":  # TransferQueue's own save writes into tmp_step_N/ in the window
-            await self._in_background(writer.begin)
-        captured, snapshot, window = await self._capture(writer)
-        blocked = time.perf_counter() - t0
-        released.set()  # the train pump goes on; drops of captured groups wait for thaw()
-        published = await write_bundle(
-            captured,
-            snapshot,
-            writer,
-            write_policy=self._write_policy,
-            thaw=self.buffer.thaw,
-            manifest_record=captured.manifest_record(
-                group_size=cfg.grpo.num_generations_per_prompt,
-                partition=cfg.data_plane.partition,
-                compat=compat_of(cfg),
-                versions=_versions(),
-                dataset=self.args.dataset,
-                policy_format=policy_format(cfg),
-            ),
-            keep=cfg.checkpoint.keep,
-            in_background=self._in_background,
-            executor=self._save_io,
-        )
-        self._trace(ev="save", step=captured.step, digest=captured.digest, groups=captured.groups)
-        return SaveRecord(
-            step=captured.step,
-            bundle=published.path.name,
-            seconds=time.perf_counter() - t0,
-            blocked_seconds=blocked,
-            window_seconds=window,
-            groups=captured.groups,
-            data_plane_bytes=published.data_plane_bytes,
-            pruned=published.pruned,
-            emergency=emergency,
-        )
-
-    async def _capture(self, writer: BundleWriter) -> tuple[CapturedSave, DataPlaneSnapshot, float]:
-        """Fix the bundle's content in the seed's order: the trainer's state copy (already taken inside the step a
-        save is due at; taken now for a stop request), the loader place, then the barrier window — the index,
-        ``list_samples()`` must equal it, the data-plane capture, and the freeze of the captured rows.
-        Returns the capture, the data plane's snapshot of the captured rows and the window's seconds."""
-        cfg = self.cfg
-        captured_version = self._captured_version
-        if captured_version != self.version:  # e.g. a stop request: copy now, on every rank
-            versions = await asyncio.gather(*[t.capture_state.remote() for t in self.args.trainers])
-            captured_version = min(versions)
-        if captured_version != self.version:
-            raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {self.version}")
-        loader_state = self.loader.state_dict()  # a fresh dict of plain ints and lists
-        lease = self.args.lease
-        async with self.barrier.checkpoint():
-            opened = time.perf_counter()
-            await afault_point("save.window")
-            replay_index = self.buffer.metadata_state_dict()
-            listed = await self.client.list_samples(cfg.data_plane.partition)
-            stored = set(listed)
-            if stored != self.buffer.sample_ids():
-                raise InventoryMismatch(
-                    f"step {self.step}: data plane holds {len(stored)} rows, index lists {self.buffer.rows}"
-                )
-            captured = CapturedSave(
-                step=self.step,
-                run_id=self.args.run_id,
-                lineage=self.args.lineage,
-                epoch=lease.epoch if lease is not None else 0,
-                trainer_version=self.version,
-                loader_state=loader_state,
-                replay_index=replay_index,
-                steps=tuple(step_summary(r) for r in self._unsaved_steps if r.step <= self.step),
-            )
-            snapshot = await self.client.save_checkpoint(
-                writer.data_plane_dir,
-                captured.data_plane_metadata(),
-                cfg.data_plane.partition,
-                CapturedRows(sorted(stored), field_names=self.buffer.field_names_by_group(), tags=listed),
-            )
-            window = time.perf_counter() - opened
-            self.buffer.freeze(stored)  # TQReplayBuffer.freeze: what the snapshot reads stays as captured
-        return captured, snapshot, window
-
-    async def _write_policy(self, policy_dir: Path) -> dict[str, FileRecord]:
-        """Every trainer writes the state it copied in the window, in parallel (each on its io thread); returns
-        the files they hashed as they wrote them. An I/O error stays one."""
-        try:
-            written = await asyncio.gather(*[t.write_captured.remote(str(policy_dir)) for t in self.args.trainers])
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
-                raise exc.cause from None
-            raise
-        return {name: record for files in written for name, record in files.items()}

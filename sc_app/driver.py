@@ -28,16 +28,16 @@ import ray
 
 from sc_app import torch_io
 from sc_app.checkpoint import ResumePlan, layout
+from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
 from sc_app.config import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller import SingleControllerActor, SingleControllerActorArgs
 from sc_app.data_plane.guard import GUARD_NAME
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, shutdown_transferqueue
-from sc_app.policy.backend import PolicyFingerprint
-from sc_app.policy.generation import GenerationWorker
-from sc_app.policy.hf.dataset import DatasetRecord
-from sc_app.policy.hf.errors import HFInputError
-from sc_app.policy.trainer import TrainerWorker
+from sc_app.rl.backend import PolicyFingerprint
+from sc_app.rl.generation import GenerationWorker
+from sc_app.rl.hooks import InputError
+from sc_app.rl.trainer import TrainerWorker
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def worker_results(refs: list[Any]) -> list[Any]:
     try:
         return ray.get(refs)
     except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, HFInputError):
+        if isinstance(exc.cause, InputError):
             raise exc.cause from None
         raise
 
@@ -216,7 +216,7 @@ def setup_single_controller(
 ) -> Setup:
     """Build every object on the driver, restore in the seed's order (``SetupOrder``), create the controller and
     let it rebuild and check its index. ``RestoreFailed`` (everything torn down) when a resumed bundle fails; a
-    worker's bad input (``HFInputError``: model directory, dataset, reward) is no fault of the bundle and is raised
+    worker's bad input (``InputError``: model directory, dataset, reward) is no fault of the bundle and is raised
     as itself. ``dataset``: the task's dataset file as the driver checked it (recorded in every bundle; every
     generation worker must read the same bytes)."""
     setup = Setup(namespace=cfg.ray.namespace)
@@ -227,11 +227,47 @@ def setup_single_controller(
         if (
             plan.decision != "resume"
             or plan.bundle is None
-            or isinstance(exc, RestoreFailed | KeyboardInterrupt | HFInputError)
+            or isinstance(exc, RestoreFailed | KeyboardInterrupt | InputError)
         ):
             raise
         raise RestoreFailed(plan.bundle, _one_line(exc)) from None
     return setup
+
+
+@dataclass
+class Restored:
+    """What a resume hands the controller (all empty on a fresh start)."""
+
+    step: int = 0
+    version: int = 0
+    loader_state: Any = None
+    sidecar: str | None = None
+    data_plane: dict[str, Any] | None = None  # the bootstrap client's load_checkpoint() metadata
+    fingerprint: PolicyFingerprint | None = None  # traced runs only
+
+
+def _restore(setup: Setup, cfg: AppConfig, plan: ResumePlan, order: SetupOrder) -> Restored:
+    """Seed steps 1-2 for a resume: the trainers start loading the bundle's policy, the loader place is read, the
+    data plane is restored through the bootstrap client while they load; then the trainer version is awaited."""
+    assert plan.bundle is not None and setup.policy is not None
+    policy, bundle, manifest = setup.policy, plan.bundle, plan.reports[-1].manifest
+    assert manifest is not None
+    order.enter("trainer_state")
+    policy_dir = bundle / layout.POLICY_DIR
+    loading = policy.load_trainer_state(policy_dir, manifest.hashes_under(layout.POLICY_DIR))  # runs from here on
+    loader_state = torch_io.load(bundle / layout.LOADER_FILE)
+    order.enter("data_plane_restore")
+    t0 = time.perf_counter()
+    restored = policy.load_data_plane_checkpoint(bundle / layout.DATA_PLANE_DIR)
+    setup.seconds["data_plane_restore"] = time.perf_counter() - t0
+    if restored.get("digest") != manifest.replay_digest:
+        raise RestoreFailed(bundle, "the data plane's digest differs from the manifest's replay digest")
+    t0 = time.perf_counter()
+    version = policy.trainer_state_loaded(loading, policy_dir)
+    setup.seconds["trainer_load_wait"] = time.perf_counter() - t0
+    # the trace records what was restored (a gather of the whole state: traced runs only)
+    fingerprint = policy.fingerprint() if cfg.run.trace_file else None
+    return Restored(plan.step, version, loader_state, str(bundle / layout.SIDECAR_FILE), restored, fingerprint)
 
 
 def _build(
@@ -255,50 +291,26 @@ def _build(
     order.enter("bootstrap_client")
     policy = setup.policy = TQPolicy(cfg, dp_client, dataset=dataset)
     setup.handles += [*policy.trainers, *policy.generators]
-    start_step = start_version = 0
-    loader_state = sidecar = restored = None
-    fingerprint: PolicyFingerprint | None = None
-    if plan.decision == "resume":
-        assert plan.bundle is not None
-        bundle = plan.bundle
-        manifest = plan.reports[-1].manifest
-        assert manifest is not None
-        order.enter("trainer_state")
-        policy_dir = bundle / layout.POLICY_DIR
-        loading = policy.load_trainer_state(policy_dir, manifest.hashes_under(layout.POLICY_DIR))  # runs from here on
-        loader_state = torch_io.load(bundle / layout.LOADER_FILE)
-        order.enter("data_plane_restore")
-        t0 = time.perf_counter()
-        restored = policy.load_data_plane_checkpoint(bundle / layout.DATA_PLANE_DIR)
-        setup.seconds["data_plane_restore"] = time.perf_counter() - t0
-        if restored.get("digest") != manifest.replay_digest:
-            raise RestoreFailed(bundle, "the data plane's digest differs from the manifest's replay digest")
-        t0 = time.perf_counter()
-        start_version = policy.trainer_state_loaded(loading, policy_dir)
-        setup.seconds["trainer_load_wait"] = time.perf_counter() - t0
-        start_step = plan.step
-        sidecar = str(bundle / layout.SIDECAR_FILE)
-        if cfg.run.trace_file:  # the trace records what was restored (a gather of the whole state: traced runs only)
-            fingerprint = policy.fingerprint()
-    dp_client.seal({"decision": plan.decision, "step": start_step, "run_id": run_id})
+    restored = _restore(setup, cfg, plan, order) if plan.decision == "resume" else Restored()
+    dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
     order.enter("sealed")
-    policy.sync_generation_weights(start_version)
+    policy.sync_generation_weights(restored.version)
     args = SingleControllerActorArgs(
         cfg_json=cfg.model_dump_json(),
         run_id=run_id,
         trainers=policy.trainers,
         generators=policy.generators,
-        start_step=start_step,
-        start_version=start_version,
-        loader_state=loader_state,
-        sidecar_path=sidecar,
-        data_plane_checkpoint_metadata=restored,
+        start_step=restored.step,
+        start_version=restored.version,
+        loader_state=restored.loader_state,
+        sidecar_path=restored.sidecar,
+        data_plane_checkpoint_metadata=restored.data_plane,
         lease=lease,
         lineage=lineage,
         dataset=dataset.as_manifest() if dataset is not None else None,
-        restored_fingerprint=fingerprint,
+        restored_fingerprint=restored.fingerprint,
     )
-    setup.actor = SingleControllerActor.options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
+    setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     setup.handles.append(setup.actor)
     order.enter("actor")
     ray.get(setup.actor.restore.remote())  # index from the sidecar + inventory check, before any pump

@@ -1,18 +1,59 @@
-"""Exit codes and the one-line error report shared by every sc-app command (``sc-app ...`` and ``sc-app k8s ...``).
+"""Exit codes, which error ends a command with which, and the one-line error report shared by every sc-app command
+(``sc-app ...`` and ``sc-app k8s ...``).
 
 Invariant: a command that fails prints exactly one line ``<prog>: error: <message>`` on stderr, naming the problem
-and what to do, and returns one of these codes; it never prints a traceback.
+and what to do, and returns one of these codes; it never prints a traceback. Pure: the errors are named by their
+import path (``EXIT_OF``), so this module imports none of the modules that raise them.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the job (or the operation it waited for) failed; a rerun may succeed
 EXIT_BAD_INPUT = 2  # bad config, flags, bundles that must not be resumed, or a refused API request
 EXIT_SUPERSEDED = 3  # a newer run took the checkpoint directory's lease
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request after the emergency checkpoint; a retry resumes
+
+# An error class (``module.QualName``) → the exit code it ends a command with; a subclass inherits its base's.
+EXIT_OF: dict[str, int] = {
+    # bad input: config, flags, model/data/reward, the checkpoint directory or bundles that must not be resumed
+    "sc_app.config.ConfigError": EXIT_BAD_INPUT,
+    "sc_app.cli.options.BadDir": EXIT_BAD_INPUT,
+    "sc_app.checkpoint.lease.LeaseError": EXIT_BAD_INPUT,
+    "sc_app.checkpoint.lineage.LineageError": EXIT_BAD_INPUT,
+    "sc_app.rl.hooks.InputError": EXIT_BAD_INPUT,
+    "sc_app.job.CheckpointDirUnusable": EXIT_BAD_INPUT,
+    "sc_app.driver.ResumeRefused": EXIT_BAD_INPUT,
+    # a newer run took the lease (fencing)
+    "sc_app.checkpoint.lease.LeaseLost": EXIT_SUPERSEDED,
+    # the job failed; a rerun resumes from the newest complete bundle
+    "sc_app.controller.SaveFailed": EXIT_FAILED,
+    "sc_app.controller.InventoryMismatch": EXIT_FAILED,
+    "sc_app.job.EmergencyTimeout": EXIT_FAILED,
+    "sc_app.job.JobFailed": EXIT_FAILED,
+}
+_PREFIX = {EXIT_SUPERSEDED: "superseded: "}
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a command ends on an error: its exit code and its one error line."""
+
+    code: int
+    message: str
+
+
+def exit_for(exc: BaseException) -> Exit | None:
+    """The exit of ``exc`` (its class or the nearest base in ``EXIT_OF``); None for an error no table names (a
+    defect: let it be seen)."""
+    for cls in type(exc).__mro__:
+        code = EXIT_OF.get(f"{cls.__module__}.{cls.__qualname__}")
+        if code is not None:
+            return Exit(code, f"{_PREFIX.get(code, '')}{exc}")
+    return None
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT, *, prog: str = "sc-app") -> int:

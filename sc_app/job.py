@@ -1,9 +1,11 @@
 """One attempt of the training job: resume plan → writer lease → tidy → Ray → setup → drive → release.
 
-``run_job`` is what ``sc-app run`` calls; each of its steps is one function here. Errors leave it typed:
-``CheckpointDirUnusable`` / ``LeaseError`` / ``LineageError`` / ``ResumeRefused`` (bad input: exit 2),
-``LeaseLost`` (superseded: exit 3), ``JobFailed`` / ``EmergencyTimeout`` / ``SaveFailed`` / ``InventoryMismatch``
-(exit 1) — the CLI maps them, and ``RunResult.outcome``, to exit codes.
+``run_job`` is what ``sc-app run`` calls; each of its steps is one function here. Which bundle it resumes, and
+whether it may, is ``sc_app.checkpoint.selection``'s decision (the same ``sc-app preflight`` prints); the backend's
+input checks are ``sc_app.rl.hooks``'. Errors leave it typed: ``InputError`` / ``CheckpointDirUnusable`` /
+``LeaseError`` / ``LineageError`` / ``ResumeRefused`` (bad input: exit 2), ``LeaseLost`` (superseded: exit 3),
+``JobFailed`` / ``EmergencyTimeout`` / ``SaveFailed`` / ``InventoryMismatch`` (exit 1) — ``sc_app.exits`` maps
+them to exit codes, the CLI maps ``RunResult.outcome``.
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ from typing import Literal
 
 import ray
 
-from sc_app.checkpoint import ResumePlan, hmac_key_from_env, layout, plan_resume, volume
-from sc_app.checkpoint.compat import compat_of
+from sc_app.checkpoint import ResumePlan, layout, volume
+from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease, LeaseKeeper, LeaseLost, read_lease
-from sc_app.checkpoint.lineage import ensure_lineage, read_lineage
+from sc_app.checkpoint.lineage import ensure_lineage
+from sc_app.checkpoint.selection import BundleRules, choose_bundle
 from sc_app.checkpoint.stop_request import StopWatch
 from sc_app.config import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
 from sc_app.driver import RestoreFailed, ResumeRefused, Setup, setup_single_controller
-from sc_app.policy.hf.dataset import DatasetRecord, changed_dataset_problem
 from sc_app.progress import ProgressRecord, RunSummary
+from sc_app.rl import hooks
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,48 @@ class RunResult:
     summary: RunSummary
     seconds: float
     outcome: Outcome
+
+
+def _nothing(*_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class JobCallbacks:
+    """How ``run_job`` reports to its caller (``sc-app run`` prints and logs): the plan each time it is decided,
+    every progress record in order, Ray being up (signal handlers to reinstall), and the attempt once it starts;
+    ``stop_requested`` is polled (a signal arrived)."""
+
+    on_plan: Callable[[ResumePlan], None] = _nothing
+    on_progress: Callable[[ProgressRecord], None] = _nothing
+    stop_requested: Callable[[], bool] = lambda: False
+    on_ray_ready: Callable[[], None] = _nothing
+    on_attempt: Callable[[AttemptStarted], None] = _nothing
+
+
+@dataclass
+class Attempt:
+    """What this attempt holds: its id, the rules its bundles are judged by (the directory's lineage once the
+    lease holder knows it), the task's dataset record as checked before the run (recorded in every bundle), and
+    the lease once taken."""
+
+    cfg: AppConfig
+    run_id: str
+    rules: BundleRules
+    dataset: DatasetRecord | None
+    started: float
+    calls: JobCallbacks
+    lease: Lease | None = None
+
+    def announce(self, plan: ResumePlan) -> None:
+        self.calls.on_plan(plan)
+        self.calls.on_attempt(AttemptStarted(self.run_id, self.lease, plan))
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def nothing_trained(self, plan: ResumePlan, outcome: Outcome) -> RunResult:
+        return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), self.seconds(), outcome)
 
 
 @contextmanager
@@ -122,69 +167,29 @@ def _init_ray(cfg: AppConfig) -> bool:
     return False
 
 
-def plan_for(
-    cfg: AppConfig, *, tidy: bool, lineage: str | None, unrestorable: dict[str, str] | None = None
-) -> ResumePlan:
-    """The resume decision for ``cfg``'s checkpoint dir (the same one ``sc-app preflight`` prints). ``tidy`` only
-    while holding the directory's lease; ``lineage``: the directory's (bundles of another are never resumed)."""
-    return plan_resume(
-        cfg.checkpoint.dir,
-        policy=cfg.checkpoint.on_corrupt,
-        hmac_key=hmac_key_from_env(),
-        expected_compat=compat_of(cfg),
-        tidy=tidy,
-        unrestorable=unrestorable,
-        expected_lineage=lineage,
-    )
-
-
-def check_backend_inputs(cfg: AppConfig) -> DatasetRecord | None:
-    """hf backend: the model directory, dataset, reward and prompt lengths (``HFInputError``, one line); returns
-    the dataset record bundles carry. Nothing to check for the tiny backend."""
-    if cfg.model.backend != "hf":
-        return None
-    from sc_app.policy.hf.inputs import check_inputs
-
-    return check_inputs(cfg).dataset
-
-
-def dataset_refusal(cfg: AppConfig, plan: ResumePlan, dataset: DatasetRecord | None) -> str | None:
-    """Why ``plan`` must not resume with ``dataset`` (the file differs from the bundle's), unless
-    ``task.allow_changed_dataset``; None when it may."""
-    if plan.decision != "resume" or dataset is None or cfg.task.allow_changed_dataset:
-        return None
-    recorded = plan.manifest.dataset if plan.manifest is not None else None
-    return changed_dataset_problem(recorded, dataset, bundle=str(plan.bundle))
-
-
-def start_controller(
-    cfg: AppConfig,
-    plan: ResumePlan,
-    *,
-    run_id: str,
-    lease: Lease | None,
-    lineage: str | None,
-    on_plan: Callable[[ResumePlan], None],
-    dataset: DatasetRecord | None = None,
-) -> tuple[Setup, ResumePlan]:
+def start_controller(attempt: Attempt, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
     """``setup_single_controller`` for ``plan``; a bundle that verified but cannot be restored is handled like one
     that failed verification: with ``on_corrupt=fallback`` it is moved aside (only when an older bundle verifies)
-    and the next one is tried, in this process; otherwise the run is refused and nothing is moved. ``dataset``:
-    the task's dataset file as checked before the run (recorded in every bundle)."""
+    and the next one is tried, in this process; otherwise the run is refused and nothing is moved."""
     unrestorable: dict[str, str] = {}
     while True:
         try:
-            setup = setup_single_controller(cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
+            setup = setup_single_controller(
+                attempt.cfg,
+                plan,
+                run_id=attempt.run_id,
+                lease=attempt.lease,
+                lineage=attempt.rules.lineage,
+                dataset=attempt.dataset,
+            )
             return setup, plan
         except RestoreFailed as exc:
             log.warning("%s", exc)
             unrestorable[exc.bundle.name] = str(exc)
-            plan = plan_for(cfg, tidy=lease is not None, lineage=lineage, unrestorable=unrestorable)
-            on_plan(plan)
+            plan = choose_bundle(attempt.rules, tidy=attempt.lease is not None, unrestorable=unrestorable)
+            attempt.calls.on_plan(plan)
             if plan.decision != "resume":
                 raise ResumeRefused(plan.reason) from None
-            if problem := dataset_refusal(cfg, plan, dataset):
-                raise ResumeRefused(problem) from None
 
 
 @contextmanager
@@ -243,76 +248,58 @@ def drive(
                 )
 
 
-def run_job(
-    cfg: AppConfig,
-    *,
-    on_plan: Callable[[ResumePlan], None] = lambda p: None,
-    on_progress: Callable[[ProgressRecord], None] = lambda r: None,
-    stop_requested: Callable[[], bool] = lambda: False,
-    on_ray_ready: Callable[[], None] = lambda: None,
-    on_attempt: Callable[[AttemptStarted], None] = lambda a: None,
-) -> RunResult:
+def run_job(cfg: AppConfig, calls: JobCallbacks | None = None) -> RunResult:
     """Plan the resume, take the writer lease, tidy, start Ray + TransferQueue, run to ``run.max_steps``, shut down.
 
-    Everything that can refuse the run (an unusable directory, bundles that must not be resumed, a malformed
-    LEASE, nothing left to train) is decided read-only *before* the lease is taken, so a refused run never
-    supersedes a live one. From the lease on, an older attempt still writing this directory can no longer
-    publish. ``stop_requested`` (a signal) and a ``sc-app stop`` request addressed to this run's lease both stop
-    the run gracefully; the lease is released at the end with how the run ended."""
+    Everything that can refuse the run (bad model/data/reward input, an unusable directory, bundles that must not
+    be resumed, a malformed LEASE, nothing left to train) is decided read-only *before* the lease is taken, so a
+    refused run never supersedes a live one. From the lease on, an older attempt still writing this directory can
+    no longer publish. ``calls.stop_requested`` (a signal) and a ``sc-app stop`` request addressed to this run's
+    lease both stop the run gracefully; the lease is released at the end with how the run ended."""
     started = time.perf_counter()
-    dataset = check_backend_inputs(cfg)  # bad model, data or reward: one line, before anything is taken or started
+    calls = calls or JobCallbacks()
+    dataset = hooks.check_inputs(cfg)  # bad model, data or reward: one line, before anything is taken or started
     root = Path(cfg.checkpoint.dir)
     problem = volume.unwritable(root) if cfg.checkpoint.enabled else volume.unusable_as_dir(root)
     if problem:
         raise CheckpointDirUnusable(problem)
     read_lease(root)  # a malformed LEASE is refused here (LeaseError), before anything else happens
-    lineage = read_lineage(root)
-    run_id = uuid.uuid4().hex[:12]
-    plan = plan_for(cfg, tidy=False, lineage=lineage)
-
-    def announce(plan: ResumePlan, lease: Lease | None) -> None:
-        on_plan(plan)
-        on_attempt(AttemptStarted(run_id, lease, plan))
-
-    if problem := dataset_refusal(cfg, plan, dataset):
-        plan = ResumePlan("refuse", problem, plan.bundle, plan.step, plan.reports, plan.quarantined)
+    rules = BundleRules.for_run(cfg, dataset=lambda: dataset)
+    attempt = Attempt(cfg, uuid.uuid4().hex[:12], rules, dataset, started, calls)
+    plan = choose_bundle(rules)
     if plan.decision == "refuse" or (plan.decision == "resume" and plan.step >= cfg.run.max_steps):
-        announce(plan, None)
+        attempt.announce(plan)
         if plan.decision == "refuse":
             raise ResumeRefused(plan.reason)
-        return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "already_done")
-    if stop_requested():
-        announce(plan, None)
-        return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "stopped")
+        return attempt.nothing_trained(plan, "already_done")
+    if calls.stop_requested():
+        attempt.announce(plan)
+        return attempt.nothing_trained(plan, "stopped")
     if not cfg.checkpoint.enabled:
-        announce(plan, None)
-        return _train(
-            cfg, plan, run_id, None, None, started, on_plan, on_progress, stop_requested, on_ray_ready, dataset
-        )
+        attempt.announce(plan)
+        return _train(attempt, plan, calls.stop_requested)
+    return _run_as_lease_holder(attempt, plan)
+
+
+def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
+    """Take the lease, decide again as its holder (now leftovers may be moved aside), train, release the lease
+    with how the run ended (unless a newer run took it)."""
+    cfg, root = attempt.cfg, attempt.rules.root
     try:
-        lease = Lease.acquire(root, run_id, ttl_s=cfg.checkpoint.lease_ttl_s)
+        lease = attempt.lease = Lease.acquire(root, attempt.run_id, ttl_s=cfg.checkpoint.lease_ttl_s)
     except OSError as exc:
         raise CheckpointDirUnusable(f"checkpoint dir {root}: cannot take its lease ({exc.strerror or exc})") from None
     keeper = LeaseKeeper(lease, cfg.checkpoint.lease_ttl_s)
     outcome, final_step = "failed", None
     try:
-        adopt = plan.reports[-1].manifest.doc.get("lineage") if plan.reports and plan.reports[-1].manifest else None
-        lineage = ensure_lineage(root, adopt=adopt if isinstance(adopt, str) else None)
-        plan = plan_for(cfg, tidy=True, lineage=lineage)  # as the holder: now it may move leftovers aside
-        if problem := dataset_refusal(cfg, plan, dataset):
-            plan = ResumePlan("refuse", problem, plan.bundle, plan.step, plan.reports, plan.quarantined)
-        announce(plan, lease)
+        attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=_recorded_lineage(plan)))
+        plan = choose_bundle(attempt.rules, tidy=True)  # as the holder: now it may move leftovers aside
+        attempt.announce(plan)
         if plan.decision == "refuse":
             outcome = "refused"
             raise ResumeRefused(plan.reason)
-        watch = StopWatch(root, run_id, lease.epoch)
-
-        def stop_now() -> bool:
-            return stop_requested() or watch.requested() is not None
-
-        result = _train(
-            cfg, plan, run_id, lease, lineage, started, on_plan, on_progress, stop_now, on_ray_ready, dataset
-        )
+        watch = StopWatch(root, attempt.run_id, lease.fencing_epoch)
+        result = _train(attempt, plan, lambda: attempt.calls.stop_requested() or watch.requested() is not None)
         outcome, final_step = result.outcome, result.summary.final_step
         return result
     except LeaseLost:
@@ -325,42 +312,32 @@ def run_job(
             lease.release(outcome, final_step=final_step, newest_bundle=newest[0][1].name if newest else None)
 
 
-def _since(started: float) -> float:
-    return time.perf_counter() - started
+def _recorded_lineage(plan: ResumePlan) -> str | None:
+    """The lineage the last bundle the plan checked records: what a directory without LINEAGE adopts."""
+    manifest = plan.reports[-1].manifest if plan.reports else None
+    adopt = manifest.doc.get("lineage") if manifest is not None else None
+    return adopt if isinstance(adopt, str) else None
 
 
-def _train(
-    cfg: AppConfig,
-    plan: ResumePlan,
-    run_id: str,
-    lease: Lease | None,
-    lineage: str | None,
-    started: float,
-    on_plan: Callable[[ResumePlan], None],
-    on_progress: Callable[[ProgressRecord], None],
-    stop_requested: Callable[[], bool],
-    on_ray_ready: Callable[[], None],
-    dataset: DatasetRecord | None = None,
-) -> RunResult:
+def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool]) -> RunResult:
     """Ray up, the controller set up (falling back past bundles that cannot be restored), driven to its end."""
+    cfg = attempt.cfg
     try:
         owns_ray = init_ray(cfg)
     except SystemExit as exc:  # ray.init's own SIGTERM handler, before ours is back: a stop like any other
         if exc.code != signal.SIGTERM:
             raise
-        return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), _since(started), "stopped")
-    on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
+        return attempt.nothing_trained(plan, "stopped")
+    attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
     try:
-        setup, plan = start_controller(
-            cfg, plan, run_id=run_id, lease=lease, lineage=lineage, on_plan=on_plan, dataset=dataset
-        )
+        setup, plan = start_controller(attempt, plan)
         summary = drive(
             setup.actor,
             emergency_budget_s=cfg.checkpoint.emergency_budget_s,
-            on_progress=on_progress,
+            on_progress=attempt.calls.on_progress,
             stop_requested=stop_requested,
         )
-        return RunResult(plan, summary, _since(started), _outcome(cfg, summary))
+        return RunResult(plan, summary, attempt.seconds(), _outcome(cfg, summary))
     finally:
         shutdown_transferqueue()
         if owns_ray:

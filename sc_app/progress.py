@@ -60,7 +60,7 @@ class SaveRecord:
     step: int
     bundle: str
     seconds: float  # whole save, most of it behind training
-    blocked_seconds: float  # how long training paused for it
+    paused_seconds: float  # how long training paused for it (the run log's paused_seconds)
     window_seconds: float  # the barrier's exclusive window
     groups: int
     data_plane_bytes: int
@@ -93,7 +93,7 @@ class RunSummary:
     """What ``SingleControllerActor.run`` returns when the train pump ends."""
 
     final_step: int
-    version: int
+    weights_version: int
     first_rewards: list[float] = field(default_factory=list)
     last_rewards: list[float] = field(default_factory=list)
     stopped_early: bool = False
@@ -120,7 +120,7 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
     if isinstance(record, SaveRecord):
         return (
             f"{head}  saved {record.bundle} ({record.seconds:.2f}s, training paused "
-            f"{record.blocked_seconds * 1000:.0f} ms, window {record.window_seconds * 1000:.0f} ms)"
+            f"{record.paused_seconds * 1000:.0f} ms, window {record.window_seconds * 1000:.0f} ms)"
         )
     if isinstance(record, SaveFailedRecord):
         if record.in_a_row > 1:

@@ -24,9 +24,10 @@ from typing import Any
 from bench.scbench.common import DEFAULT_SAVE_PERIOD, Harness, MiB, check, drop_cache, files_under, load_avg, summary
 from bench.scbench.common import raw_read as raw_read_file
 from bench.scbench.common import raw_write as raw_write_file
+from bench.scbench.padded_bundle import pad_bundle
 
 REALISTIC = {
-    "grpo": {"prompts_per_step": 64, "num_generations_per_prompt": 16, "max_groups_buffered": 160},
+    "grpo": {"prompts_per_step": 64, "group_size": 16, "max_groups_buffered": 160},
     "task": {"prompt_len": 224, "response_len": 16},
     # the toy generator recomputes the whole sequence for every token: the smallest model keeps a step to seconds
     "model": {"max_seq_len": 256, "d_model": 16, "n_layers": 1, "n_heads": 1},
@@ -66,7 +67,7 @@ def run_controller(h: Harness, cfg: Any) -> dict[str, Any]:
     h.clear_all()
     t0 = time.perf_counter()
     plan = plan_resume(
-        cfg.checkpoint.dir, policy="strict", hmac_key=hmac_key_from_env(), expected_compat=compat_of(cfg)
+        cfg.checkpoint.dir, on_corrupt="strict", hmac_key=hmac_key_from_env(), expected_compat=compat_of(cfg)
     )
     check(plan.decision in ("fresh", "resume"), f"plan refused: {plan.reason}")
     t_plan = time.perf_counter()
@@ -125,7 +126,7 @@ def phase_means(records: list[Any], warm: int) -> dict[str, Any]:
 
 
 def save_cost(records: list[Any], trace: list[dict[str, Any]], warm: int) -> float:
-    """Seconds a run lost to saving: the time training was paused for each save (``blocked_seconds``) plus,
+    """Seconds a run lost to saving: the time training was paused for each save (``paused_seconds``) plus,
     for the steps a save touched — the step it was cut at (the trainer copies its state inside it) and those
     that ran while its background write was in flight — their excess over the *mean* of the steps no save
     touched (signed, so noise cancels; not the median: step times are right-skewed, and against the median
@@ -141,8 +142,8 @@ def save_cost(records: list[Any], trace: list[dict[str, Any]], warm: int) -> flo
         if not isinstance(r, SaveRecord):
             continue
         step = r.step
-        paused += r.blocked_seconds
-        begin = trained_at.get(step, 0.0) + r.blocked_seconds
+        paused += r.paused_seconds
+        begin = trained_at.get(step, 0.0) + r.paused_seconds
         end = saved_at.get(step, begin)
         overlapped |= {n for n, t in trained_at.items() if n in step_s and t > begin and t - step_s[n] < end}
         overlapped |= {step} & set(step_s)
@@ -153,85 +154,54 @@ def save_cost(records: list[Any], trace: list[dict[str, Any]], warm: int) -> flo
     return paused + sum(step_s[n] - base for n in overlapped)
 
 
-def pad_bundle(src: Path, dst_root: Path, data_plane_bytes: int) -> int:
-    """Copy the newest bundle under ``src`` into ``dst_root`` with every segment given an extra ``pad`` field so
-    its data plane holds ~``data_plane_bytes``; the manifest is re-rendered over the new files. Returns bytes."""
-    import torch
-
-    from sc_app.checkpoint import layout
-    from sc_app.checkpoint.manifest import render
-    from sc_app.data_plane.streamed_format import PartWriter, iter_groups, merged_metadata, read_metadata
-    from sc_app.hashing import digest_file
-
-    _, bundle = layout.step_dirs(src)[0]
-    dst = dst_root / bundle.name
-    shutil.copytree(bundle, dst)
-    dp = dst / layout.DATA_PLANE_DIR
-    doc = read_metadata(dp)
-    groups = list(iter_groups(dp, doc))
-    rows = sum(len(g.ids) for g in groups)
-    per_row = max(1, data_plane_bytes // max(1, rows))
-    for p in list(dp.iterdir()):
-        if p.name != "metadata.json":
-            p.unlink()
-    writer = PartWriter(dp, 64 * MiB)
-    for group in groups:
-        data = group.data.clone()
-        data["pad"] = torch.full((len(group.ids), per_row), 7, dtype=torch.uint8)
-        writer.append(group.group, group.ids, group.tags, data)
-    writer.finish()
-    new_doc = merged_metadata([writer.summary()], partition=doc["partition"], user_metadata=doc["user_metadata"])
-    (dp / "metadata.json").write_text(json.dumps(new_doc, indent=1))
-    manifest = json.loads((dst / layout.MANIFEST_FILE).read_text())
-    files = {}
-    for p in sorted(dst.rglob("*")):
-        if p.is_file() and p.name != layout.MANIFEST_FILE:
-            got = digest_file(p, manifest["hash_alg"])
-            files[p.relative_to(dst).as_posix()] = {"digest": got.digest, "size": got.size}
-    manifest["files"] = files
-    manifest.pop("signature", None)
-    (dst / layout.MANIFEST_FILE).write_bytes(render(manifest, None))
-    return writer.bytes
-
-
 # ------------------------------------------------------------------------------------------------ the section
 def run(h: Harness) -> dict[str, Any]:
-    from sc_app.progress import SaveRecord, StepRecord
-
     print("[end to end] default config: checkpointing on vs off ...", flush=True)
     h.use_units(1)
     steps = STEPS[1] if h.quick else STEPS[0]
-    warm = 2
     order = ["on"] if h.quick else ["off", "on", "off", "on"]
     runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
-    last_on: str | None = None
     for i, mode in enumerate(order):
-        name = f"e2e_{mode}{i}"
-        res = run_controller(h, _cfg(h, name, steps=steps, enabled=mode == "on"))
-        trains = [e for e in res["trace"] if e.get("ev") == "train"]
-        check(len(trains) == steps, f"{mode} run trained {len(trains)} of {steps} steps")
-        span = trains[-1]["t"] - trains[warm - 1]["t"]
-        saves = [r for r in res["records"] if isinstance(r, SaveRecord)]
-        if mode == "on":
-            want = steps // DEFAULT_SAVE_PERIOD + (steps % DEFAULT_SAVE_PERIOD != 0)
-            check(len(saves) == want, f"on run cut {len(saves)} bundles, expected {want}")
-            last_on = name
-        runs[mode].append(
-            {
-                "steps_s": (steps - warm) / span,
-                "step_s": statistics.median(
-                    r.step_seconds for r in res["records"] if isinstance(r, StepRecord) and r.step > warm
-                ),
-                "save_s": [s.seconds for s in saves],
-                "blocked_s": [s.blocked_seconds for s in saves],
-                "window_ms": [s.window_seconds * 1e3 for s in saves],
-                "save_cost_s": save_cost(res["records"], res["trace"], warm),
-                "span_s": span,
-                "phases": phase_means(res["records"], warm),
-                "load_avg": res["load_avg"],
-            }
-        )
-    rows_per_step = 8 * 8  # grpo defaults: prompts_per_step x num_generations_per_prompt
+        runs[mode].append(_one_run(h, f"e2e_{mode}{i}", mode, steps, warm=2))
+    e2e = _on_vs_off(runs, steps)
+    e2e["realistic"] = realistic(h)
+    h.use_units(1)
+    e2e.update(resume(h, h.work / f"e2e_on{len(order) - 1}", steps))
+    for i, mode in enumerate(order):
+        shutil.rmtree(h.work / f"e2e_{mode}{i}", ignore_errors=True)
+    return e2e
+
+
+def _one_run(h: Harness, name: str, mode: str, steps: int, warm: int) -> dict[str, Any]:
+    """One run of the default config with checkpointing ``mode`` ("on" | "off"), checked and measured."""
+    from sc_app.progress import SaveRecord, StepRecord
+
+    res = run_controller(h, _cfg(h, name, steps=steps, enabled=mode == "on"))
+    trains = [e for e in res["trace"] if e.get("ev") == "train"]
+    check(len(trains) == steps, f"{mode} run trained {len(trains)} of {steps} steps")
+    span = trains[-1]["t"] - trains[warm - 1]["t"]
+    saves = [r for r in res["records"] if isinstance(r, SaveRecord)]
+    if mode == "on":
+        want = steps // DEFAULT_SAVE_PERIOD + (steps % DEFAULT_SAVE_PERIOD != 0)
+        check(len(saves) == want, f"on run cut {len(saves)} bundles, expected {want}")
+    return {
+        "steps_s": (steps - warm) / span,
+        "step_s": statistics.median(
+            r.step_seconds for r in res["records"] if isinstance(r, StepRecord) and r.step > warm
+        ),
+        "save_s": [s.seconds for s in saves],
+        "blocked_s": [s.paused_seconds for s in saves],
+        "window_ms": [s.window_seconds * 1e3 for s in saves],
+        "save_cost_s": save_cost(res["records"], res["trace"], warm),
+        "span_s": span,
+        "phases": phase_means(res["records"], warm),
+        "load_avg": res["load_avg"],
+    }
+
+
+def _on_vs_off(runs: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:
+    """The section's numbers from the runs with checkpointing on and off."""
+    rows_per_step = 8 * 8  # grpo defaults: prompts_per_step x group_size
     step_s = statistics.median(r["step_s"] for r in runs["off"] + runs["on"])
     windows = [w for r in runs["on"] for w in r["window_ms"]]
     e2e: dict[str, Any] = {
@@ -256,13 +226,6 @@ def run(h: Harness) -> dict[str, Any]:
         e2e["steps_s_off"] = summary([r["steps_s"] for r in runs["off"]])
         e2e["rows_s_off"] = summary([r["steps_s"] * rows_per_step for r in runs["off"]])
         e2e["overhead_measured"] = 1 - e2e["steps_s_on"]["median"] / e2e["steps_s_off"]["median"]
-
-    e2e["realistic"] = realistic(h)
-    h.use_units(1)
-    assert last_on is not None
-    e2e.update(resume(h, h.work / last_on, steps))
-    for i, mode in enumerate(order):
-        shutil.rmtree(h.work / f"e2e_{mode}{i}", ignore_errors=True)
     return e2e
 
 
@@ -339,37 +302,47 @@ def resume(h: Harness, on_dir: Path, steps: int) -> dict[str, Any]:
     raw_write_file(raw_path, bundle_bytes)
     rounds = []
     for r in range(1 if h.quick else RESUME_ROUNDS):
-        rnd: dict[str, Any] = {}
-        if not h.quick:
-            cres = run_controller(h, _cfg(h, f"cold_r{r}", steps=1, enabled=False))
-            shutil.rmtree(h.work / f"cold_r{r}", ignore_errors=True)
-            rnd["cold_first_step_s"] = cres["first_step_s"]
-        rnd["raw_read_s"] = raw_read_file(raw_path)
-        drop_cache(files_under(padded))
-        res = run_controller(h, _cfg(h, "resume_big", steps=steps + 1, enabled=False))
-        check(res["decision"] == "resume" and res["records"][0].step == steps + 1, "padded resume")
-        rnd.update(
-            first_step_s=res["first_step_s"],
-            verify_s=res["plan_s"],
-            first_step_after_verify_s=res["first_step_s"] - res["plan_s"],
-            trainer_load_s=res["trainer_load_s"],
-            data_plane_restore_s=res["data_plane_restore_s"],
-            actor_to_first_step_s=res["actor_to_first_step_s"],
-            startup_s=res["first_step_s"]
-            - res["plan_s"]
-            - res["trainer_load_s"]
-            - res["data_plane_restore_s"]
-            - res["actor_to_first_step_s"],
-            load_avg=res["load_avg"],
-        )
-        if "cold_first_step_s" in rnd:
-            rnd["budget_s"] = (rnd["cold_first_step_s"] + rnd["raw_read_s"]) * 1.1
-            rnd["met"] = rnd["first_step_after_verify_s"] <= rnd["budget_s"]
-        rounds.append(rnd)
+        rounds.append(_resume_round(h, r, padded, raw_path, steps))
     raw_path.unlink()
     shutil.rmtree(padded, ignore_errors=True)
+    out["resume_big"] = _resume_summary(rounds, bundle_bytes)
+    return out
+
+
+def _resume_round(h: Harness, r: int, padded: Path, raw_path: Path, steps: int) -> dict[str, Any]:
+    """One round: a cold start (full runs only), a raw read of the padded bundle's bytes, the padded resume."""
+    rnd: dict[str, Any] = {}
+    if not h.quick:
+        cres = run_controller(h, _cfg(h, f"cold_r{r}", steps=1, enabled=False))
+        shutil.rmtree(h.work / f"cold_r{r}", ignore_errors=True)
+        rnd["cold_first_step_s"] = cres["first_step_s"]
+    rnd["raw_read_s"] = raw_read_file(raw_path)
+    drop_cache(files_under(padded))
+    res = run_controller(h, _cfg(h, "resume_big", steps=steps + 1, enabled=False))
+    check(res["decision"] == "resume" and res["records"][0].step == steps + 1, "padded resume")
+    rnd.update(
+        first_step_s=res["first_step_s"],
+        verify_s=res["plan_s"],
+        first_step_after_verify_s=res["first_step_s"] - res["plan_s"],
+        trainer_load_s=res["trainer_load_s"],
+        data_plane_restore_s=res["data_plane_restore_s"],
+        actor_to_first_step_s=res["actor_to_first_step_s"],
+        startup_s=res["first_step_s"]
+        - res["plan_s"]
+        - res["trainer_load_s"]
+        - res["data_plane_restore_s"]
+        - res["actor_to_first_step_s"],
+        load_avg=res["load_avg"],
+    )
+    if "cold_first_step_s" in rnd:
+        rnd["budget_s"] = (rnd["cold_first_step_s"] + rnd["raw_read_s"]) * 1.1
+        rnd["met"] = rnd["first_step_after_verify_s"] <= rnd["budget_s"]
+    return rnd
+
+
+def _resume_summary(rounds: list[dict[str, Any]], bundle_bytes: int) -> dict[str, Any]:
     judged = [r for r in rounds if "met" in r]
-    out["resume_big"] = {
+    big: dict[str, Any] = {
         "data_plane_mib": bundle_bytes / MiB,
         "rounds": rounds,
         "met_rounds": sum(1 for r in judged if r["met"]),
@@ -388,5 +361,5 @@ def resume(h: Harness, on_dir: Path, steps: int) -> dict[str, Any]:
         },
     }
     if judged:
-        out["resume_big"]["budget_s"] = statistics.median(r["budget_s"] for r in judged)
-    return out
+        big["budget_s"] = statistics.median(r["budget_s"] for r in judged)
+    return big

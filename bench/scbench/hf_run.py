@@ -36,8 +36,8 @@ def _dataset(path: Path) -> Path:
 def run(h: Harness) -> dict[str, Any]:
     if h.quick:
         return {"skipped": "--quick: a run of 22 hf steps takes minutes"}
-    from sc_app.policy.hf.random_model import RandomModelSpec, write_random_model
     from sc_app.progress import SaveRecord, StepRecord
+    from sc_app.rl.hf.random_model import RandomModelSpec, write_random_model
 
     print("[hf run] ~20M-parameter Llama, a bundle every 10 steps ...", flush=True)
     h.use_units(1)

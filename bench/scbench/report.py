@@ -60,56 +60,7 @@ def render_markdown(res: dict[str, Any]) -> str:
     add("")
     dp = res.get("data_plane") or []
     if dp:
-        add("### 1-3. Data plane: saves and restores against their ceilings (1 MiB rows, 8-row groups)")
-        add("")
-        add("Save ceiling = the slower of a raw write + fsync of the same bytes and TransferQueue's own get of them.")
-        add("")
-        add(
-            "| units | live MiB | raw write | TQ get | **ceiling** | streamed save | x ceiling | before | x ceiling "
-            "| native save | x ceiling |"
-        )
-        add("|" + "---|" * 11)
-        for r in dp:
-            s, b, n = r.get("streamed"), r.get("before"), r.get("native")
-            add(
-                f"| {r['units']} | {r['size_mib']} | {rng(r['raw_write_mib_s'])} | {rng(r['tq_get_mib_s'])} "
-                f"| **{rng(r['save_ceiling_mib_s'])}** | {rng(_get(s, 'save_mib_s'))} "
-                f"| {fmt(_get(s, 'save_over_ceiling'))} | {rng(_get(b, 'save_mib_s'))} "
-                f"| {fmt(_get(b, 'save_over_ceiling'))} | {rng(_get(n, 'save_mib_s'))} "
-                f"| {fmt(_get(n, 'save_over_ceiling'))} |"
-            )
-        add("")
-        add("Restore ceiling = the slower of a raw read (page cache dropped) and TransferQueue's own put of the rows.")
-        add("")
-        add(
-            "| units | live MiB | raw read | TQ put | **ceiling** | streamed restore | x ceiling | before | x ceiling "
-            "| native restore | x ceiling |"
-        )
-        add("|" + "---|" * 11)
-        for r in dp:
-            s, b, n = r.get("streamed"), r.get("before"), r.get("native")
-            add(
-                f"| {r['units']} | {r['size_mib']} | {rng(r['raw_read_mib_s'])} | {rng(r['tq_put_mib_s'])} "
-                f"| **{rng(r['restore_ceiling_mib_s'])}** | {rng(_get(s, 'restore_mib_s'))} "
-                f"| {fmt(_get(s, 'restore_over_ceiling'))} | {rng(_get(b, 'restore_mib_s'))} "
-                f"| {fmt(_get(b, 'restore_over_ceiling'))} | {rng(_get(n, 'restore_mib_s'))} "
-                f"| {fmt(_get(n, 'restore_over_ceiling'))} |"
-            )
-        add("")
-        add(
-            "| units | live MiB | save x raw write (streamed) | restore x raw read (streamed) | bundle/live streamed "
-            "| native | window ms streamed | before | native | p99 commit wait ms streamed | native |"
-        )
-        add("|" + "---|" * 11)
-        for r in dp:
-            s, b, n = r.get("streamed") or {}, r.get("before"), r.get("native")
-            add(
-                f"| {r['units']} | {r['size_mib']} | {fmt(s.get('save_over_raw'))} | {fmt(s.get('restore_over_raw'))} "
-                f"| {fmt(s.get('bundle_over_live'), 3)} | {fmt(_get(n, 'bundle_over_live'), 2)} "
-                f"| {rng(s.get('window_ms'), 1)} | {rng(_get(b, 'window_ms'), 1)} | {rng(_get(n, 'window_ms'), 0)} "
-                f"| {fmt(_get(s, 'commit_wait_ms', 'p99'), 1)} | {fmt(_get(n, 'commit_wait_ms', 'p99'), 0)} |"
-            )
-        add("")
+        _data_plane_tables(dp, add)
     e = res.get("end_to_end")
     if e:
         _phases_table(e, add)
@@ -126,6 +77,60 @@ def render_markdown(res: dict[str, Any]) -> str:
         add(f"| {t['target']} | {t['measured']} | {verdict(t['ok'])} |")
     add("")
     return "\n".join(lines)
+
+
+def _data_plane_tables(dp: list[dict[str, Any]], add: Any) -> None:
+    """Sections 1-3: saves and restores against their ceilings, then size, window and commit stall."""
+    add("### 1-3. Data plane: saves and restores against their ceilings (1 MiB rows, 8-row groups)")
+    add("")
+    add("Save ceiling = the slower of a raw write + fsync of the same bytes and TransferQueue's own get of them.")
+    add("")
+    add(
+        "| units | live MiB | raw write | TQ get | **ceiling** | streamed save | x ceiling | before | x ceiling "
+        "| native save | x ceiling |"
+    )
+    add("|" + "---|" * 11)
+    for r in dp:
+        s, b, n = r.get("streamed"), r.get("before"), r.get("native")
+        add(
+            f"| {r['units']} | {r['size_mib']} | {rng(r['raw_write_mib_s'])} | {rng(r['tq_get_mib_s'])} "
+            f"| **{rng(r['save_ceiling_mib_s'])}** | {rng(_get(s, 'save_mib_s'))} "
+            f"| {fmt(_get(s, 'save_over_ceiling'))} | {rng(_get(b, 'save_mib_s'))} "
+            f"| {fmt(_get(b, 'save_over_ceiling'))} | {rng(_get(n, 'save_mib_s'))} "
+            f"| {fmt(_get(n, 'save_over_ceiling'))} |"
+        )
+    add("")
+    add("Restore ceiling = the slower of a raw read (page cache dropped) and TransferQueue's own put of the rows.")
+    add("")
+    add(
+        "| units | live MiB | raw read | TQ put | **ceiling** | streamed restore | x ceiling | before | x ceiling "
+        "| native restore | x ceiling |"
+    )
+    add("|" + "---|" * 11)
+    for r in dp:
+        s, b, n = r.get("streamed"), r.get("before"), r.get("native")
+        add(
+            f"| {r['units']} | {r['size_mib']} | {rng(r['raw_read_mib_s'])} | {rng(r['tq_put_mib_s'])} "
+            f"| **{rng(r['restore_ceiling_mib_s'])}** | {rng(_get(s, 'restore_mib_s'))} "
+            f"| {fmt(_get(s, 'restore_over_ceiling'))} | {rng(_get(b, 'restore_mib_s'))} "
+            f"| {fmt(_get(b, 'restore_over_ceiling'))} | {rng(_get(n, 'restore_mib_s'))} "
+            f"| {fmt(_get(n, 'restore_over_ceiling'))} |"
+        )
+    add("")
+    add(
+        "| units | live MiB | save x raw write (streamed) | restore x raw read (streamed) | bundle/live streamed "
+        "| native | window ms streamed | before | native | p99 commit wait ms streamed | native |"
+    )
+    add("|" + "---|" * 11)
+    for r in dp:
+        s, b, n = r.get("streamed") or {}, r.get("before"), r.get("native")
+        add(
+            f"| {r['units']} | {r['size_mib']} | {fmt(s.get('save_over_raw'))} | {fmt(s.get('restore_over_raw'))} "
+            f"| {fmt(s.get('bundle_over_live'), 3)} | {fmt(_get(n, 'bundle_over_live'), 2)} "
+            f"| {rng(s.get('window_ms'), 1)} | {rng(_get(b, 'window_ms'), 1)} | {rng(_get(n, 'window_ms'), 0)} "
+            f"| {fmt(_get(s, 'commit_wait_ms', 'p99'), 1)} | {fmt(_get(n, 'commit_wait_ms', 'p99'), 0)} |"
+        )
+    add("")
 
 
 def _phases_table(e: dict[str, Any], add: Any) -> None:
@@ -268,7 +273,17 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"target": target, "measured": shown, "ok": ok, "values": values})
 
     e = res.get("end_to_end")
-    real = (e or {}).get("realistic") or {}
+    _step_share_target((e or {}).get("realistic") or {}, add)
+    _call_targets(res.get("put_get") or [], add)
+    dp = res.get("data_plane") or []
+    _data_plane_targets(dp, add)
+    if e:
+        _controller_targets(e, dp, add)
+    cpu_report.targets(res, add)
+    return out
+
+
+def _step_share_target(real: dict[str, Any], add: Any) -> None:
     if real.get("now"):
         now = real["now"]["data_plane_share"]
         before = real.get("before", {}).get("data_plane_share")
@@ -279,7 +294,9 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             now <= 0.10,
             [now],
         )
-    pg = res.get("put_get") or []
+
+
+def _call_targets(pg: list[dict[str, Any]], add: Any) -> None:
     kib = [p for p in pg if p["row_bytes"] == 1024]
     if kib:
         ratios = [p[f"{op}_over_tq"] for p in kib for op in ("put", "get", "clear")]
@@ -301,7 +318,9 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             best > 1,
             [best],
         )
-    dp = res.get("data_plane") or []
+
+
+def _data_plane_targets(dp: list[dict[str, Any]], add: Any) -> None:
     for units in sorted({r["units"] for r in dp}):
         big = [r for r in dp if r["units"] == units and r["size_mib"] >= 64 and "streamed" in r]
         if not big:
@@ -330,33 +349,31 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             all(v <= 50 for v in p99),
             p99,
         )
-    if e:
-        if dp:
-            win = [
-                r["streamed"]["window_ms"]["median"] / 1e3 / (e["step_s"] * e["save_period"])
-                for r in dp
-                if "streamed" in r
-            ]
-            add(
-                "window <= 5% of step time at the default save period (data-plane sizes)",
-                ", ".join(f"{100 * w:.2f} %" for w in win),
-                all(w <= 0.05 for w in win),
-                win,
-            )
+
+
+def _controller_targets(e: dict[str, Any], dp: list[dict[str, Any]], add: Any) -> None:
+    if dp:
+        win = [
+            r["streamed"]["window_ms"]["median"] / 1e3 / (e["step_s"] * e["save_period"]) for r in dp if "streamed" in r
+        ]
         add(
-            "checkpointing overhead <= 2% (accounted in-run: paused + slowdown of the steps a save touched)",
-            f"{100 * e['overhead_accounted']:.2f} %",
-            e["overhead_accounted"] <= 0.02,
-            [e["overhead_accounted"]],
+            "window <= 5% of step time at the default save period (data-plane sizes)",
+            ", ".join(f"{100 * w:.2f} %" for w in win),
+            all(w <= 0.05 for w in win),
+            win,
         )
-        b = e["resume_big"]
-        if b.get("judged_rounds"):
-            need = min(7, b["judged_rounds"])
-            add(
-                f"resume <= (cold + bytes/raw read) x 1.1, padded to {b['data_plane_mib']:.0f} MiB, >= 7 of 8 rounds",
-                f"met in {b['met_rounds']} of {b['judged_rounds']} rounds",
-                b["met_rounds"] >= need and b["judged_rounds"] >= 8,
-                [b["met_rounds"], b["judged_rounds"]],
-            )
-    cpu_report.targets(res, add)
-    return out
+    add(
+        "checkpointing overhead <= 2% (accounted in-run: paused + slowdown of the steps a save touched)",
+        f"{100 * e['overhead_accounted']:.2f} %",
+        e["overhead_accounted"] <= 0.02,
+        [e["overhead_accounted"]],
+    )
+    b = e["resume_big"]
+    if b.get("judged_rounds"):
+        need = min(7, b["judged_rounds"])
+        add(
+            f"resume <= (cold + bytes/raw read) x 1.1, padded to {b['data_plane_mib']:.0f} MiB, >= 7 of 8 rounds",
+            f"met in {b['met_rounds']} of {b['judged_rounds']} rounds",
+            b["met_rounds"] >= need and b["judged_rounds"] >= 8,
+            [b["met_rounds"], b["judged_rounds"]],
+        )

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.scbench import cpu
+from bench.scbench import cpu, snapshot_cpu
 from bench.scbench.common import (
     GROUP,
     NATIVE_MAX_MIB,
@@ -64,89 +64,121 @@ def run(h: Harness, units: int) -> list[dict[str, Any]]:
 
 
 async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str, Any]:
-    import torch
-    from tensordict import TensorDict
+    one = OneSize(h, size_mib, units, before)
+    fill_s = await one.churn()
+    saves, raw_w, tq_get = await one.measure_saves()
+    one.cpu_samples.update(await snapshot_cpu.saves(one, one.meter))
+    restore = await one.measure_restores()
+    return one.result(fill_s, saves, raw_w, tq_get, restore)
 
-    from sc_app.barrier import DataPlaneCheckpointBarrier
-    from sc_app.data_plane.client import CapturedRows
-    from sc_app.data_plane.streamed import load_streamed
-    from sc_app.data_plane.streamed_format import RestoredGroup, iter_groups
-    from sc_app.replay_buffer import GroupCommit, TQReplayBuffer
 
-    tq = h.tq
-    client = h.client()
-    barrier = DataPlaneCheckpointBarrier()
-    partition = f"dp{size_mib}u{units}"
-    buffer = TQReplayBuffer(client, barrier, partition=partition, group_size=GROUP)
-    per_row = ROW_BYTES // 4 - 1  # float32 payload + one float32 reward = ROW_BYTES per row
-    live_groups = max(1, size_mib * MiB // (ROW_BYTES * GROUP))
-    counter = 0
+Snap = Callable[[Path, dict[str, Any], dict[str, Any]], Awaitable[Any]]
 
-    def group_fields(seed: int) -> TensorDict:
-        x = torch.empty(GROUP, per_row, dtype=torch.float32)
+
+class OneSize:
+    """One data-plane size: the live rows after churn, then its saves, restores and their ceilings."""
+
+    def __init__(self, h: Harness, size_mib: int, units: int, before: Any) -> None:
+        from sc_app.barrier import DataPlaneCheckpointBarrier
+        from sc_app.replay_buffer import TQReplayBuffer
+
+        self.h, self.size_mib, self.units, self.before = h, size_mib, units, before
+        self.tq = h.tq
+        self.client = h.client()
+        self.barrier = DataPlaneCheckpointBarrier()
+        self.partition = f"dp{size_mib}u{units}"
+        self.buffer = TQReplayBuffer(self.client, self.barrier, partition=self.partition, group_size=GROUP)
+        self.per_row = ROW_BYTES // 4 - 1  # float32 payload + one float32 reward = ROW_BYTES per row
+        self.live_groups = max(1, size_mib * MiB // (ROW_BYTES * GROUP))
+        self.counter = 0
+        self.reps = 1 if h.quick else (2 if size_mib >= 1024 else 3)
+        self.base = h.work / f"dp{size_mib}u{units}"
+        self.raw_path = self.base / "raw.bin"
+        self.live = 0
+        self.meter = snapshot_cpu.new_meter(h.quick)
+        self.cpu_samples: dict[str, list[cpu.Sample]] = {}  # CPU cost (``snapshot_cpu``) by candidate
+
+    def group_fields(self, seed: int) -> Any:
+        import torch
+        from tensordict import TensorDict
+
+        x = torch.empty(GROUP, self.per_row, dtype=torch.float32)
         x.fill_(float(seed))
         x[:, :4] = torch.arange(4, dtype=torch.float32) + seed
         return TensorDict({"x": x, "reward": torch.full((GROUP,), float(seed))}, batch_size=GROUP)
 
-    async def commit_new(n: int) -> None:
-        nonlocal counter
+    async def commit_new(self, n: int) -> None:
+        from sc_app.replay_buffer import GroupCommit
+
         for _ in range(n):
-            await buffer.commit_groups([GroupCommit(f"g{counter}", counter, counter)], group_fields(counter))
-            counter += 1
+            c = self.counter
+            await self.buffer.commit_groups([GroupCommit(f"g{c}", c, c)], self.group_fields(c))
+            self.counter += 1
 
-    # churn: fill, then rounds of "drop the oldest half, commit as many new groups" (what training does)
-    t0 = time.perf_counter()
-    await commit_new(live_groups)
-    fill_s = time.perf_counter() - t0
-    for _ in range(2):
-        old = [g.group_id for g in buffer.groups()[: max(1, live_groups // 2)]]
-        await buffer.drop(old)
-        await commit_new(len(old))
-    check(buffer.rows == live_groups * GROUP, "churn changed the number of live rows")
-    live = buffer.rows * ROW_BYTES
-    small = TensorDict({"y": torch.zeros(GROUP, STREAM_GROUP_BYTES // GROUP // 4)}, batch_size=GROUP)
+    async def churn(self) -> float:
+        """Fill, then rounds of "drop the oldest half, commit as many new groups" (what training does); returns
+        the fill's seconds."""
+        t0 = time.perf_counter()
+        await self.commit_new(self.live_groups)
+        fill_s = time.perf_counter() - t0
+        for _ in range(2):
+            old = [g.group_id for g in self.buffer.groups()[: max(1, self.live_groups // 2)]]
+            await self.buffer.drop(old)
+            await self.commit_new(len(old))
+        check(self.buffer.rows == self.live_groups * GROUP, "churn changed the number of live rows")
+        self.live = self.buffer.rows * ROW_BYTES
+        return fill_s
 
-    Snap = Callable[[Path, dict[str, Any], dict[str, Any]], Awaitable[Any]]
+    # ------------------------------------------------------------------------------------------- saves
+    def streamed_now(self, kind: str) -> Snap:
+        from sc_app.data_plane.client import CapturedRows
 
-    def streamed_now(kind: str) -> Snap:
         async def make(directory: Path, meta: dict[str, Any], listed: dict[str, Any]) -> Any:
-            client.snapshot = kind
-            return await client.save_checkpoint(
-                directory, meta, partition, CapturedRows(sorted(listed), buffer.field_names_by_group(), listed)
-            )
+            self.client.snapshot = kind
+            captured = CapturedRows(sorted(listed), self.buffer.field_names_by_group(), listed)
+            return await self.client.save_checkpoint(directory, meta, self.partition, captured)
 
         return make
 
-    async def streamed_before(directory: Path, meta: dict[str, Any], listed: dict[str, Any]) -> Any:
-        captured = CapturedRows(sorted(listed), buffer.field_names_by_group(), listed)
-        return before.StreamedSnapshot.capture(tq, directory, meta, partition, captured)
+    async def streamed_before(self, directory: Path, meta: dict[str, Any], listed: dict[str, Any]) -> Any:
+        from sc_app.data_plane.client import CapturedRows
 
-    async def save(make: Snap, directory: Path, rollouts: bool = True) -> dict[str, Any]:
+        captured = CapturedRows(sorted(listed), self.buffer.field_names_by_group(), listed)
+        return self.before.StreamedSnapshot.capture(self.tq, directory, meta, self.partition, captured)
+
+    async def stream(self, stream_buffer: Any, stop: asyncio.Event, latencies: list[float]) -> None:
+        """Small rollout groups committing every ``STREAM_INTERVAL_S`` through the same barrier until ``stop``."""
+        import torch
+        from tensordict import TensorDict
+
+        small = TensorDict({"y": torch.zeros(GROUP, STREAM_GROUP_BYTES // GROUP // 4)}, batch_size=GROUP)
+        i = 0
+        while not stop.is_set():
+            t = time.perf_counter()
+            await stream_buffer.commit(f"s{uuid.uuid4().hex[:8]}", i, 0, small)
+            latencies.append(time.perf_counter() - t)
+            i += 1
+            await asyncio.sleep(STREAM_INTERVAL_S)
+
+    async def save(self, make: Snap, directory: Path, rollouts: bool = True) -> dict[str, Any]:
         """One save the way the controller cuts it, with small rollout groups committing meanwhile (``rollouts``;
         off where the save's own CPU is measured)."""
+        from sc_app.replay_buffer import TQReplayBuffer
+
+        buffer, barrier = self.buffer, self.barrier
         waits_before = len(barrier.stats.mutation_waits)
         stop = asyncio.Event()
         latencies: list[float] = []
-        stream_buffer = TQReplayBuffer(client, barrier, partition=partition + "s", group_size=GROUP)
-
-        async def stream() -> None:
-            i = 0
-            while not stop.is_set():
-                t = time.perf_counter()
-                await stream_buffer.commit(f"s{uuid.uuid4().hex[:8]}", i, 0, small)
-                latencies.append(time.perf_counter() - t)
-                i += 1
-                await asyncio.sleep(STREAM_INTERVAL_S)
-
-        streamer = asyncio.create_task(stream() if rollouts else asyncio.sleep(0))
+        stream_buffer = TQReplayBuffer(self.client, barrier, partition=self.partition + "s", group_size=GROUP)
+        streamer = asyncio.create_task(self.stream(stream_buffer, stop, latencies) if rollouts else asyncio.sleep(0))
         await asyncio.sleep(0.05 if rollouts else 0)  # the stream is flowing before the save asks for the window
         t0 = time.perf_counter()
         async with barrier.checkpoint():
             w0 = time.perf_counter()
             meta = buffer.metadata_state_dict()
-            listed = await client.list_samples(partition)
+            listed = await self.client.list_samples(self.partition)
             check(set(listed) == buffer.sample_ids(), "inventory mismatch before save")
-            snap = await make(directory, {"digest": meta["digest"], "step": counter}, listed)
+            snap = await make(directory, {"digest": meta["digest"], "step": self.counter}, listed)
             window = time.perf_counter() - w0
             buffer.freeze(set(listed))
         try:
@@ -170,13 +202,13 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
             "streams": stats.get("streams", 1),
         }
 
-    async def tq_get_all() -> float:
+    async def tq_get_all(self) -> float:
         """TransferQueue's own client reading every live group (no disk): half of the save's ceiling."""
-        keys = [list(g.sample_ids) for g in buffer.groups()]
+        keys = [list(g.sample_ids) for g in self.buffer.groups()]
         t0 = time.perf_counter()
         pending: list[asyncio.Task[Any]] = []
         for k in keys:
-            pending.append(asyncio.ensure_future(tq.async_kv_batch_get(keys=k, partition_id=partition)))
+            pending.append(asyncio.ensure_future(self.tq.async_kv_batch_get(keys=k, partition_id=self.partition)))
             if len(pending) >= IN_FLIGHT:
                 got = await pending.pop(0)
         for t in pending:
@@ -185,75 +217,50 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
         check(got.batch_size[0] == GROUP, "TransferQueue's get returned other rows")
         return secs
 
-    reps = 1 if h.quick else (2 if size_mib >= 1024 else 3)
-    base = h.work / f"dp{size_mib}u{units}"
-    base.mkdir(parents=True, exist_ok=True)
-    cands: dict[str, list[dict[str, Any]]] = {"streamed": [], "before": [], "native": []}
-    raw_w: list[float] = []
-    tq_get: list[float] = []
-    run_native = units == 1 and size_mib <= NATIVE_MAX_MIB
-    raw_path = base / "raw.bin"
-    for r in range(reps):
-        for name, make in (("streamed", streamed_now("streamed")), ("before", streamed_before), ("native", None)):
-            if (name == "before" and before is None) or (name == "native" and not run_native):
-                continue
-            d = base / f"{name}{r}"
-            cands[name].append(await save(make or streamed_now("native"), d))
-            if r < reps - 1:
-                shutil.rmtree(d)
-        client.snapshot = "streamed"
-        if raw_path.exists():
-            raw_path.unlink()
-        raw_w.append(await asyncio.to_thread(raw_write, raw_path, live))
-        tq_get.append(await tq_get_all())
+    async def measure_saves(self) -> tuple[dict[str, list[dict[str, Any]]], list[float], list[float]]:
+        """Every candidate's saves, interleaved per repetition with the ceiling's halves (raw write, TQ get)."""
+        self.base.mkdir(parents=True, exist_ok=True)
+        cands: dict[str, list[dict[str, Any]]] = {"streamed": [], "before": [], "native": []}
+        raw_w: list[float] = []
+        tq_get: list[float] = []
+        run_native = self.units == 1 and self.size_mib <= NATIVE_MAX_MIB
+        for r in range(self.reps):
+            makers = (("streamed", self.streamed_now("streamed")), ("before", self.streamed_before), ("native", None))
+            for name, make in makers:
+                if (name == "before" and self.before is None) or (name == "native" and not run_native):
+                    continue
+                d = self.base / f"{name}{r}"
+                cands[name].append(await self.save(make or self.streamed_now("native"), d))
+                if r < self.reps - 1:
+                    shutil.rmtree(d)
+            self.client.snapshot = "streamed"
+            if self.raw_path.exists():
+                self.raw_path.unlink()
+            raw_w.append(await asyncio.to_thread(raw_write, self.raw_path, self.live))
+            tq_get.append(await self.tq_get_all())
+        check(all(s["rows"] == self.live_groups * GROUP for s in cands["streamed"]), "streamed snapshot row count")
+        return cands, raw_w, tq_get
 
-    meter = cpu.CpuMeter()
-    meter.calibrate(0.3 if h.quick else 1.0)
+    # ------------------------------------------------------------------------------------------- restores
+    def check_restored(self, probe: str, what: str, ids_on_disk: list[str], expected: dict[str, int]) -> None:
+        import torch
 
-    async def save_quiet() -> None:
-        await save(streamed_now("streamed"), base / f"cpu_save{uuid.uuid4().hex[:6]}", rollouts=False)
-
-    cpu_saves = await cpu.interleave(
-        meter,
-        reps,
-        {
-            "save": (None, save_quiet),
-            "tq_get": (None, tq_get_all),
-            "raw_write": (
-                lambda: raw_path.unlink(missing_ok=True),
-                lambda: asyncio.to_thread(raw_write, raw_path, live),
-            ),
-        },
-    )
-    for d in base.glob("cpu_save*"):
-        shutil.rmtree(d)
-    sdir = base / f"streamed{reps - 1}"
-    bdir = base / f"before{reps - 1}"
-    ndir = base / f"native{reps - 1}"
-    check(all(s["rows"] == live_groups * GROUP for s in cands["streamed"]), "streamed snapshot row count")
-    ids_on_disk = [sid for g in iter_groups(sdir) for sid in g.ids]
-    check(set(ids_on_disk) == buffer.sample_ids(), "streamed snapshot != captured index")
-    check(len(ids_on_disk) == len(set(ids_on_disk)), "streamed snapshot repeats a row")
-    expected = {g.group_id: int(g.group_id[1:]) for g in buffer.groups()}
-    # TransferQueue's own put of exactly these tensors, already in memory (copied out of the mapped files): the
-    # restore ceiling's other half
-    in_memory = [RestoredGroup(g.group, g.ids, g.tags, g.data.clone()) for g in iter_groups(sdir)]
-
-    def check_restored(probe: str, what: str) -> None:
-        listing = tq.kv_list(partition).get(partition, {})
+        listing = self.tq.kv_list(self.partition).get(self.partition, {})
         check(set(listing) == set(ids_on_disk), f"{what}: restored rows != snapshot rows")
-        got = tq.kv_batch_get(keys=[f"{probe}:{i}" for i in range(GROUP)], partition_id=partition)
-        want = group_fields(expected[probe])
+        got = self.tq.kv_batch_get(keys=[f"{probe}:{i}" for i in range(GROUP)], partition_id=self.partition)
+        want = self.group_fields(expected[probe])
         check(bool(torch.equal(got["reward"], want["reward"])), f"{what}: restored reward differs")
         xv = got["x"].values() if got["x"].is_nested else got["x"].reshape(-1)
         check(bool(torch.equal(xv.reshape(GROUP, -1), want["x"])), f"{what}: restored payload differs")
         check(listing[f"{probe}:0"] == {"group": probe, "version": expected[probe]}, f"{what}: restored tags differ")
 
-    async def tq_put_all() -> float:
+    async def tq_put_all(self, in_memory: list[Any]) -> float:
+        """TransferQueue's own put of exactly the snapshot's tensors, already in memory: half of the restore's
+        ceiling."""
         t0 = time.perf_counter()
         pending: list[asyncio.Task[Any]] = []
         for g in in_memory:
-            put = tq.async_kv_batch_put(keys=g.ids, partition_id=partition, fields=g.data, tags=g.tags)
+            put = self.tq.async_kv_batch_put(keys=g.ids, partition_id=self.partition, fields=g.data, tags=g.tags)
             pending.append(asyncio.ensure_future(put))
             if len(pending) >= IN_FLIGHT:
                 await pending.pop(0)
@@ -261,90 +268,112 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
             await t
         return time.perf_counter() - t0
 
-    restore: dict[str, list[float]] = {"streamed": [], "before": [], "native": [], "tq_put": [], "raw_read": []}
-    for r in range(reps):
-        probe = sorted(expected)[r % len(expected)]
-        for name, directory in (("streamed", sdir), ("before", bdir), ("native", ndir)):
-            if not directory.exists():
-                continue
-            h.clear_all()
-            drop_cache(files_under(directory))
-            t0 = time.perf_counter()
-            if name == "streamed":
-                await asyncio.to_thread(load_streamed, tq, directory)
-            elif name == "before":
-                await asyncio.to_thread(before.load_streamed, tq, directory)
-            else:
-                await asyncio.to_thread(tq.load_checkpoint, str(directory))
-            restore[name].append(time.perf_counter() - t0)
-            if name == "native":
-                check(len(tq.kv_list(partition).get(partition, {})) == len(ids_on_disk), "native restore rows")
-            else:
-                check_restored(probe, f"{name} restore")
-        h.clear_all()
-        restore["tq_put"].append(await tq_put_all())
-        check_restored(probe, "TransferQueue's own put")
-        restore["raw_read"].append(await asyncio.to_thread(raw_read, raw_path))
-    cpu_restores = await cpu.interleave(
-        meter,
-        reps,
-        {
-            "restore": (
-                lambda: (h.clear_all(), drop_cache(files_under(sdir))),
-                lambda: asyncio.to_thread(load_streamed, tq, sdir),
-            ),
-            "tq_put": (h.clear_all, tq_put_all),
-            "raw_read": (None, lambda: asyncio.to_thread(raw_read, raw_path)),
-        },
-    )
-    h.clear_all()
-    shutil.rmtree(base)
+    async def restore_one(self, name: str, directory: Path) -> float:
+        from sc_app.data_plane.streamed import load_streamed
 
-    def bw(secs: list[float]) -> dict[str, float]:
-        return summary([live / s / MiB for s in secs])
+        self.h.clear_all()
+        drop_cache(files_under(directory))
+        t0 = time.perf_counter()
+        if name == "streamed":
+            await asyncio.to_thread(load_streamed, self.tq, directory)
+        elif name == "before":
+            await asyncio.to_thread(self.before.load_streamed, self.tq, directory)
+        else:
+            await asyncio.to_thread(self.tq.load_checkpoint, str(directory))
+        return time.perf_counter() - t0
 
-    def ceiling(a: list[float], b: list[float]) -> dict[str, float]:
-        """Per repetition, the slower of the two halves (they were measured side by side)."""
-        return summary([live / max(x, y) / MiB for x, y in zip(a, b, strict=True)])
+    async def measure_restores(self) -> dict[str, list[float]]:
+        """Every candidate's restore of its last save, checked, interleaved with the ceiling's halves."""
+        from sc_app.data_plane.streamed_format import RestoredGroup, iter_groups
 
-    def collect(saves: list[dict[str, Any]]) -> dict[str, Any]:
-        waits = [w for s in saves for w in s["commit_waits"]]
-        lats = [x for s in saves for x in s["commit_latencies"]]
-        return {
-            "save_s": summary([s["seconds"] for s in saves]),
-            "save_mib_s": bw([s["seconds"] for s in saves]),
-            "window_ms": summary([s["window_s"] * 1e3 for s in saves]),
-            "bundle_bytes": saves[-1]["bundle_bytes"],
-            "bundle_over_live": saves[-1]["bundle_bytes"] / live,
-            "commit_wait_ms": {"p50": percentile(waits, 50) * 1e3, "p99": percentile(waits, 99) * 1e3},
-            "commit_latency_ms": {"p50": percentile(lats, 50) * 1e3, "p99": percentile(lats, 99) * 1e3},
-            "commits_during_saves": len(waits),
-            "streams": saves[-1]["streams"],
+        last = self.reps - 1
+        sdir = self.base / f"streamed{last}"
+        ids_on_disk = [sid for g in iter_groups(sdir) for sid in g.ids]
+        check(set(ids_on_disk) == self.buffer.sample_ids(), "streamed snapshot != captured index")
+        check(len(ids_on_disk) == len(set(ids_on_disk)), "streamed snapshot repeats a row")
+        expected = {g.group_id: int(g.group_id[1:]) for g in self.buffer.groups()}
+        # copied out of the mapped files, for TransferQueue's own put
+        in_memory = [RestoredGroup(g.group, g.ids, g.tags, g.data.clone()) for g in iter_groups(sdir)]
+        restore: dict[str, list[float]] = {"streamed": [], "before": [], "native": [], "tq_put": [], "raw_read": []}
+        for r in range(self.reps):
+            probe = sorted(expected)[r % len(expected)]
+            for name in ("streamed", "before", "native"):
+                directory = self.base / f"{name}{last}"
+                if not directory.exists():
+                    continue
+                restore[name].append(await self.restore_one(name, directory))
+                if name == "native":
+                    rows = self.tq.kv_list(self.partition).get(self.partition, {})
+                    check(len(rows) == len(ids_on_disk), "native restore rows")
+                else:
+                    self.check_restored(probe, f"{name} restore", ids_on_disk, expected)
+            self.h.clear_all()
+            restore["tq_put"].append(await self.tq_put_all(in_memory))
+            self.check_restored(probe, "TransferQueue's own put", ids_on_disk, expected)
+            restore["raw_read"].append(await asyncio.to_thread(raw_read, self.raw_path))
+        self.cpu_samples.update(await snapshot_cpu.restores(self, self.meter, sdir, in_memory))
+        self.h.clear_all()
+        shutil.rmtree(self.base)
+        return restore
+
+    # ------------------------------------------------------------------------------------------- the row
+    def result(
+        self,
+        fill_s: float,
+        cands: dict[str, list[dict[str, Any]]],
+        raw_w: list[float],
+        tq_get: list[float],
+        restore: dict[str, list[float]],
+    ) -> dict[str, Any]:
+        live = self.live
+        out: dict[str, Any] = {
+            "size_mib": self.size_mib,
+            "units": self.units,
+            "live_bytes": live,
+            "groups": self.live_groups,
+            "fill_mib_s": live / fill_s / MiB,
+            "raw_write_mib_s": _bw(live, raw_w),
+            "tq_get_mib_s": _bw(live, tq_get),
+            "save_ceiling_mib_s": _ceiling(live, raw_w, tq_get),
+            "raw_read_mib_s": _bw(live, restore["raw_read"]),
+            "tq_put_mib_s": _bw(live, restore["tq_put"]),
+            "restore_ceiling_mib_s": _ceiling(live, restore["raw_read"], restore["tq_put"]),
+            "cpu": cpu.cost_rows(self.cpu_samples, live, self.meter.idle_rate),
         }
+        for name in ("streamed", "before", "native"):
+            if not cands[name]:
+                continue
+            c = _collect(live, cands[name])
+            c["save_over_raw"] = c["save_mib_s"]["median"] / out["raw_write_mib_s"]["median"]
+            c["save_over_ceiling"] = c["save_mib_s"]["median"] / out["save_ceiling_mib_s"]["median"]
+            if restore[name]:
+                c["restore_mib_s"] = _bw(live, restore[name])
+                c["restore_over_raw"] = c["restore_mib_s"]["median"] / out["raw_read_mib_s"]["median"]
+                c["restore_over_ceiling"] = c["restore_mib_s"]["median"] / out["restore_ceiling_mib_s"]["median"]
+            out[name] = c
+        return out
 
-    out: dict[str, Any] = {
-        "size_mib": size_mib,
-        "units": units,
-        "live_bytes": live,
-        "groups": live_groups,
-        "fill_mib_s": live / fill_s / MiB,
-        "raw_write_mib_s": bw(raw_w),
-        "tq_get_mib_s": bw(tq_get),
-        "save_ceiling_mib_s": ceiling(raw_w, tq_get),
-        "raw_read_mib_s": bw(restore["raw_read"]),
-        "tq_put_mib_s": bw(restore["tq_put"]),
-        "restore_ceiling_mib_s": ceiling(restore["raw_read"], restore["tq_put"]),
-        "cpu": cpu.cost_rows({**cpu_saves, **cpu_restores}, live, meter.idle_rate),
+
+def _bw(live: int, secs: list[float]) -> dict[str, float]:
+    return summary([live / s / MiB for s in secs])
+
+
+def _ceiling(live: int, a: list[float], b: list[float]) -> dict[str, float]:
+    """Per repetition, the slower of the two halves (they were measured side by side)."""
+    return summary([live / max(x, y) / MiB for x, y in zip(a, b, strict=True)])
+
+
+def _collect(live: int, saves: list[dict[str, Any]]) -> dict[str, Any]:
+    waits = [w for s in saves for w in s["commit_waits"]]
+    lats = [x for s in saves for x in s["commit_latencies"]]
+    return {
+        "save_s": summary([s["seconds"] for s in saves]),
+        "save_mib_s": _bw(live, [s["seconds"] for s in saves]),
+        "window_ms": summary([s["window_s"] * 1e3 for s in saves]),
+        "bundle_bytes": saves[-1]["bundle_bytes"],
+        "bundle_over_live": saves[-1]["bundle_bytes"] / live,
+        "commit_wait_ms": {"p50": percentile(waits, 50) * 1e3, "p99": percentile(waits, 99) * 1e3},
+        "commit_latency_ms": {"p50": percentile(lats, 50) * 1e3, "p99": percentile(lats, 99) * 1e3},
+        "commits_during_saves": len(waits),
+        "streams": saves[-1]["streams"],
     }
-    for name in ("streamed", "before", "native"):
-        if not cands[name]:
-            continue
-        c = collect(cands[name])
-        c["save_over_raw"] = c["save_mib_s"]["median"] / out["raw_write_mib_s"]["median"]
-        c["save_over_ceiling"] = c["save_mib_s"]["median"] / out["save_ceiling_mib_s"]["median"]
-        if restore[name]:
-            c["restore_mib_s"] = bw(restore[name])
-            c["restore_over_raw"] = c["restore_mib_s"]["median"] / out["raw_read_mib_s"]["median"]
-            c["restore_over_ceiling"] = c["restore_mib_s"]["median"] / out["restore_ceiling_mib_s"]["median"]
-        out[name] = c
-    return out

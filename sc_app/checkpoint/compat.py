@@ -11,11 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from sc_app.config import AppConfig
+from sc_app.config_tree import RENAMED_KEYS
 
 TINY_MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len")
 # Keys a bundle records only since a later sc-app version: one that does not record such a key was written with
 # this value (so bundles cut before ``model.backend`` existed still resume with the tiny default).
 RECORDED_SINCE = {"model.backend": "tiny"}
+# Keys a bundle cut before a config key was renamed records under the old name: new name → old name.
+RECORDED_AS = {new: old for old, new in RENAMED_KEYS.items()}
 
 
 def compat_of(cfg: AppConfig) -> dict[str, Any]:
@@ -24,7 +27,7 @@ def compat_of(cfg: AppConfig) -> dict[str, Any]:
         "run.seed": cfg.run.seed,
         "data_plane.partition": cfg.data_plane.partition,
         "data_plane.storage_units": cfg.data_plane.storage_units,
-        "grpo.num_generations_per_prompt": cfg.grpo.num_generations_per_prompt,
+        "grpo.group_size": cfg.grpo.group_size,
         "task.name": cfg.task.name,
         "task.prompt_len": cfg.task.prompt_len,
         "task.response_len": cfg.task.response_len,

@@ -5,7 +5,7 @@ the bundle, bounded, re-hashed as read). Every check returns problems, each star
 
 =========================  =====================================================================================
 ``policy/``                the checker of the policy format the manifest records (``policy_formats``)
-``train_dataloader.pt``    weights-only load → ``sc_app.policy.loader.check_loader_state`` (restore: the loader)
+``train_dataloader.pt``    weights-only load → ``LOADER_CHECK`` (restore: ``PromptLoader.load_state_dict``)
 ``replay_buffer_...pt``    weights-only load → ``sc_app.replay_buffer.check_sidecar`` (restore: the index)
 ``data_plane/``            ``sc_app.data_plane.schema``: ``metadata.json`` and every part header, checked in full
                            (restore: ``streamed_format``); the native format's pickles are digest-checked only
@@ -22,13 +22,16 @@ from dataclasses import dataclass, field
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.bundle_files import BundleFiles
 from sc_app.checkpoint.manifest import Manifest
-from sc_app.checkpoint.policy_formats import PolicyCheck, check_policy
+from sc_app.checkpoint.policy_formats import PolicyCheck, check_policy, resolve
 from sc_app.data_plane import schema
-from sc_app.policy.loader import LoaderStateError, check_loader_state
-from sc_app.replay_buffer import SidecarError, check_sidecar
+from sc_app.replay_index import SidecarError, check_sidecar
 from sc_app.safe_files import FileProblem
 
 MAX_LOADER_BYTES = 64 * 1024 * 1024
+# The loader owns its place's schema and sits above checkpoint/ in the layering: its check is registered by name
+# (imported when a bundle is verified), the way ``policy_formats.CHECKERS`` registers the policy checkers. It returns
+# the state or raises ``ValueError`` naming the first defect.
+LOADER_CHECK = "sc_app.rl.loader:check_loader_state"
 MAX_SIDECAR_BYTES = 1024**3  # ~100 bytes per row of the replay index
 DP = layout.DATA_PLANE_DIR
 DP_METADATA = f"{DP}/{layout.DATA_PLANE_METADATA}"
@@ -79,11 +82,12 @@ def _difference(index: Groups, stored: Groups) -> str:
 
 def check_loader(files: BundleFiles) -> list[str]:
     rel = layout.LOADER_FILE
+    check_loader_state = resolve(LOADER_CHECK)
     try:
         check_loader_state(files.load_pt(rel, MAX_LOADER_BYTES))
     except FileProblem as exc:
         return [str(exc)]
-    except LoaderStateError as exc:
+    except ValueError as exc:  # LoaderStateError
         return [f"{files.at(rel)}: {exc}"]
     return []
 

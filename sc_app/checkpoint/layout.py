@@ -1,15 +1,6 @@
-"""Names and paths of the bundle layout (DESIGN.md "Contract: the bundle on disk"). Pure.
-
-<root>/step_<N>/               complete and resumable; only ever created by renaming tmp_step_<N>/
-    policy/                    model.pt (weights + version), optimizer.pt
-    train_dataloader.pt        loader position
-    data_plane/                the data plane's own snapshot; its metadata.json is written last
-    replay_buffer_metadata.pt  which rows form which group (no tensors)
-    manifest.json              written last: step, digest, sha256 + size of every file
-<root>/tmp_step_<N>[.<run>]/   in progress or abandoned: never resumed (named by the run writing it)
-<root>/quarantine/             bundles and leftovers moved aside, each with a .reason.txt; never deleted by sc-app
-<root>/pins/step_<N>           a bundle retention must keep
-<root>/LEASE                   the current writer (see ``sc_app.checkpoint.lease``)
+"""Names and paths of the bundle layout, drawn in docs/checkpoint.md ("The bundle"): ``step_<N>/`` (complete,
+only ever created by renaming ``tmp_step_<N>[.<run>]/``), ``quarantine/``, ``pins/``, and inside a bundle
+``policy/``, ``train_dataloader.pt``, ``data_plane/``, ``replay_buffer_metadata.pt`` and ``manifest.json``. Pure.
 """
 
 from __future__ import annotations

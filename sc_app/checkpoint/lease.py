@@ -53,7 +53,8 @@ class LeaseError(ValueError):
 
 @dataclass(frozen=True)
 class Release:
-    """How the holder left: ``outcome`` is done | stopped | failed | superseded | refused."""
+    """How the holder left: ``outcome`` is done | stopped | unsaved (steps trained that no bundle covers) | failed |
+    refused (``sc_app.job``). A superseded holder writes no release: the lease is no longer its own."""
 
     at: str
     outcome: str
@@ -64,7 +65,7 @@ class Release:
 @dataclass(frozen=True)
 class LeaseRecord:
     run_id: str
-    epoch: int
+    fencing_epoch: int  # the lease's generation (the JSON field is "epoch"); not the dataset's epoch
     host: str
     pid: int
     acquired_at: str
@@ -85,13 +86,20 @@ class LeaseRecord:
         """What the next record keeps of this one."""
         return {
             "run_id": self.run_id,
-            "epoch": self.epoch,
+            "epoch": self.fencing_epoch,
             "host": self.host,
             "released": asdict(self.released) if self.released else None,
         }
 
+    @property
+    def epoch(self) -> int:
+        """Alias of ``fencing_epoch`` for code written before the rename (cli.py, job.py); do not use in new code."""
+        return self.fencing_epoch
+
     def to_json(self) -> bytes:
-        return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+        doc = asdict(self)
+        doc["epoch"] = doc.pop("fencing_epoch")  # the on-disk name
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
     def parse(cls, path: Path, raw: bytes) -> LeaseRecord:
@@ -115,7 +123,7 @@ class LeaseRecord:
             release = doc.get("released")
             record = cls(
                 run_id=_typed(doc, "run_id", str),
-                epoch=_typed(doc, "epoch", int),
+                fencing_epoch=_typed(doc, "epoch", int),
                 host=_typed(doc, "host", str),
                 pid=_typed(doc, "pid", int),
                 acquired_at=_typed(doc, "acquired_at", str),
@@ -126,7 +134,7 @@ class LeaseRecord:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(str(exc).strip("'\"")) from None
-        if record.epoch < 1 or record.ttl_s <= 0:
+        if record.fencing_epoch < 1 or record.ttl_s <= 0:
             raise bad("epoch must be >= 1 and ttl_s > 0")
         return record
 
@@ -203,7 +211,12 @@ class Lease:
 
     root: Path
     run_id: str
-    epoch: int
+    fencing_epoch: int  # the LEASE file's "epoch": one more per run that takes the directory
+
+    @property
+    def epoch(self) -> int:
+        """Alias of ``fencing_epoch`` for code written before the rename (cli.py, job.py); do not use in new code."""
+        return self.fencing_epoch
 
     @classmethod
     def acquire(cls, root: str | Path, run_id: str, *, ttl_s: float = DEFAULT_TTL_S) -> Lease:
@@ -217,7 +230,7 @@ class Lease:
             now = time.time()
             record = LeaseRecord(
                 run_id=run_id,
-                epoch=(current.epoch if current else 0) + 1,
+                fencing_epoch=(current.fencing_epoch if current else 0) + 1,
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 acquired_at=utc_stamp(now),
@@ -226,14 +239,15 @@ class Lease:
                 previous=current.summary() if current else None,
             )
             write_durable(root / LEASE_FILE, record.to_json())
-        return cls(root, run_id, record.epoch)
+        return cls(root, run_id, record.fencing_epoch)
 
     def _current(self) -> LeaseRecord:
         current = read_lease(self.root)
-        if current is None or current.run_id != self.run_id or current.epoch != self.epoch:
+        if current is None or current.run_id != self.run_id or current.fencing_epoch != self.fencing_epoch:
             raise LeaseLost(
                 f"checkpoint dir {self.root} was taken over by run {current.run_id if current else None} "
-                f"(epoch {current.epoch if current else None}); this run (epoch {self.epoch}) stops writing"
+                f"(epoch {current.fencing_epoch if current else None}); this run (epoch {self.fencing_epoch}) stops "
+                "writing"
             )
         return current
 

@@ -29,7 +29,7 @@ from sc_app.digest import canonical_bytes
 from sc_app.safe_files import FileProblem, read_regular
 from sc_app.strict_json import Hex64, Name, NonNegInt, PosInt, Scalar, SchemaError, StrictModel, parse, validate
 
-FORMAT = "sc-app/bundle"
+MANIFEST_FORMAT = "sc-app/bundle"
 SCHEMA_VERSION = 2  # written now: names its file hash algorithm
 READABLE_VERSIONS = (1, 2)  # 1: sha256 digests under "sha256", no hash_alg
 HMAC_ENV = "SC_APP_CHECKPOINT_HMAC_KEY"
@@ -235,7 +235,7 @@ def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> 
         doc = parse(raw)
     except ValueError as exc:
         raise ManifestError(f"{path}: manifest is {exc} (truncated or corrupted)") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{path}: not an sc-app bundle manifest")
     version = doc.get("schema_version")
     if version not in READABLE_VERSIONS or isinstance(version, bool):
@@ -262,7 +262,7 @@ def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> 
 
 def render(doc: dict[str, Any], hmac_key: bytes | None) -> bytes:
     """The manifest file's bytes; ``doc`` holds ``hash_alg`` and ``files`` as ``{"digest", "size"}``."""
-    full = {"format": FORMAT, "schema_version": SCHEMA_VERSION, **doc}
+    full = {"format": MANIFEST_FORMAT, "schema_version": SCHEMA_VERSION, **doc}
     if hmac_key is not None:
         full = sign(full, hmac_key)
     return (json.dumps(full, indent=2, sort_keys=True) + "\n").encode()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.bundle_files import BundleFiles
@@ -29,8 +30,8 @@ from sc_app.checkpoint.manifest import Manifest
 DEFAULT = "sc-app/torch-v1"
 
 CHECKERS: dict[str, str] = {
-    DEFAULT: "sc_app.policy.state_schema:check_policy_dir",
-    "sc-app/dcp-v1": "sc_app.policy.hf.policy_check:check_policy_dir",  # the hf backend (policy_ckpt.POLICY_FORMAT)
+    DEFAULT: "sc_app.rl.state_schema:check_policy_dir",
+    "sc-app/dcp-v1": "sc_app.rl.hf.policy_check:check_policy_dir",  # the hf backend (policy_ckpt.POLICY_FORMAT)
 }
 
 
@@ -48,13 +49,19 @@ def format_of(manifest: Manifest) -> str:
     return manifest.policy_format or DEFAULT
 
 
+def resolve(target: str) -> Any:
+    """The function a registry names as ``"module:function"``, imported now (registries name the check of a file
+    whose restore lives above ``checkpoint/``, which must not import it)."""
+    module, _, func = target.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def checker_for(name: str) -> Checker | None:
     """The checker registered for ``name`` (``None`` for a format this sc-app does not know)."""
     target = CHECKERS.get(name)
     if target is None:
         return None
-    module, _, func = target.partition(":")
-    checker: Checker = getattr(importlib.import_module(module), func)
+    checker: Checker = resolve(target)
     return checker
 
 

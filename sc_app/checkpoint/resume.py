@@ -1,9 +1,10 @@
-"""Which bundle a run resumes from: the single decision both ``sc-app preflight`` and the driver use.
+"""The walk over a directory's bundles, newest first, that finds the one to resume and tidies what may not be;
+``sc_app.checkpoint.selection.choose_bundle`` (every command's decision) calls it with the directory's rules.
 
 Invariants:
 * a ``tmp_step_*`` is never resumed; with ``tidy=True`` it is moved to quarantine (never deleted);
-* with policy ``fallback`` a bundle that fails verification is quarantined only when an older bundle *does*
-  verify, so a retry can never silently start fresh over bundles it could not read;
+* with ``on_corrupt="fallback"`` (``checkpoint.on_corrupt``) a bundle that fails verification is quarantined only
+  when an older bundle *does* verify, so a retry can never silently start fresh over bundles it could not read;
 * ``strict`` stops at the first bad newest bundle and moves nothing;
 * a bundle of another lineage (``expected_lineage``) is a bad bundle like any other: never resumed;
 * a ``step_N`` that is a link (or not a directory) is reported and left alone: never followed, never moved;
@@ -58,7 +59,7 @@ class ResumePlan:
 def plan_resume(
     root: str | Path,
     *,
-    policy: Literal["fallback", "strict"] = "fallback",
+    on_corrupt: Literal["fallback", "strict"] = "fallback",
     hmac_key: bytes | None = None,
     expected_compat: dict[str, Any] | None = None,
     tidy: bool = True,
@@ -71,7 +72,7 @@ def plan_resume(
     ``expected_lineage``: the directory's lineage; a bundle recording another one is never resumed."""
     root = Path(root)
     try:
-        return _plan(root, policy, hmac_key, expected_compat, tidy, unrestorable or {}, expected_lineage)
+        return _plan(root, on_corrupt, hmac_key, expected_compat, tidy, unrestorable or {}, expected_lineage)
     except QuarantineError as exc:
         return ResumePlan("refuse", f"cannot move a bad bundle or leftover aside: {exc}")
     except OSError as exc:
@@ -80,7 +81,7 @@ def plan_resume(
 
 def _plan(
     root: Path,
-    policy: Literal["fallback", "strict"],
+    on_corrupt: Literal["fallback", "strict"],
     hmac_key: bytes | None,
     expected_compat: dict[str, Any] | None,
     tidy: bool,
@@ -108,7 +109,7 @@ def _plan(
         reports.append(report)
         if report.ok:
             break
-        if policy == "strict":
+        if on_corrupt == "strict":
             return ResumePlan(
                 "refuse",
                 f"newest bundle {path.name} failed verification and checkpoint.on_corrupt=strict: {report.problems[0]}",
@@ -116,7 +117,7 @@ def _plan(
                 quarantined=moved,
             )
     if not reports:  # every bundle listed was pruned while being checked: a live writer moved on; look again
-        again = {"policy": policy, "hmac_key": hmac_key, "expected_compat": expected_compat}
+        again = {"on_corrupt": on_corrupt, "hmac_key": hmac_key, "expected_compat": expected_compat}
         return plan_resume(root, **again, tidy=False, unrestorable=unrestorable, expected_lineage=expected_lineage)
     good = reports[-1] if reports[-1].ok else None
     if good is None:

@@ -1,7 +1,7 @@
-"""The disk phase of a save: everything after the barrier window, behind training.
+"""The write of a save behind training: everything after the barrier window.
 
 The whole save order (seed), with the window's part in ``SingleControllerActor._capture``:
-  policy → loader place → [barrier window: index → ``list_sample_ids()`` == index → data-plane capture, freeze]
+  policy → loader place → [barrier window: index → ``list_samples()`` == index → data-plane capture, freeze]
   → tmp_step_N/ (lease check) → policy files → loader file → data-plane bytes → thaw → sidecar → manifest
   → fsync → rename → prune.
 Invariants: nothing is resumable until the rename (``BundleWriter.commit``); on any failure the tmp dir this save
@@ -16,19 +16,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sc_app import torch_io
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.retention import prune
-from sc_app.checkpoint.writer import BundleWriter
+from sc_app.checkpoint.writer import BundleWriter, FileRecord
 from sc_app.data_plane.client import DataPlaneSnapshot
 from sc_app.durable_io import utc_stamp
 from sc_app.faults import afault_point
-
-if TYPE_CHECKING:
-    from sc_app.policy.backend import FileRecord
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +34,13 @@ InBackground = Callable[..., Awaitable[Any]]  # run a blocking function off the 
 
 @dataclass(frozen=True)
 class CapturedSave:
-    """What the barrier window fixed for one bundle: the disk phase writes exactly this, nothing newer."""
+    """What the barrier window fixed for one bundle: the write behind training writes exactly this, nothing newer."""
 
     step: int
     run_id: str
     lineage: str | None
-    epoch: int
-    trainer_version: int
+    fencing_epoch: int  # of the lease that wrote it; recorded as "epoch" (manifest, data-plane metadata)
+    weights_version: int  # recorded on disk as trainer_version (manifest and data-plane metadata)
     loader_state: dict[str, Any]
     replay_index: dict[str, Any]  # TQReplayBuffer.metadata_state_dict(): the sidecar
     steps: tuple[dict[str, Any], ...] = ()  # the steps since the previous published bundle (run-log recovery)
@@ -60,8 +57,8 @@ class CapturedSave:
         """What the data-plane snapshot records about the bundle (``user_metadata`` of its metadata file)."""
         return {
             "step": self.step,
-            "epoch": self.epoch,
-            "trainer_version": self.trainer_version,
+            "epoch": self.fencing_epoch,
+            "trainer_version": self.weights_version,
             "loader": self.loader_summary(),
             "digest": self.digest,
             "groups": self.groups,
@@ -87,9 +84,9 @@ class CapturedSave:
         it is not the default, ``sc_app.checkpoint.policy_formats``)."""
         record: dict[str, Any] = {
             "run_id": self.run_id,
-            "epoch": self.epoch,
+            "epoch": self.fencing_epoch,
             "created_at": utc_stamp(),
-            "trainer_version": self.trainer_version,
+            "trainer_version": self.weights_version,
             "loader": self.loader_summary(),
             "replay": {
                 "digest": self.digest,

@@ -26,18 +26,20 @@ MAX_STOP_BYTES = 16 * 1024
 @dataclass(frozen=True)
 class StopRequest:
     run_id: str
-    epoch: int
+    fencing_epoch: int  # of the lease it is addressed to (the JSON field is "epoch")
     requested_at: str
     by: str  # host:pid of whoever asked
 
-    def addressed_to(self, run_id: str, epoch: int) -> bool:
-        return self.run_id == run_id and self.epoch == epoch
+    def addressed_to(self, run_id: str, fencing_epoch: int) -> bool:
+        return self.run_id == run_id and self.fencing_epoch == fencing_epoch
 
 
 def request_stop(root: Path, holder: LeaseRecord) -> StopRequest:
     """Ask the run holding ``holder``'s lease to stop (durably written before this returns)."""
-    request = StopRequest(holder.run_id, holder.epoch, utc_stamp(), f"{socket.gethostname()}:{os.getpid()}")
-    write_durable(Path(root) / STOP_FILE, (json.dumps(asdict(request)) + "\n").encode())
+    request = StopRequest(holder.run_id, holder.fencing_epoch, utc_stamp(), f"{socket.gethostname()}:{os.getpid()}")
+    doc = asdict(request)
+    doc["epoch"] = doc.pop("fencing_epoch")  # the on-disk name
+    write_durable(Path(root) / STOP_FILE, (json.dumps(doc) + "\n").encode())
     return request
 
 
@@ -56,8 +58,8 @@ def read_stop_request(root: Path) -> StopRequest | None:
 class StopWatch:
     """Polls ``<root>/STOP`` for a request addressed to one lease, at most every ``period`` seconds."""
 
-    def __init__(self, root: Path, run_id: str, epoch: int, period: float = 1.0) -> None:
-        self.root, self.run_id, self.epoch, self.period = Path(root), run_id, epoch, period
+    def __init__(self, root: Path, run_id: str, fencing_epoch: int, period: float = 1.0) -> None:
+        self.root, self.run_id, self.fencing_epoch, self.period = Path(root), run_id, fencing_epoch, period
         self._next = 0.0
         self._seen: StopRequest | None = None
 
@@ -66,6 +68,6 @@ class StopWatch:
         if self._seen is None and now >= self._next:
             self._next = now + self.period
             request = read_stop_request(self.root)
-            if request is not None and request.addressed_to(self.run_id, self.epoch):
+            if request is not None and request.addressed_to(self.run_id, self.fencing_epoch):
                 self._seen = request
         return self._seen

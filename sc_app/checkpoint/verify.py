@@ -21,7 +21,7 @@ from sc_app.checkpoint.bundle_files import BundleFiles
 from sc_app.checkpoint.contents import MAX_SIDECAR_BYTES, check_contents, limit_for
 from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, parse_manifest
 from sc_app.data_plane import schema
-from sc_app.replay_buffer import check_sidecar
+from sc_app.replay_index import check_sidecar
 from sc_app.safe_files import FileProblem, Inventory, Tree, read_regular, show, unsafe_rel
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,13 @@ _UNRECORDED = object()
 
 def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     """Each key where a bundle and the running config disagree, named as a config key."""
-    from sc_app.checkpoint.compat import RECORDED_SINCE
+    from sc_app.checkpoint.compat import RECORDED_AS, RECORDED_SINCE
 
     out = []
     for key in sorted(expected):
-        recorded = bundle_compat.get(key, RECORDED_SINCE.get(key, _UNRECORDED))
+        recorded = bundle_compat.get(key, bundle_compat.get(RECORDED_AS.get(key, key), _UNRECORDED))
+        if recorded is _UNRECORDED:
+            recorded = RECORDED_SINCE.get(key, _UNRECORDED)
         if recorded is _UNRECORDED:
             out.append(f"incompatible: bundle does not record '{key}'")
         elif recorded != expected[key]:

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# A file of the bundle a writer wrote and hashed as it wrote it (a trainer's policy files): the commit takes these
+# (``prehashed``) instead of reading the file back.
+FileRecord = hashing.FileDigest
+
+
 class BundleExistsError(FileExistsError):
     pass
 

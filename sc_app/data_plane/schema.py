@@ -30,11 +30,14 @@ from pydantic import Field, StringConstraints, model_validator
 
 from sc_app.strict_json import Name, NonNegInt, Scalar, SchemaError, StrictModel, parse, validate, validate_json
 
-FORMAT = "sc-app/streamed-v2"  # written now: one stream of parts per storage unit
-FORMAT_V1 = "sc-app/streamed-v1"  # one stream, one segment per group; still read
-READABLE_FORMATS = (FORMAT_V1, FORMAT)
+STREAMED_FORMAT = "sc-app/streamed-v2"  # written now: one stream of parts per storage unit
+STREAMED_FORMAT_V1 = "sc-app/streamed-v1"  # one stream, one segment per group; still read
+READABLE_FORMATS = (STREAMED_FORMAT_V1, STREAMED_FORMAT)
 PART_RE = re.compile(r"^part-(\d{2,4}-)?\d{5,9}$")
-_PART_RE_OF = {FORMAT_V1: re.compile(r"^part-\d{5,9}$"), FORMAT: re.compile(r"^part-\d{2,4}-\d{5,9}$")}
+_PART_RE_OF = {
+    STREAMED_FORMAT_V1: re.compile(r"^part-\d{5,9}$"),
+    STREAMED_FORMAT: re.compile(r"^part-\d{2,4}-\d{5,9}$"),
+}
 MAX_DIMS = 32
 MAX_METADATA_BYTES = 16 * 1024 * 1024  # metadata.json: a few bytes per part
 MAX_HEADER_BYTES = 256 * 1024 * 1024  # a part header: a few hundred bytes per group of a 64 MiB part
@@ -121,11 +124,11 @@ class StreamedMetadata(StrictModel):
     def _consistent(self) -> StreamedMetadata:
         if len(set(self.parts)) != len(self.parts):
             raise ValueError("parts lists a part twice")
-        v1 = self.format == FORMAT_V1
+        v1 = self.format == STREAMED_FORMAT_V1
         if v1 and (self.segments is not None or self.streams is not None):
-            raise ValueError(f"{FORMAT_V1} has no segments or streams")
+            raise ValueError(f"{STREAMED_FORMAT_V1} has no segments or streams")
         if not v1 and (self.segments is None or self.streams is None):
-            raise ValueError(f"{FORMAT} needs segments and streams")
+            raise ValueError(f"{STREAMED_FORMAT} needs segments and streams")
         bad = [p for p in self.parts if not _PART_RE_OF[self.format].match(p)]
         if bad:
             raise ValueError(f"part name {bad[0]!r} is not one of {self.format}")
@@ -290,7 +293,7 @@ class PartsTally:
         tally[2] += header.bytes
         for seg in header.segments:
             if (k, seg.group) in self._seen:
-                where = "" if meta.format == FORMAT_V1 else " in one stream"
+                where = "" if meta.format == STREAMED_FORMAT_V1 else " in one stream"
                 raise StreamedFormatError(f"group {seg.group!r} is stored twice{where}")
             self._seen.add((k, seg.group))
             dup = self._ids.intersection(seg.ids)

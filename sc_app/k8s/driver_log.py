@@ -1,4 +1,4 @@
-"""What the running driver has done, read from its stdout (the lines ``sc-app run`` prints, see ``sc_app/cli.py``).
+"""What the running driver has done, read from its stdout (the lines ``sc-app run`` prints, see ``sc_app/cli/run.py``).
 
 Invariant: every pattern for a driver line lives in ``PATTERNS`` below and nowhere else, so a change of the driver's
 format breaks ``tests/k8s/test_k8s_cli.py`` (which parses a real driver's output) instead of silently emptying

@@ -87,7 +87,7 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
             {
                 "bundle": record.bundle,
                 "seconds": record.seconds,
-                "paused_seconds": record.blocked_seconds,
+                "paused_seconds": record.paused_seconds,
                 "window_seconds": record.window_seconds,
                 "bytes": record.data_plane_bytes,
                 "groups": record.groups,
@@ -145,7 +145,7 @@ class JobObserver:
         if self.run_id is not None or self._closed:
             return self
         self.run_id = run_id
-        self.attempt = lease.epoch if lease is not None else 0
+        self.attempt = lease.fencing_epoch if lease is not None else 0
         start_step = plan.step if plan.decision == "resume" else 0
         self.last_step = start_step
         if self.opts.log_dir is not None:
@@ -153,7 +153,7 @@ class JobObserver:
                 RunLogOptions(
                     Path(self.opts.log_dir),
                     run_id=run_id,
-                    attempt=lease.epoch if lease is not None else None,
+                    attempt=lease.fencing_epoch if lease is not None else None,
                     start_step=start_step,
                     capacity=self.opts.log_buffer,
                     tensorboard=self.opts.tensorboard,
@@ -170,7 +170,7 @@ class JobObserver:
             record = read_lease(lease.root)
             previous = (record.previous if record is not None else None) or {}
             taken = {
-                "epoch": lease.epoch,
+                "epoch": lease.fencing_epoch,
                 "previous_run_id": previous.get("run_id"),
                 "previous_epoch": previous.get("epoch"),
             }

@@ -169,101 +169,101 @@ def _empty(fig: Figure, text: str) -> Figure:
 
 def build_figures(h: RunHistory) -> dict[str, Figure]:
     """The report's figures, keyed by ``FIGURES`` names."""
-    eff_list = h.effective_steps()
+    marks = Marks.of(h)
+    return {
+        "reward_loss": reward_loss_figure(h.effective_steps(), marks),
+        "step_time": step_time_figure(h.effective_steps(), marks),
+        "saves": saves_figure(h.saves()),
+    }
+
+
+def reward_loss_figure(eff_list: list[LoggedStep], marks: Marks) -> Figure:
+    """Reward mean with its min-max band, and loss, per step."""
+    fig = Figure(figsize=(10, 6.5), layout="constrained")
+    if not eff_list:
+        _empty(fig, "no train step in the run log")
+        return fig
     eff = {s.step: s for s in eff_list}
     steps = [s.step for s in eff_list]
-    marks = Marks.of(h)
-    figs: dict[str, Figure] = {}
+    ax_r, ax_l = fig.subplots(2, 1, sharex=True)
+    ax_r.fill_between(
+        steps,
+        [s.record.reward_min for s in eff_list],
+        [s.record.reward_max for s in eff_list],
+        color="tab:blue",
+        alpha=0.15,
+        gid="reward_range",
+        label="reward min-max",
+    )
+    ax_r.plot(steps, [s.record.reward_mean for s in eff_list], color="tab:blue", gid="reward_mean", label="reward")
+    _mark(ax_r, eff, marks, "reward_mean", legend=True)
+    ax_r.set_ylabel("reward")
+    ax_r.legend(loc="lower right", fontsize="small")
+    ax_l.plot(steps, [s.record.loss for s in eff_list], color="tab:purple", gid="loss", label="loss")
+    _mark(ax_l, eff, marks, "loss", legend=False)
+    ax_l.set_ylabel("loss")
+    ax_l.set_xlabel("train step")
+    fig.suptitle("Reward and loss per step")
+    return fig
 
-    fig = Figure(figsize=(10, 6.5), layout="constrained")
-    if eff_list:
-        ax_r, ax_l = fig.subplots(2, 1, sharex=True)
-        ax_r.fill_between(
-            steps,
-            [s.record.reward_min for s in eff_list],
-            [s.record.reward_max for s in eff_list],
-            color="tab:blue",
-            alpha=0.15,
-            gid="reward_range",
-            label="reward min-max",
-        )
-        ax_r.plot(steps, [s.record.reward_mean for s in eff_list], color="tab:blue", gid="reward_mean", label="reward")
-        _mark(ax_r, eff, marks, "reward_mean", legend=True)
-        ax_r.set_ylabel("reward")
-        ax_r.legend(loc="lower right", fontsize="small")
-        ax_l.plot(steps, [s.record.loss for s in eff_list], color="tab:purple", gid="loss", label="loss")
-        _mark(ax_l, eff, marks, "loss", legend=False)
-        ax_l.set_ylabel("loss")
-        ax_l.set_xlabel("train step")
-        fig.suptitle("Reward and loss per step")
-    else:
-        _empty(fig, "no train step in the run log")
-    figs["reward_loss"] = fig
 
+def step_time_figure(eff_list: list[LoggedStep], marks: Marks) -> Figure:
     fig = Figure(figsize=(10, 4), layout="constrained")
-    if eff_list:
-        ax = fig.add_subplot()
-        ax.plot(steps, [s.record.step_seconds for s in eff_list], color="tab:gray", gid="step_seconds", label="step")
-        _mark(ax, eff, marks, "step_seconds", legend=True)
-        ax.set_ylabel("seconds per step")
-        ax.set_xlabel("train step")
-        ax.legend(loc="upper right", fontsize="small")
-        fig.suptitle("Step time")
-    else:
+    if not eff_list:
         _empty(fig, "no train step in the run log")
-    figs["step_time"] = fig
+        return fig
+    eff = {s.step: s for s in eff_list}
+    steps = [s.step for s in eff_list]
+    ax = fig.add_subplot()
+    ax.plot(steps, [s.record.step_seconds for s in eff_list], color="tab:gray", gid="step_seconds", label="step")
+    _mark(ax, eff, marks, "step_seconds", legend=True)
+    ax.set_ylabel("seconds per step")
+    ax.set_xlabel("train step")
+    ax.legend(loc="upper right", fontsize="small")
+    fig.suptitle("Step time")
+    return fig
 
+
+def saves_figure(saves: list[LoggedEvent]) -> Figure:
+    """Per published bundle: its whole time (emergency bundles marked), and the pause and window training saw."""
     fig = Figure(figsize=(10, 6), layout="constrained")
-    saves = h.saves()
-    if saves:
-        xs = [int(e.step or 0) for e in saves]
-        ax_s, ax_w = fig.subplots(2, 1, sharex=True)
-        ax_s.plot(
-            xs,
-            [_num(e, "seconds") for e in saves],
-            "o-",
-            color="tab:green",
-            gid="save_seconds",
-            label="whole save (behind training)",
-        )
-        em = [e for e in saves if e.name == "emergency_save"]
-        if em:
-            ax_s.scatter(
-                [e.step for e in em],
-                [_num(e, "seconds") for e in em],
-                s=60,
-                marker="X",
-                color="tab:orange",
-                zorder=3,
-                gid="emergency_save_seconds",
-                label="emergency bundle",
-            )
-        ax_s.set_ylabel("seconds")
-        ax_s.legend(loc="upper left", fontsize="small")
-        ax_w.plot(
-            xs,
-            [1000 * (_num(e, "paused_seconds") or math.nan) for e in saves],
-            "s-",
-            color="tab:red",
-            gid="paused_ms",
-            label="training paused",
-        )
-        ax_w.plot(
-            xs,
-            [1000 * (_num(e, "window_seconds") or math.nan) for e in saves],
-            "o-",
-            color="tab:blue",
-            gid="window_ms",
-            label="barrier window",
-        )
-        ax_w.set_ylabel("milliseconds")
-        ax_w.set_xlabel("train step of the bundle")
-        ax_w.legend(loc="upper left", fontsize="small")
-        fig.suptitle("Saves: duration, pause and window per published bundle")
-    else:
+    if not saves:
         _empty(fig, "no bundle published in the run log")
-    figs["saves"] = fig
-    return figs
+        return fig
+    xs = [int(e.step or 0) for e in saves]
+    ax_s, ax_w = fig.subplots(2, 1, sharex=True)
+    ax_s.plot(
+        xs,
+        [_num(e, "seconds") for e in saves],
+        "o-",
+        color="tab:green",
+        gid="save_seconds",
+        label="whole save (behind training)",
+    )
+    em = [e for e in saves if e.name == "emergency_save"]
+    if em:
+        ax_s.scatter(
+            [e.step for e in em],
+            [_num(e, "seconds") for e in em],
+            s=60,
+            marker="X",
+            color="tab:orange",
+            zorder=3,
+            gid="emergency_save_seconds",
+            label="emergency bundle",
+        )
+    ax_s.set_ylabel("seconds")
+    ax_s.legend(loc="upper left", fontsize="small")
+    for key, style, color, gid, label in (
+        ("paused_seconds", "s-", "tab:red", "paused_ms", "training paused"),
+        ("window_seconds", "o-", "tab:blue", "window_ms", "barrier window"),
+    ):
+        ax_w.plot(xs, [1000 * (_num(e, key) or math.nan) for e in saves], style, color=color, gid=gid, label=label)
+    ax_w.set_ylabel("milliseconds")
+    ax_w.set_xlabel("train step of the bundle")
+    ax_w.legend(loc="upper left", fontsize="small")
+    fig.suptitle("Saves: duration, pause and window per published bundle")
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------- files

@@ -53,7 +53,7 @@ def test_bystanders_never_hurt_a_live_run_and_stop_stops_it(tmp_path: Path) -> N
         pruned = sc_app("ckpt", "prune", "--checkpoint-dir", str(ckpt), "--keep", "1", timeout=120)
         assert pruned.rc == 2 and "holds a live lease" in pruned.out, pruned.out
 
-        refused = sc_app(*run_args(ckpt, tmp_path / "t2.jsonl", 100_000, "--set", "grpo.num_generations_per_prompt=4"))
+        refused = sc_app(*run_args(ckpt, tmp_path / "t2.jsonl", 100_000, "--set", "grpo.group_size=4"))
         assert refused.rc == 2 and "incompatible" in refused.out, refused.out[-2000:]
         behind = sc_app("run", "--checkpoint-dir", str(ckpt), "--max-steps", "1", timeout=120)
         assert behind.rc == 0 and "nothing to train" in behind.out, behind.out[-2000:]

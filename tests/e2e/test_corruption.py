@@ -72,7 +72,7 @@ def expect_fallback(ckpt: Path, needle: str) -> None:
 
 def expect_strict_refusal(ckpt: Path, needle: str) -> None:
     before = files_under(ckpt)
-    plan = plan_resume(ckpt, policy="strict")
+    plan = plan_resume(ckpt, on_corrupt="strict")
     assert plan.decision == "refuse" and needle in plan.reason
     assert files_under(ckpt) == before, "strict moves nothing"
 
@@ -151,7 +151,7 @@ def test_leftover_tmp_is_quarantined_never_resumed(ckpt: Path) -> None:
     ("override", "needle"),
     [
         ("data_plane.storage_units=2", "data_plane.storage_units is 1 in the bundle but 2 in the config"),
-        ("grpo.num_generations_per_prompt=4", "grpo.num_generations_per_prompt is 8 in the bundle but 4"),
+        ("grpo.group_size=4", "grpo.group_size is 8 in the bundle but 4"),
         ("model.d_model=32", "model.d_model is 64 in the bundle but 32"),
         ("run.seed=7", "run.seed is 0 in the bundle but 7"),  # a bundle from a different run
     ],

@@ -66,7 +66,7 @@ class World:
             "task.prompt_len=12",
             "task.response_len=4",
             "grpo.prompts_per_step=4",
-            "grpo.num_generations_per_prompt=4",
+            "grpo.group_size=4",
             f"grpo.learning_rate={LR}",
             "checkpoint.save_period=2",
             "checkpoint.keep=50",  # every bundle stays for the checks below
@@ -101,7 +101,7 @@ def oracle(bundle: Path, model_dir: Path) -> tuple[dict[str, str], Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from transformers import AutoModelForCausalLM
 
-    from sc_app.policy.fingerprint import full_fingerprint
+    from sc_app.rl.fingerprint import full_fingerprint
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
@@ -121,7 +121,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     user.mkdir()
     (user / "my_reward.py").write_text(
         "import json, os\n"
-        "from sc_app.policy.hf.rewards import numeric_match\n"
+        "from sc_app.rl.hf.rewards import numeric_match\n"
         "def score(*, prompt, completion, answer):\n"
         "    with open(os.environ['SC_APP_TEST_REWARD_LOG'], 'a') as f:\n"
         "        f.write(json.dumps([prompt, completion, answer]) + '\\n')\n"

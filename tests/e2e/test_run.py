@@ -29,7 +29,7 @@ from tests.support.proc import REPO, SC_APP, Finished, kill_session, load_sideca
 
 pytestmark = pytest.mark.slow
 
-GROUP_SIZE = 8  # grpo.num_generations_per_prompt of the embedded default
+GROUP_SIZE = 8  # grpo.group_size of the embedded default
 RUN_TIMEOUT = 300
 
 

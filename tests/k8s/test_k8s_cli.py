@@ -44,7 +44,7 @@ HEAD_SVC = f"{CLUSTER}-head-svc"
 AUTH_SECRET = f"{JOB}-ray-auth"
 RAY_TOKEN = "s3cret-ray-token"
 VALUES = str(CHART_DIR / "ci" / "cpu-values.yaml")
-# What the driver prints (sc_app/cli.py cmd_run); test_live_status_of_a_real_ray_head checks a real driver's output.
+# What the driver prints (sc_app/cli/run.py); test_live_status_of_a_real_ray_head checks a real driver's output.
 DRIVER_LOG = """\
 sc-app 0.1.0: max_steps=150 checkpoint.dir=/checkpoints save_period=10 ray=auto
 resuming from /checkpoints/step_0 (step 0): newest verified bundle
@@ -618,7 +618,7 @@ def test_live_status_of_a_real_ray_head_through_the_proxy(api, tmp_path: Path, r
     """The chart's RayJob, its head started as KubeRay starts it (token auth from the rendered Secret), the rendered
     entrypoint submitted as the K8sJobMode submitter does; `status` reaches that head's real Jobs API through the fake
     API server's proxy, which drops the caller's Authorization header like the real one. The driver's real output
-    must parse: this is the test that breaks when sc_app/cli.py changes its progress lines."""
+    must parse: this is the test that breaks when sc_app/cli/run.py changes its progress lines."""
     from sc_app.k8s.release import load_values, render_release
 
     server, kc = api

@@ -25,18 +25,18 @@ from sc_app.config import AppConfig, GRPOConfig, ModelConfig, TaskConfig
 from sc_app.data_plane.streamed_format import PartWriter, write_metadata
 from sc_app.digest import sidecar_digest
 from sc_app.hashing import digest_file
-from sc_app.policy.loader import LOADER_SCHEMA_VERSION
-from sc_app.policy.model import TinyCausalLM
-from sc_app.policy.state_schema import new_optimizer
-from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION
+from sc_app.replay_index import SIDECAR_SCHEMA_VERSION
+from sc_app.rl.loader import LOADER_SCHEMA_VERSION
+from sc_app.rl.model import TinyCausalLM
+from sc_app.rl.state_schema import new_optimizer
 
 CFG = AppConfig(
     model=ModelConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=2, max_seq_len=8),
     task=TaskConfig(prompt_len=2, response_len=2),
-    grpo=GRPOConfig(num_generations_per_prompt=2),
+    grpo=GRPOConfig(group_size=2),
 )
 COMPAT = compat_of(CFG)
-GROUP_SIZE = CFG.grpo.num_generations_per_prompt
+GROUP_SIZE = CFG.grpo.group_size
 PARTITION = CFG.data_plane.partition
 PART_BYTES = 200  # tiny parts: every bundle's data plane spans several part files
 

@@ -21,7 +21,7 @@ ARITHMETIC = [
 
 
 def make_model_dir(root: Path, **spec: Any) -> Path:
-    from sc_app.policy.hf.random_model import RandomModelSpec, write_random_model
+    from sc_app.rl.hf.random_model import RandomModelSpec, write_random_model
 
     return write_random_model(root, RandomModelSpec(**spec))
 

@@ -474,21 +474,27 @@ def test_randomized_stress_never_mutation_inside_checkpoint(seed: int) -> None:
 
 
 class _NoWaitCheckpoint(DataPlaneCheckpointBarrier):
-    """A deliberately broken barrier: the checkpoint marks itself held but waits for nobody."""
+    """A deliberately broken barrier: the checkpoint marks itself held but waits for no mutation in flight.
+
+    Broken in that one respect only: it releases the way the real one does (under the lock, waking every waiter),
+    so the stress run ends whatever the interleaving. (It once cleared the flag without a notify: a mutation
+    queued behind it then waited forever unless another mutation happened to notify, and the test timed out.)"""
 
     @asynccontextmanager
     async def checkpoint(self) -> AsyncIterator[None]:
-        self._checkpoint_held = True
+        async with self._cond:
+            self._checkpoint_held = True  # the defect: no wait for active mutations
         try:
             yield
         finally:
-            self._checkpoint_held = False
+            await asyncio.shield(self._release_checkpoint())
 
 
 def test_stress_detects_a_broken_barrier() -> None:
     """The stress test's invariant check can fail: a checkpoint that does not wait is caught."""
     state = stress(0, _NoWaitCheckpoint())
     assert state["violations"] > 0, state
+    assert state["mut_done"] + state["ckpt_done"] + state["cancelled"] == 400, "every task ended"
 
 
 def test_draining_the_commit_waits_hands_each_one_over_once() -> None:

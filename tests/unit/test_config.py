@@ -22,7 +22,7 @@ def refused(*overrides: str, path: Path | None = None) -> str:
 def test_embedded_default_needs_no_file() -> None:
     cfg = load_config()
     assert isinstance(cfg, AppConfig)
-    # the keys tools and scripts rely on (DESIGN.md)
+    # the keys tools and scripts rely on (README "Configuration")
     assert cfg.checkpoint.dir == "checkpoints"
     assert cfg.checkpoint.save_period == 10
     assert cfg.checkpoint.keep == 3
@@ -125,7 +125,7 @@ def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
         ("checkpoint.enabled=maybe", "checkpoint.enabled"),
         ("checkpoint.on_corrupt=sometimes", "checkpoint.on_corrupt"),
         ("trainer.resources=gpu", "trainer.resources"),
-        ("grpo.num_generations_per_prompt=1", "grpo.num_generations_per_prompt"),
+        ("grpo.group_size=1", "grpo.group_size"),
         ("run.max_steps.x=1", "run.max_steps"),
         ("checkpoint=3", "checkpoint"),
         ("run.log_buffer=0", "run.log_buffer"),
@@ -235,3 +235,14 @@ def test_unreadable_file_content_is_one_line(tmp_path: Path, content: bytes, nee
 def test_a_directory_as_config_file_is_one_line(tmp_path: Path) -> None:
     msg = refused(path=tmp_path)
     assert "cannot read" in msg, msg
+
+
+def test_the_old_name_of_a_renamed_key_is_read_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="sc_app.config"):
+        cfg = load_config(None, ["grpo.num_generations_per_prompt=4"])
+    assert cfg.grpo.group_size == 4
+    assert "'grpo.num_generations_per_prompt' is deprecated; it is now 'grpo.group_size'" in caplog.text
+    msg = refused("grpo.num_generations_per_prompt=4", "grpo.group_size=4")
+    assert "keep only 'grpo.group_size'" in msg
+    assert "grpo.group_size" in refused("grpo.num_generations_per_prompt=1")
+    assert "group_size: 4" in dump_config(cfg) and "num_generations_per_prompt" not in dump_config(cfg)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,106 +13,13 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.barrier import DataPlaneCheckpointBarrier
-from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.digest import canonical_bytes, sidecar_digest
-from sc_app.replay_buffer import SIDECAR_SCHEMA_VERSION, GroupCommit, SidecarError, TQReplayBuffer
+from sc_app.replay_buffer import GroupCommit, TQReplayBuffer
+from sc_app.replay_index import SIDECAR_SCHEMA_VERSION, SidecarError
+from tests.support.fake_data_plane import FakeDataPlane, until
 
 G = 4
 PARTITION = "train"
-
-
-# ------------------------------------------------------------------------------------------------ fake data plane
-class FakeDataPlane(DataPlaneClient):
-    """In-memory client; records every call and whether a barrier slot was held during each write."""
-
-    def __init__(self, barrier: DataPlaneCheckpointBarrier | None = None) -> None:
-        self.bootstrap = False
-        self.rows: dict[str, dict[str, torch.Tensor]] = {}
-        self.calls: list[str] = []
-        self.slots_during_writes: list[int] = []
-        self.barrier = barrier
-        self.tags: dict[str, dict[str, Any]] = {}
-        self.put_keys: list[list[str]] = []
-        self.put_gate: asyncio.Event | None = None  # when set, a put waits for it (after recording the call)
-        self.fail_puts = False
-        self.indexes: dict[str, int] | None = None  # set to {} to hand out global indexes like TransferQueue
-        self.by_index: list[str] = []  # calls made with global indexes
-        self._next_index = itertools.count()
-
-    def _write(self, op: str) -> None:
-        self.calls.append(op)
-        if self.barrier is not None:
-            self.slots_during_writes.append(self.barrier.active_mutations)
-
-    async def put_samples(
-        self,
-        partition: str,
-        sample_ids: list[str],
-        data: TensorDict,
-        tags: list[dict[str, Any]] | None = None,
-        *,
-        global_indexes: list[int] | None = None,
-    ) -> list[int] | None:
-        self._write("put_samples")
-        self.put_keys.append(list(sample_ids))
-        if self.put_gate is not None:
-            await self.put_gate.wait()
-        await asyncio.sleep(0)
-        if self.fail_puts:
-            raise ConnectionError("storage unit unreachable")
-        for i, sid in enumerate(sample_ids):
-            self.rows.setdefault(sid, {}).update({k: data.get(k)[i] for k in data.keys()})  # noqa: SIM118
-            if tags is not None:
-                self.tags[sid] = dict(tags[i])
-        if self.indexes is None:
-            return None
-        if global_indexes is not None:  # a put by index must name exactly these rows
-            assert [self.indexes[sid] for sid in sample_ids] == global_indexes, "put by stale or wrong indexes"
-            assert tags is not None, "a put by index must carry the tags"
-            self.by_index.append("put")
-        for sid in sample_ids:
-            self.indexes.setdefault(sid, next(self._next_index))
-        return [self.indexes[sid] for sid in sample_ids]
-
-    async def get_samples(
-        self,
-        partition: str,
-        sample_ids: list[str],
-        field_names: list[str] | None = None,
-        *,
-        global_indexes: list[int] | None = None,
-    ) -> TensorDict:
-        self.calls.append("get_samples")
-        keys = field_names or list(self.rows[sample_ids[0]])
-        return TensorDict({k: torch.stack([self.rows[s][k] for s in sample_ids]) for k in keys}, [len(sample_ids)])
-
-    async def clear_samples(
-        self, partition: str, sample_ids: list[str], *, global_indexes: list[int] | None = None
-    ) -> None:
-        self._write("clear_samples")
-        if global_indexes is not None:
-            assert self.indexes is not None and [self.indexes[sid] for sid in sample_ids] == global_indexes
-            self.by_index.append("clear")
-        await asyncio.sleep(0)
-        for sid in sample_ids:
-            del self.rows[sid]
-            if self.indexes is not None:
-                del self.indexes[sid]
-
-    async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:
-        self.calls.append("list_sample_ids")
-        return {sid: {} for sid in self.rows}
-
-    async def save_checkpoint(
-        self, directory: Path, metadata: dict[str, Any], partition: str, captured: CapturedRows
-    ) -> DataPlaneSnapshot:
-        raise NotImplementedError
-
-    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def seal(self, info: dict[str, Any]) -> None:
-        self.calls.append("seal")
 
 
 def rows(n: int = G, value: float = 0.0) -> TensorDict:
@@ -235,7 +141,7 @@ def test_a_drop_waiting_for_its_slot_while_thaw_runs_is_not_lost() -> None:
         buf.freeze(buf.sample_ids())
         async with barrier._cond:  # the slot's lock is busy: drop() waits at its entry
             dropping = asyncio.create_task(buf.drop(["p0"]))
-            await asyncio.sleep(0.01)
+            await until(lambda: bool(barrier._cond._lock._waiters))  # type: ignore[attr-defined]  # drop() queued
             await buf.thaw()
         await dropping
         assert set(client.rows) == buf.sample_ids() == set()
@@ -252,7 +158,7 @@ def test_write_fields_waits_for_thaw_only_to_rewrite_a_captured_field() -> None:
         buf.freeze(buf.sample_ids())
         await asyncio.wait_for(buf.write_fields(["p0"], adv), 5)  # a new field: no wait
         rewrite = asyncio.create_task(buf.write_fields(["p0"], TensorDict({"reward": torch.ones(G)}, [G])))
-        await asyncio.sleep(0.05)
+        await until(lambda: buf.writes_waiting == 1 or rewrite.done())  # parked at the freeze, or (a bug) through
         assert not rewrite.done(), "a captured field was rewritten while the snapshot was still reading it"
         assert float(client.rows["p0:0"]["reward"]) == 0.0
         await buf.thaw()
@@ -273,7 +179,7 @@ def test_restored_groups_have_unknown_fields_so_every_write_waits() -> None:
     async def body() -> None:
         buf.freeze(buf.sample_ids())
         w = asyncio.create_task(buf.write_fields([gid], TensorDict({"advantage": torch.ones(G)}, [G])))
-        await asyncio.sleep(0.05)
+        await until(lambda: buf.writes_waiting == 1 or w.done())
         assert not w.done()
         await buf.thaw()
         await asyncio.wait_for(w, 5)

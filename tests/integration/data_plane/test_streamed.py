@@ -31,7 +31,13 @@ from sc_app.barrier import DataPlaneCheckpointBarrier  # noqa: E402
 from sc_app.checkpoint.verify import data_plane_digest  # noqa: E402
 from sc_app.data_plane.client import CapturedRows, RestoreRefused  # noqa: E402
 from sc_app.data_plane.stream_io import RowSource  # noqa: E402
-from sc_app.data_plane.streamed_format import FORMAT, FORMAT_V1, PartWriter, iter_groups, read_metadata  # noqa: E402
+from sc_app.data_plane.streamed_format import (  # noqa: E402
+    STREAMED_FORMAT,
+    STREAMED_FORMAT_V1,
+    PartWriter,
+    iter_groups,
+    read_metadata,
+)
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, dense  # noqa: E402
 from sc_app.replay_buffer import TQReplayBuffer  # noqa: E402
 
@@ -191,7 +197,7 @@ def saved(tq_system: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 def test_snapshot_holds_exactly_the_captured_rows(saved: dict[str, Any]) -> None:
     directory = saved["root"] / "streamed"
     doc = read_metadata(directory)
-    assert doc["format"] == FORMAT and doc["partition"] == PARTITION
+    assert doc["format"] == STREAMED_FORMAT and doc["partition"] == PARTITION
     assert len(doc["parts"]) > 1
     assert doc["rows"] == len(saved["captured"]) == saved["stats"]["rows"]
     groups = list(iter_groups(directory))
@@ -303,9 +309,9 @@ def test_a_v1_directory_still_restores(tq_system: Any, tmp_path: Path) -> None:
         writer.append(gid, [f"{gid}:{r}" for r in range(G)], [{"group": gid, "version": 1}] * G, td)
     writer.finish()
     for header in tmp_path.glob("part-*.json"):  # what a v1 writer wrote: its own format in every header
-        header.write_text(header.read_text().replace(FORMAT, FORMAT_V1))
+        header.write_text(header.read_text().replace(STREAMED_FORMAT, STREAMED_FORMAT_V1))
     doc = {
-        "format": FORMAT_V1,
+        "format": STREAMED_FORMAT_V1,
         "partition": PARTITION,
         "rows": writer.rows,
         "groups": writer.groups,

@@ -14,13 +14,13 @@ from sc_app.checkpoint.lease import LEASE_FILE, Lease, LeaseError, LeaseKeeper, 
 
 def test_first_lease_has_epoch_one_and_each_takeover_adds_one(tmp_path: Path) -> None:
     a = Lease.acquire(tmp_path, "run-a")
-    assert a.epoch == 1
+    assert a.fencing_epoch == 1
     a.check()
     b = Lease.acquire(tmp_path, "run-b")
-    assert b.epoch == 2
+    assert b.fencing_epoch == 2
     b.check()
     record = json.loads((tmp_path / LEASE_FILE).read_text())
-    assert record["run_id"] == "run-b" and record["epoch"] == 2
+    assert record["run_id"] == "run-b" and record["epoch"] == 2 and "fencing_epoch" not in record  # on-disk name
 
 
 def test_an_older_holder_is_fenced_off(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_the_record_stays_bounded_over_many_attempts(tmp_path: Path) -> None:
         lease.release("stopped", final_step=n)
         sizes.append((tmp_path / LEASE_FILE).stat().st_size)
     record = read_lease(tmp_path)
-    assert record is not None and record.epoch == 200
+    assert record is not None and record.fencing_epoch == 200
     assert record.previous is not None and record.previous["epoch"] == 199 and "previous" not in record.previous
     assert max(sizes[1:]) - min(sizes[1:]) < 32, "the record must not grow with the number of attempts"
 

@@ -64,7 +64,7 @@ def test_verify_checks_the_recorded_lineage(
 def test_a_foreign_bundle_is_never_resumed(tmp_path: Path) -> None:
     make_bundle(tmp_path, 4, lineage=OURS)
     make_bundle(tmp_path, 90, lineage=THEIRS)  # copied in, with a higher step
-    strict = plan_resume(tmp_path, policy="strict", expected_lineage=OURS, tidy=False)
+    strict = plan_resume(tmp_path, on_corrupt="strict", expected_lineage=OURS, tidy=False)
     assert strict.decision == "refuse" and "belongs to lineage" in strict.reason
     plan = plan_resume(tmp_path, expected_lineage=OURS)
     assert plan.decision == "resume" and plan.step == 4

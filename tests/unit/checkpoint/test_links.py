@@ -42,7 +42,7 @@ def test_a_linked_bundle_is_reported_never_followed(tmp_path: Path, dangling: bo
     assert prune(root, keep=1) == [] and link.is_symlink(), "a link is never pruned"
     assert tree(target) == before, "what the link points to is untouched"
 
-    strict = plan_resume(root, policy="strict")
+    strict = plan_resume(root, on_corrupt="strict")
     assert strict.decision == "refuse" and "symbolic link" in strict.reason
 
 

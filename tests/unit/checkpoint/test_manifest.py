@@ -62,7 +62,7 @@ def test_malformed_manifest_is_a_problem_not_a_crash(tmp_path: Path, edit: Any) 
     assert not report.ok
     assert any(str(bundle / "manifest.json") in p for p in report.problems), report.problems
     report.as_dict()  # what `ckpt list/verify --json` print must not crash either
-    plan = plan_resume(tmp_path, policy="fallback", expected_compat=COMPAT)
+    plan = plan_resume(tmp_path, on_corrupt="fallback", expected_compat=COMPAT)
     assert plan.decision == "resume" and plan.step == 2
 
 

@@ -71,7 +71,7 @@ def test_strict_refuses_a_bad_newest_bundle_and_moves_nothing(tmp_path: Path, re
     newest = make_bundle(tmp_path, 4)
     damage(newest / rel)
     before = tree(tmp_path)
-    plan = plan_resume(tmp_path, policy="strict")
+    plan = plan_resume(tmp_path, on_corrupt="strict")
     assert plan.decision == "refuse" and not plan.ok
     assert str(newest / rel) in plan.reason and "strict" in plan.reason, plan.reason
     assert plan.bundle is None
@@ -88,7 +88,7 @@ def test_fallback_resumes_older_and_quarantines_the_bad_one(tmp_path: Path, rel:
     damage(newest / rel)
     bad_files = tree(newest)
     before = contents_only(tree(tmp_path))
-    plan = plan_resume(tmp_path, policy="fallback")
+    plan = plan_resume(tmp_path, on_corrupt="fallback")
     assert plan.decision == "resume" and plan.step == 2
     assert "step_4" in plan.reason
     assert any(str(newest / rel) in p for p in plan.reports[0].problems)
@@ -106,16 +106,16 @@ def test_no_bundle_verifies_refuses_and_moves_nothing(tmp_path: Path) -> None:
     truncate(b2 / "policy/model.pt")
     (b4 / "train_dataloader.pt").unlink()
     before = tree(tmp_path)
-    for policy in ("fallback", "strict"):
-        plan = plan_resume(tmp_path, policy=policy)  # type: ignore[arg-type]
-        assert plan.decision == "refuse", policy
+    for on_corrupt in ("fallback", "strict"):
+        plan = plan_resume(tmp_path, on_corrupt=on_corrupt)  # type: ignore[arg-type]
+        assert plan.decision == "refuse", on_corrupt
         assert "train_dataloader.pt" in plan.reason, plan.reason
-        assert tree(tmp_path) == before, f"{policy}: a refused plan moved or deleted files"
+        assert tree(tmp_path) == before, f"{on_corrupt}: a refused plan moved or deleted files"
 
 
 def test_incompatible_config_is_a_refusal_naming_the_key(tmp_path: Path) -> None:
     make_bundle(tmp_path, 2)
     before = tree(tmp_path)
-    plan = plan_resume(tmp_path, policy="strict", expected_compat={**COMPAT, "run.seed": 1})
+    plan = plan_resume(tmp_path, on_corrupt="strict", expected_compat={**COMPAT, "run.seed": 1})
     assert plan.decision == "refuse" and "run.seed" in plan.reason
     assert tree(tmp_path) == before

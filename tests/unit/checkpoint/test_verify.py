@@ -70,8 +70,8 @@ def test_verify_checks_step_and_compat(tmp_path: Path) -> None:
     assert any("records step 2" in p for p in verify_bundle(renamed).problems)
     renamed.rename(bundle)
     assert verify_bundle(bundle, expected_compat=COMPAT).ok
-    report = verify_bundle(bundle, expected_compat={**COMPAT, "grpo.num_generations_per_prompt": 4})
-    assert any("grpo.num_generations_per_prompt" in p for p in report.problems), report.problems
+    report = verify_bundle(bundle, expected_compat={**COMPAT, "grpo.group_size": 4})
+    assert any("grpo.group_size" in p for p in report.problems), report.problems
     report = verify_bundle(bundle, expected_compat={**COMPAT, "model.d_model": 64})
     assert any("model.d_model" in p for p in report.problems), report.problems
 
@@ -93,3 +93,17 @@ def test_data_plane_metadata_of_the_wrong_shape_is_a_problem(tmp_path: Path, con
     bundle = w.commit(fields)
     report = verify_bundle(bundle)
     assert any("data_plane/metadata.json" in p for p in report.problems), report.problems
+
+
+def test_a_bundle_that_records_a_key_under_its_old_name_is_compared_under_the_new_one() -> None:
+    """Bundles cut before grpo.num_generations_per_prompt became grpo.group_size record the old name."""
+    from sc_app.checkpoint.verify import compat_problems
+
+    old = {k: v for k, v in COMPAT.items() if k != "grpo.group_size"}
+    old["grpo.num_generations_per_prompt"] = COMPAT["grpo.group_size"]
+    assert compat_problems(old, COMPAT) == []
+    changed = {**COMPAT, "grpo.group_size": COMPAT["grpo.group_size"] + 2}
+    assert compat_problems(old, changed) == [
+        f"incompatible: grpo.group_size is {COMPAT['grpo.group_size']} in the bundle but "
+        f"{changed['grpo.group_size']} in the config"
+    ]

@@ -22,10 +22,10 @@ from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.checkpoint import layout, plan_resume, verify_bundle
 from sc_app.checkpoint.manifest import Manifest
 from sc_app.digest import sidecar_digest
-from sc_app.policy.loader import PromptLoader
-from sc_app.policy.model import TinyCausalLM
-from sc_app.policy.state_schema import PolicyTemplate, check_model_state, check_optimizer_state, new_optimizer
 from sc_app.replay_buffer import TQReplayBuffer
+from sc_app.rl.loader import PromptLoader
+from sc_app.rl.model import TinyCausalLM
+from sc_app.rl.state_schema import PolicyTemplate, check_model_state, check_optimizer_state, new_optimizer
 from tests.support.bundles import CFG, COMPAT, GROUP_SIZE, PARTITION, edit_manifest, make_bundle, reseal
 
 Edit = Callable[[Any], Any]

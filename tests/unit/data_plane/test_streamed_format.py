@@ -11,8 +11,8 @@ from tensordict import TensorDict
 
 from sc_app.data_plane.client import METADATA_FILE
 from sc_app.data_plane.streamed_format import (
-    FORMAT,
-    FORMAT_V1,
+    STREAMED_FORMAT,
+    STREAMED_FORMAT_V1,
     PartWriter,
     StreamedFormatError,
     group_ids,
@@ -106,7 +106,7 @@ def test_streams_of_one_directory_hold_segments_of_the_same_groups(tmp_path: Pat
         w.finish()
     doc = merged_metadata([w0.summary("u0"), w1.summary("u1")], partition="train", user_metadata={})
     write_metadata(tmp_path, doc)
-    assert doc["format"] == FORMAT and doc["rows"] == 5 and doc["groups"] == 2 and doc["segments"] == 3
+    assert doc["format"] == STREAMED_FORMAT and doc["rows"] == 5 and doc["groups"] == 2 and doc["segments"] == 3
     assert stream_parts(read_metadata(tmp_path)) == [["part-00-00000"], ["part-01-00000"]]
     segs = list(iter_groups(tmp_path))
     assert [(s.group, s.ids) for s in segs] == [("g7", ids[0::2]), ("g7", ids[1::2]), ("g8", ["g8:0"])]
@@ -119,9 +119,9 @@ def test_v1_directories_are_still_read(tmp_path: Path) -> None:
     writer.append("g0", ["g0:0", "g0:1", "g0:2"], [{}] * 3, _group(0))
     writer.finish()
     header = tmp_path / "part-00000.json"  # what a v1 writer wrote: its own format in every header
-    header.write_text(header.read_text().replace(FORMAT, FORMAT_V1))
+    header.write_text(header.read_text().replace(STREAMED_FORMAT, STREAMED_FORMAT_V1))
     doc = {
-        "format": FORMAT_V1,
+        "format": STREAMED_FORMAT_V1,
         "partition": "train",
         "rows": 3,
         "groups": 1,

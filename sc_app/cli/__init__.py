@@ -1,0 +1,48 @@
+"""``sc-app``: run the job, check checkpoints before a driver starts, operate on bundles, and plot a run's log.
+
+Exit codes: 0 ok; 1 the job failed; 2 bad input (config, flags, bundles that must not be resumed);
+3 superseded by a newer run on the same checkpoint dir; 143 stopped on SIGTERM after the emergency checkpoint.
+Every error is one line on stderr that names the problem and what to do.
+
+One module per command family (``run``, ``preflight``, ``stop``, ``ckpt``, ``export``, ``report``, ``config``; ``k8s``
+is ``sc_app.k8s.cli``), each with ``register(subparsers)``; the options they share are ``options``; which error
+ends a command with which exit code is ``sc_app.exits``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sc_app import __version__
+from sc_app.cli import ckpt, config, export, options, preflight, report, run, stop
+from sc_app.exits import EXIT_FAILED, exit_for, fail
+
+FAMILIES = (run, preflight, stop, ckpt, export, report, config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = options.Parser(prog="sc-app", description=(__doc__ or "sc-app").splitlines()[0])
+    p.add_argument("--version", action="version", version=f"sc-app {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=options.Parser)
+    for family in FAMILIES:
+        family.register(sub)
+    try:
+        from sc_app.k8s.cli import register
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return fail("interrupted", EXIT_FAILED)
+    except Exception as exc:
+        ended = exit_for(exc)
+        if ended is None:
+            raise
+        return fail(ended.message, ended.code)

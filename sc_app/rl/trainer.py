@@ -1,0 +1,116 @@
+"""Trainer workers: Ray actors around a trainer backend (``sc_app.rl.backend``); several train data-parallel.
+
+With more than one worker they form a ``torch.distributed`` group (gloo on CPU, NCCL when every worker has a GPU)
+before the backend is built (``setup``). Each worker reads its share of the step's rows straight from
+TransferQueue (connect-only client). Every method runs on the actor's one default thread, in call order, except
+``write_captured``: it has its own thread ("io", at a lower priority), so a checkpoint's policy files are written
+while the next steps train.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from sc_app.background import lower_current_thread_priority
+from sc_app.checkpoint.writer import FileRecord
+from sc_app.config import AppConfig
+from sc_app.faults import fault_point
+from sc_app.rl.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, device_for
+from sc_app.rl.factory import make_trainer_backend
+
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+@ray.remote(concurrency_groups={"io": 1})
+class TrainerWorker:
+    def __init__(self, cfg_json: str, rank: int, world_size: int) -> None:
+        torch.set_num_threads(1)
+        self.cfg = AppConfig.model_validate_json(cfg_json)
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device_for(self.cfg.trainer.num_gpus)
+        self._backend: TrainerBackend | None = None
+        self._dp: Any = None
+
+    def address(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> str:
+        """Join the data-parallel group (with several workers), then build the backend; returns the
+        torch.distributed backend used ("none" for one worker)."""
+        used = "none"
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            used = "nccl" if self.device.type == "cuda" else "gloo"
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
+            dist.init_process_group(used, rank=self.rank, world_size=self.world_size)
+        self._backend = make_trainer_backend(self.cfg, self.rank, self.world_size, self.device)
+        return used
+
+    @property
+    def backend(self) -> TrainerBackend:
+        if self._backend is None:
+            raise RuntimeError("TrainerWorker.setup() was not called")
+        return self._backend
+
+    def _client(self) -> Any:
+        if self._dp is None:
+            from sc_app.data_plane.transferqueue import TransferQueueDataPlane
+
+            self._dp = TransferQueueDataPlane(bootstrap=False, namespace=self.cfg.ray.namespace)
+        return self._dp
+
+    def train_step(self, sample_ids: list[str], version: int, capture: bool = False) -> TrainStepResult:
+        """One optimizer step on this rank's share of ``sample_ids`` (rows carry advantages already).
+
+        ``capture``: also ``capture_state()`` right after the step (the step a checkpoint will be cut at), which
+        saves the checkpoint a separate call while training is paused."""
+        share = sample_ids[self.rank :: self.world_size]
+        read_started = time.perf_counter()
+        rows = self._client().get_samples_sync(self.cfg.data_plane.partition, share, list(self.backend.fields))
+        read_seconds = time.perf_counter() - read_started
+        result = self.backend.train_step(rows, version)
+        if capture:
+            self.backend.capture()
+        return replace(result, get_seconds=read_seconds)
+
+    def get_weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole model on rank 0, None on the others (collective when the backend shards the model)."""
+        return self.backend.full_weights()
+
+    def capture_state(self) -> int:
+        """Copy this rank's weights + optimizer state for ``write_captured``; returns the captured version."""
+        return self.backend.capture()
+
+    @ray.method(concurrency_group="io")
+    def write_captured(self, policy_dir: str) -> dict[str, FileRecord]:
+        """Write the last capture into ``policy_dir`` (which must exist), fsynced; returns the files this rank
+        hashed as it wrote them (the manifest hashes any other file itself)."""
+        lower_current_thread_priority()  # this thread only: the training thread keeps the CPU first
+        return self.backend.write_captured(Path(policy_dir))
+
+    def load(self, policy_dir: str, expected: Mapping[str, str]) -> int:
+        """Restore from a *verified* bundle; ``expected``: policy-dir-relative name → sha256 from its manifest."""
+        d = Path(policy_dir)
+        fault_point(f"restore.policy.{d.parent.name}")
+        return self.backend.load(d, expected)
+
+    def fingerprint(self) -> PolicyFingerprint | None:
+        return self.backend.fingerprint()
