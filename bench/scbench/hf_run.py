@@ -46,7 +46,7 @@ def run(h: Harness) -> dict[str, Any]:
     extra = {
         "model": {"backend": "hf", "path": str(model_dir)},
         "task": {"name": "jsonl", "path": str(data), "prompt_len": 16, "response_len": 8},
-        "grpo": {"prompts_per_step": 4, "num_generations_per_prompt": 4},
+        "grpo": {"prompts_per_step": 4, "group_size": 4},
         "checkpoint": {"save_period": SAVE_PERIOD},
     }
     res = run_controller(h, _cfg(h, "hf_run", steps=STEPS, enabled=True, extra=extra))
@@ -68,7 +68,7 @@ def run(h: Harness) -> dict[str, Any]:
         "span_s": span,
         "saves": len(saves),
         "save_s": [s.seconds for s in saves],
-        "blocked_s": [s.blocked_seconds for s in saves],
+        "blocked_s": [s.paused_seconds for s in saves],
         "lost_s": lost,
         "lost_share": lost / span,
         "policy_bytes": policy_bytes,

@@ -67,6 +67,7 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
     one = OneSize(h, size_mib, units, before)
     fill_s = await one.churn()
     saves, raw_w, tq_get = await one.measure_saves()
+    one.meter.calibrate(0.3 if h.quick else 1.0)  # the tree at rest, right before its CPU is measured
     one.cpu_samples.update(await snapshot_cpu.saves(one, one.meter))
     restore = await one.measure_restores()
     return one.result(fill_s, saves, raw_w, tq_get, restore)
@@ -95,7 +96,7 @@ class OneSize:
         self.base = h.work / f"dp{size_mib}u{units}"
         self.raw_path = self.base / "raw.bin"
         self.live = 0
-        self.meter = snapshot_cpu.new_meter(h.quick)
+        self.meter = cpu.CpuMeter()
         self.cpu_samples: dict[str, list[cpu.Sample]] = {}  # CPU cost (``snapshot_cpu``) by candidate
 
     def group_fields(self, seed: int) -> Any:

@@ -15,12 +15,6 @@ from bench.scbench import cpu
 from bench.scbench.common import drop_cache, files_under, raw_read, raw_write
 
 
-def new_meter(quick: bool) -> cpu.CpuMeter:
-    meter = cpu.CpuMeter()
-    meter.calibrate(0.3 if quick else 1.0)
-    return meter
-
-
 async def saves(one: Any, meter: cpu.CpuMeter) -> dict[str, list[cpu.Sample]]:
     """The streamed save, TransferQueue's own get and a raw write + fsync, ``one.reps`` times each."""
 
