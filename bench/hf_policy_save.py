@@ -12,6 +12,10 @@ raw, DCP, ...), after a barrier:
   fsync + the sha256 of what it wrote (what the bundle manifest then reuses);
 * raw: each rank writes as many bytes as its DCP files hold, sequentially, + fsync of file and directory.
 
+Each of the three is also measured in CPU-seconds: ``getrusage(RUSAGE_SELF)`` (user + system, every thread of the
+rank process — DCP writes on the calling thread) before and after, summed over the ranks. Targets (issue 21): the
+DCP save's CPU-seconds per GiB <= 1.5x the raw write's, and training paused <= 10 ms per 100 MiB of trainer state.
+
 Throughput = all ranks' bytes / the slowest rank's seconds. Then the step time with a save written behind it on
 the io thread (at the lowered priority the trainer actor gives it), against steps with none.
 Writes ``<out>/hf_policy_save.json`` and ``<out>/hf_policy_save.md``.
@@ -55,6 +59,14 @@ def write_behind(trainer: Any, d: Path) -> None:
 
     lower_current_thread_priority()
     trainer.write_captured(d)
+
+
+def cpu_now() -> float:
+    """CPU-seconds (user + system) of this whole process so far: every thread of the rank."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def rank_main(rank: int, world: int, model_dir: str, work: str, reps: int, steps: int) -> dict[str, Any]:
@@ -104,20 +116,23 @@ class RankBench:
         """DCP saves (the pause to capture, then the write) and raw writes of this rank's bytes, interleaved."""
         pattern = os.urandom(8 * MiB)
         paused, dcp_s, raw_s, my_bytes, total_bytes = [], [], [], [], []
+        cpu: dict[str, list[float]] = {"paused": [], "dcp": [], "raw": []}
         for rep in range(reps):
             for kind in ("dcp", "raw") if rep % 2 == 0 else ("raw", "dcp"):
                 d = work / f"rep{rep}-{kind}"
                 self.barrier()
                 if kind == "dcp":
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), cpu_now()
                     self.trainer.capture()
                     paused.append(time.perf_counter() - t0)
+                    cpu["paused"].append(cpu_now() - c0)
                     if self.rank == 0:
                         d.mkdir(parents=True)
                     self.barrier()
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), cpu_now()
                     written = self.trainer.write_captured(d)
                     dcp_s.append(time.perf_counter() - t0)
+                    cpu["dcp"].append(cpu_now() - c0)
                     my_bytes.append(written.bytes)
                     self.barrier()
                     total_bytes.append(sum(p.stat().st_size for p in d.rglob("*") if p.is_file()))
@@ -125,18 +140,21 @@ class RankBench:
                     nbytes = my_bytes[-1] if my_bytes else 0
                     d.mkdir(parents=True, exist_ok=True)
                     self.barrier()
+                    c0 = cpu_now()
                     raw_s.append(raw_write(d / f"raw-{self.rank}", nbytes, pattern) if nbytes else float("nan"))
+                    cpu["raw"].append(cpu_now() - c0 if nbytes else float("nan"))
                 self.barrier()
                 if self.rank == 0:
                     shutil.rmtree(d, ignore_errors=True)
         if raw_s and raw_s[0] != raw_s[0]:  # the first raw ran before the first DCP save had told its size
-            raw_s = raw_s[1:]
+            raw_s, cpu["raw"] = raw_s[1:], cpu["raw"][1:]
         return {
             "paused": paused,
             "dcp_seconds": dcp_s,
             "raw_seconds": raw_s,
             "rank_bytes": my_bytes,
             "total_bytes": total_bytes,
+            "cpu": cpu,
         }
 
     def steps_behind(self, d: Path, steps: int) -> tuple[list[float], list[float]]:
@@ -185,6 +203,10 @@ def fold(world: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     dcp = [max(r["dcp_seconds"][i] for r in ranks) for i in range(n)]
     raw = [max(r["raw_seconds"][i] for r in ranks) for i in range(m)]
     paused = [max(r["paused"][i] for r in ranks) for i in range(n)]
+    gib = total / 2**30
+    cpu_dcp = [sum(r["cpu"]["dcp"][i] for r in ranks) / gib for i in range(n)]
+    cpu_raw = [sum(r["cpu"]["raw"][i] for r in ranks) / gib for i in range(m)]
+    per_100mib = [1000 * s / (total / (100 * MiB)) for s in paused]
     plain = [x for r in ranks for x in r["step_plain"]]
     behind = [x for r in ranks for x in r["step_behind"]]
     return {
@@ -194,6 +216,11 @@ def fold(world: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "dcp_mib_s": summary([total / MiB / s for s in dcp]),
         "raw_mib_s": summary([total / MiB / s for s in raw]),
         "paused_ms": summary([1000 * s for s in paused]),
+        "paused_ms_per_100mib": summary(per_100mib),
+        "cpu_s_per_gib_dcp": summary(cpu_dcp),
+        "cpu_s_per_gib_raw": summary(cpu_raw),
+        "cpu_s_per_gib_paused": summary([sum(r["cpu"]["paused"][i] for r in ranks) / gib for i in range(n)]),
+        "cpu_dcp_over_raw": statistics.median(cpu_dcp) / statistics.median(cpu_raw),
         "step_plain_ms": summary([1000 * s for s in plain]),
         "step_behind_ms": summary([1000 * s for s in behind]) if behind else None,
     }
@@ -216,6 +243,15 @@ def markdown(doc: dict[str, Any]) -> str:
         "| training paused per save ms | step ms, no save | step ms, save behind | x |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    cpu = [
+        "",
+        "CPU-seconds per GiB of policy files (all ranks' processes, getrusage) and the pause per 100 MiB of trainer",
+        "state. Targets: DCP <= 1.5x raw; paused <= 10 ms per 100 MiB.",
+        "",
+        "| model | ranks | DCP save CPU-s/GiB | raw write CPU-s/GiB | **x raw** | capture CPU-s/GiB "
+        "| **paused ms per 100 MiB** |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for size, entry in doc["results"].items():
         for r in entry["worlds"]:
             ratio = r["dcp_mib_s"]["median"] / r["raw_mib_s"]["median"]
@@ -228,7 +264,12 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{fmt(r['dcp_mib_s'])} | {ratio:.2f} | {fmt(r['paused_ms'], 1)} | {fmt(r['step_plain_ms'])} | "
                 f"{fmt(r['step_behind_ms'])} | {slow:.2f} |"
             )
-    return "\n".join(lines) + "\n"
+            cpu.append(
+                f"| {size} | {r['world']} | {fmt(r['cpu_s_per_gib_dcp'], 2)} | {fmt(r['cpu_s_per_gib_raw'], 2)} | "
+                f"**{r['cpu_dcp_over_raw']:.2f}** | {fmt(r['cpu_s_per_gib_paused'], 2)} | "
+                f"**{fmt(r['paused_ms_per_100mib'], 1)}** |"
+            )
+    return "\n".join(lines + cpu) + "\n"
 
 
 def main() -> None:

@@ -8,12 +8,13 @@ replaces a file atomically, so a reader sees the old content or the new one, nev
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import time
 from pathlib import Path
 
-CHUNK = 8 * 1024 * 1024
+from sc_app import hashing
+
+CHUNK = hashing.CHUNK
 
 
 def utc_stamp(at: float | None = None) -> str:
@@ -29,28 +30,17 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def hash_and_fsync(path: Path) -> tuple[str, int]:
-    """sha256 and size of a file, fsyncing it on the way (one read pass does both)."""
-    return _sha256(path, fsync=True)
+def hash_and_fsync(path: Path, alg: str = hashing.DEFAULT) -> hashing.FileDigest:
+    """Digest (by ``alg``) and size of a file, fsyncing it on the way (one read pass does both)."""
+    return hashing.digest_file(path, alg, fsync=True)
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
-    return _sha256(path, fsync=False)
-
-
-def _sha256(path: Path, *, fsync: bool) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
+def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        while chunk := os.read(fd, CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-        if fsync:
-            os.fsync(fd)
+        os.fsync(fd)
     finally:
         os.close(fd)
-    return h.hexdigest(), size
 
 
 def write_durable(path: Path, data: bytes) -> None:

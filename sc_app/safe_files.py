@@ -15,12 +15,13 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sc_app import hashing
 
 CHUNK = 8 * 1024 * 1024
 MAX_REL_LEN = 4096
@@ -223,20 +224,18 @@ class Tree:
         finally:
             os.close(fd)
 
-    def sha256(self, rel: str) -> tuple[str, int]:
-        """sha256 and size of ``rel``, read once."""
+    def digest(self, rel: str, alg: str) -> tuple[str, int]:
+        """Digest (``sc_app.hashing`` algorithm ``alg``) and size of ``rel``, read once."""
         fd = self.open_file(rel)
-        h = hashlib.sha256()
-        size = 0
         try:
-            while chunk := os.read(fd, CHUNK):
-                h.update(chunk)
-                size += len(chunk)
+            return hashing.digest_fd(fd, alg)
         except OSError as exc:
             raise FileProblem(f"{self.at(rel)}: cannot be read ({_reason(exc)})") from None
         finally:
             os.close(fd)
-        return h.hexdigest(), size
+
+    def sha256(self, rel: str) -> tuple[str, int]:
+        return self.digest(rel, hashing.SHA256)
 
     # -- listing -----------------------------------------------------------------------------------------------
     def scan(self, *, max_depth: int = SCAN_MAX_DEPTH, max_entries: int = SCAN_MAX_ENTRIES) -> Inventory:

@@ -17,7 +17,7 @@ def pad_bundle(src: Path, dst_root: Path, data_plane_bytes: int) -> int:
     from sc_app.checkpoint import layout
     from sc_app.checkpoint.manifest import render
     from sc_app.data_plane.streamed_format import PartWriter, iter_groups, merged_metadata, read_metadata
-    from sc_app.durable_io import sha256_file
+    from sc_app.hashing import digest_file
 
     _, bundle = layout.step_dirs(src)[0]
     dst = dst_root / bundle.name
@@ -42,8 +42,8 @@ def pad_bundle(src: Path, dst_root: Path, data_plane_bytes: int) -> int:
     files = {}
     for p in sorted(dst.rglob("*")):
         if p.is_file() and p.name != layout.MANIFEST_FILE:
-            digest, size = sha256_file(p)
-            files[p.relative_to(dst).as_posix()] = {"sha256": digest, "size": size}
+            got = digest_file(p, manifest["hash_alg"])
+            files[p.relative_to(dst).as_posix()] = {"digest": got.digest, "size": got.size}
     manifest["files"] = files
     manifest.pop("signature", None)
     (dst / layout.MANIFEST_FILE).write_bytes(render(manifest, None))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.scbench import cpu_report
+
 PHASE_ORDER = (
     "wait_rollouts",
     "get",
@@ -66,6 +68,7 @@ def render_markdown(res: dict[str, Any]) -> str:
     pg = res.get("put_get")
     if pg:
         _calls_table(pg, add)
+    cpu_report.render(res, add)
     add("### Targets")
     add("")
     add("| target | measured | verdict |")
@@ -276,6 +279,7 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     _data_plane_targets(dp, add)
     if e:
         _controller_targets(e, dp, add)
+    cpu_report.targets(res, add)
     return out
 
 

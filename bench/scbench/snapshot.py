@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.scbench import cpu, snapshot_cpu
 from bench.scbench.common import (
     GROUP,
     NATIVE_MAX_MIB,
@@ -66,6 +67,8 @@ async def _size(h: Harness, size_mib: int, units: int, before: Any) -> dict[str,
     one = OneSize(h, size_mib, units, before)
     fill_s = await one.churn()
     saves, raw_w, tq_get = await one.measure_saves()
+    one.meter.calibrate(0.3 if h.quick else 1.0)  # the tree at rest, right before its CPU is measured
+    one.cpu_samples.update(await snapshot_cpu.saves(one, one.meter))
     restore = await one.measure_restores()
     return one.result(fill_s, saves, raw_w, tq_get, restore)
 
@@ -93,6 +96,8 @@ class OneSize:
         self.base = h.work / f"dp{size_mib}u{units}"
         self.raw_path = self.base / "raw.bin"
         self.live = 0
+        self.meter = cpu.CpuMeter()
+        self.cpu_samples: dict[str, list[cpu.Sample]] = {}  # CPU cost (``snapshot_cpu``) by candidate
 
     def group_fields(self, seed: int) -> Any:
         import torch
@@ -156,8 +161,9 @@ class OneSize:
             i += 1
             await asyncio.sleep(STREAM_INTERVAL_S)
 
-    async def save(self, make: Snap, directory: Path) -> dict[str, Any]:
-        """One save the way the controller cuts it, with small rollout groups committing meanwhile."""
+    async def save(self, make: Snap, directory: Path, rollouts: bool = True) -> dict[str, Any]:
+        """One save the way the controller cuts it, with small rollout groups committing meanwhile (``rollouts``;
+        off where the save's own CPU is measured)."""
         from sc_app.replay_buffer import TQReplayBuffer
 
         buffer, barrier = self.buffer, self.barrier
@@ -165,8 +171,8 @@ class OneSize:
         stop = asyncio.Event()
         latencies: list[float] = []
         stream_buffer = TQReplayBuffer(self.client, barrier, partition=self.partition + "s", group_size=GROUP)
-        streamer = asyncio.create_task(self.stream(stream_buffer, stop, latencies))
-        await asyncio.sleep(0.05)  # the stream is flowing before the save asks for the window
+        streamer = asyncio.create_task(self.stream(stream_buffer, stop, latencies) if rollouts else asyncio.sleep(0))
+        await asyncio.sleep(0.05 if rollouts else 0)  # the stream is flowing before the save asks for the window
         t0 = time.perf_counter()
         async with barrier.checkpoint():
             w0 = time.perf_counter()
@@ -181,11 +187,12 @@ class OneSize:
         finally:
             await buffer.thaw()
         total = time.perf_counter() - t0
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05 if rollouts else 0)
         stop.set()
         await streamer
         waits = barrier.stats.mutation_waits[waits_before:]
-        await stream_buffer.drop([g.group_id for g in stream_buffer.groups()])  # the next save sees the same set
+        if stream_buffer.groups():
+            await stream_buffer.drop([g.group_id for g in stream_buffer.groups()])  # the next save sees the same set
         return {
             "seconds": total,
             "window_s": window,
@@ -305,6 +312,7 @@ class OneSize:
             restore["tq_put"].append(await self.tq_put_all(in_memory))
             self.check_restored(probe, "TransferQueue's own put", ids_on_disk, expected)
             restore["raw_read"].append(await asyncio.to_thread(raw_read, self.raw_path))
+        self.cpu_samples.update(await snapshot_cpu.restores(self, self.meter, sdir, in_memory))
         self.h.clear_all()
         shutil.rmtree(self.base)
         return restore
@@ -331,6 +339,7 @@ class OneSize:
             "raw_read_mib_s": _bw(live, restore["raw_read"]),
             "tq_put_mib_s": _bw(live, restore["tq_put"]),
             "restore_ceiling_mib_s": _ceiling(live, restore["raw_read"], restore["tq_put"]),
+            "cpu": cpu.cost_rows(self.cpu_samples, live, self.meter.idle_rate),
         }
         for name in ("streamed", "before", "native"):
             if not cands[name]:

@@ -2,16 +2,16 @@
 
 Invariants: only files the manifest lists are read; each is a regular file inside the bundle, reached without
 following a link (``sc_app.safe_files.Tree``); no more than a caller's bound is read; and the bytes handed to a
-parser are the very bytes whose sha256 was just compared with the manifest — a file changed after it was hashed
-is refused, not parsed. Every failure is a ``FileProblem`` whose message names the file.
+parser are the very bytes whose digest (by the manifest's algorithm) was just compared with the manifest — a file
+changed after it was hashed is refused, not parsed. Every failure is a ``FileProblem`` whose message names the file.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
+from sc_app import hashing
 from sc_app.checkpoint.manifest import Manifest
 from sc_app.safe_files import FileProblem, Tree
 
@@ -30,7 +30,7 @@ class BundleFiles:
         return self._tree.at(rel)
 
     def listed(self, prefix: str = "") -> dict[str, dict[str, Any]]:
-        """Manifest entries (bundle-relative path → ``{"sha256", "size"}``) under ``prefix``."""
+        """Manifest entries (bundle-relative path → ``{"digest", "size"}``) under ``prefix``."""
         return {rel: info for rel, info in self.manifest.files.items() if rel.startswith(prefix)}
 
     def size(self, rel: str) -> int:
@@ -41,12 +41,13 @@ class BundleFiles:
         return int(info["size"])
 
     def read(self, rel: str, limit: int) -> bytes:
-        """The bytes of ``rel``, at most ``limit``, and only if their sha256 is the manifest's."""
+        """The bytes of ``rel``, at most ``limit``, and only if their digest is the manifest's."""
         if self.size(rel) > limit:
             raise FileProblem(f"{self.at(rel)}: {self.size(rel)} bytes, more than the {limit} this file may hold")
         data = self._tree.read(rel, limit)
-        if hashlib.sha256(data).hexdigest() != self.manifest.files[rel]["sha256"]:
-            raise FileProblem(f"{self.at(rel)}: sha256 does not match the manifest (changed while being verified)")
+        alg = self.manifest.hash_alg
+        if hashing.digest_bytes(data, alg) != self.manifest.files[rel]["digest"]:
+            raise FileProblem(f"{self.at(rel)}: {alg} does not match the manifest (changed while being verified)")
         return data
 
     def load_pt(self, rel: str, limit: int) -> Any:

@@ -8,7 +8,7 @@ the bundle, bounded, re-hashed as read). Every check returns problems, each star
 ``train_dataloader.pt``    weights-only load → ``LOADER_CHECK`` (restore: ``PromptLoader.load_state_dict``)
 ``replay_buffer_...pt``    weights-only load → ``sc_app.replay_buffer.check_sidecar`` (restore: the index)
 ``data_plane/``            ``sc_app.data_plane.schema``: ``metadata.json`` and every part header, checked in full
-                           (restore: ``streamed_format``); the native format's pickles are sha256-checked only
+                           (restore: ``streamed_format``); the native format's pickles are digest-checked only
 =========================  =====================================================================================
 
 Across files: the sidecar's groups and sample ids are exactly the data plane's (the restore's inventory check), and
@@ -37,7 +37,7 @@ DP = layout.DATA_PLANE_DIR
 DP_METADATA = f"{DP}/{layout.DATA_PLANE_METADATA}"
 NATIVE_NOTE = (
     "data plane in TransferQueue's native format: its pickles cannot be checked without unpickling them, only their "
-    "sha256 stands behind them (set SC_APP_CHECKPOINT_HMAC_KEY so that only key holders can reseal a bundle)"
+    "digests stand behind them (set SC_APP_CHECKPOINT_HMAC_KEY so that only key holders can reseal a bundle)"
 )
 
 Groups = dict[str, set[str]]  # group id → its sample ids

@@ -1,7 +1,12 @@
-"""manifest.json: the last file of a bundle; lists sha256 + size of every other file and what the bundle holds.
+"""manifest.json: the last file of a bundle; lists the digest + size of every other file and what the bundle holds.
+
+Schema 2 (written now) names its file hash algorithm (``hash_alg``: blake3 by default, ``sc_app.hashing``) and
+lists ``{"digest", "size"}`` per file; schema 1 (bundles written before) lists ``{"sha256", "size"}`` and is still
+read: ``Manifest.files`` gives both as ``{"digest", "size"}`` and ``Manifest.hash_alg`` says which algorithm.
+The HMAC signature covers the whole document but the signature itself, so every digest and the algorithm's name.
 
 Invariants: a manifest is written only after every file it lists is fsynced; a file is handed to any
-deserialiser only after its sha256 matches the manifest; when an HMAC key is configured
+deserialiser only after its digest matches the manifest; when an HMAC key is configured
 (env ``SC_APP_CHECKPOINT_HMAC_KEY``), unsigned or mis-signed manifests are refused. A manifest is read only as a
 regular file of at most ``MAX_MANIFEST_BYTES`` and accepted only with exactly the keys and types of
 ``ManifestDoc`` (every path it lists is checked by the verifier, ``sc_app.checkpoint.verify``).
@@ -14,9 +19,11 @@ import hmac
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+from sc_app import hashing
 from sc_app.checkpoint.layout import MANIFEST_FILE
 from sc_app.config_input import ConfigError
 from sc_app.digest import canonical_bytes
@@ -24,7 +31,8 @@ from sc_app.safe_files import FileProblem, read_regular
 from sc_app.strict_json import Hex64, Name, NonNegInt, PosInt, Scalar, SchemaError, StrictModel, parse, validate
 
 MANIFEST_FORMAT = "sc-app/bundle"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # written now: names its file hash algorithm
+READABLE_VERSIONS = (1, 2)  # 1: sha256 digests under "sha256", no hash_alg
 HMAC_ENV = "SC_APP_CHECKPOINT_HMAC_KEY"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024  # ~150 bytes per listed file
 
@@ -84,8 +92,21 @@ class Manifest:
         return int(self.doc["step"])
 
     @property
+    def hash_alg(self) -> str:
+        """The algorithm of every file digest (``sc_app.hashing``): sha256 for schema 1, which names none."""
+        return str(self.doc.get("hash_alg", hashing.LEGACY))
+
+    @cached_property
     def files(self) -> dict[str, dict[str, Any]]:
-        return self.doc["files"]
+        """bundle-relative path → ``{"digest", "size"}`` (of ``hash_alg``), whichever schema the file has."""
+        files = self.doc["files"]
+        if self.doc.get("schema_version") == 1:
+            return {rel: {"digest": e["sha256"], "size": e["size"]} for rel, e in files.items()}
+        return files
+
+    def expected(self, rel: str) -> str:
+        """The digest of ``rel`` labelled with its algorithm (``hashing.label``): what a reader checks bytes with."""
+        return hashing.label(self.hash_alg, str(self.files[rel]["digest"]))
 
     @property
     def replay_digest(self) -> str:
@@ -116,13 +137,18 @@ class Manifest:
         return value if isinstance(value, dict) else None
 
     def hashes_under(self, directory: str) -> dict[str, str]:
-        """sha256 of every listed file under ``directory/``, keyed by its path inside it: what a reader of that
-        directory checks before it decodes a byte."""
+        """The labelled digest (``hashing.label``) of every listed file under ``directory/``, keyed by its path
+        inside it: what a reader of that directory checks before it decodes a byte."""
         prefix = directory.rstrip("/") + "/"
-        return {rel[len(prefix) :]: str(info["sha256"]) for rel, info in self.files.items() if rel.startswith(prefix)}
+        return {rel[len(prefix) :]: self.expected(rel) for rel in self.files if rel.startswith(prefix)}
 
 
 class FileEntry(StrictModel):
+    digest: Hex64
+    size: NonNegInt
+
+
+class FileEntryV1(StrictModel):
     sha256: Hex64
     size: NonNegInt
 
@@ -167,17 +193,15 @@ class Signature(StrictModel):
     value: str
 
 
-class ManifestDoc(StrictModel):
-    """Every key a manifest may hold, with its type: anything else is refused (a newer layout bumps
-    ``schema_version``). ``lineage`` (the directory's training lineage), ``policy_format`` (which policy
-    checker applies, ``sc_app.checkpoint.policy_formats``), ``steps`` (the steps since the previous bundle, for the
-    run log) and ``dataset`` (the file a ``task.name=jsonl`` loader place points into) are absent from bundles
-    written before they existed, and ``dataset`` from bundles of tasks without a file."""
+class _ManifestBody(StrictModel):
+    """Every key a manifest may hold besides its schema version and files, with its type: anything else is refused (a
+    newer layout bumps ``schema_version``). ``lineage`` (the directory's training lineage), ``policy_format`` (which
+    policy checker applies, ``sc_app.checkpoint.policy_formats``), ``steps`` (the steps since the previous bundle,
+    for the run log) and ``dataset`` (the file a ``task.name=jsonl`` loader place points into) are absent from
+    bundles written before they existed, and ``dataset`` from bundles of tasks without a file."""
 
     format: Literal["sc-app/bundle"]
-    schema_version: Literal[1]
     step: NonNegInt
-    files: dict[str, FileEntry]
     replay: ReplayRecord
     compat: dict[str, Scalar | list[Scalar]] = {}
     versions: dict[str, str] = {}
@@ -191,6 +215,21 @@ class ManifestDoc(StrictModel):
     steps: list[KeptStep] = []  # the steps since the previous bundle (run-log recovery); absent in older bundles
     dataset: DatasetEntry | None = None
     signature: Signature | None = None
+
+
+class ManifestDoc(_ManifestBody):
+    """Schema 2 (written now): the file hash algorithm named, ``{"digest", "size"}`` per file."""
+
+    schema_version: Literal[2]
+    hash_alg: Literal["blake3", "sha256"]
+    files: dict[str, FileEntry]
+
+
+class ManifestDocV1(_ManifestBody):
+    """Schema 1 (bundles written before the algorithm was named): sha256, ``{"sha256", "size"}`` per file."""
+
+    schema_version: Literal[1]
+    files: dict[str, FileEntryV1]
 
 
 def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
@@ -215,16 +254,16 @@ def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> 
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{path}: not an sc-app bundle manifest")
     version = doc.get("schema_version")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise ManifestError(
-            f"{path}: unknown schema_version {version!r} (this sc-app reads {SCHEMA_VERSION}); "
+            f"{path}: unknown schema_version {version!r} (this sc-app reads {', '.join(map(str, READABLE_VERSIONS))}); "
             "resume it with the sc-app version that wrote it"
         )
     for key in ("step", "files", "replay"):
         if key not in doc:
             raise ManifestError(f"{path}: manifest lacks '{key}'")
     try:
-        validate(ManifestDoc, doc)
+        validate(ManifestDocV1 if version == 1 else ManifestDoc, doc)
     except SchemaError as exc:
         raise ManifestError(f"{path}: manifest does not have the schema of an sc-app bundle ({exc})") from None
     if hmac_key is not None:
@@ -238,6 +277,7 @@ def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> 
 
 
 def render(doc: dict[str, Any], hmac_key: bytes | None) -> bytes:
+    """The manifest file's bytes; ``doc`` holds ``hash_alg`` and ``files`` as ``{"digest", "size"}``."""
     full = {"format": MANIFEST_FORMAT, "schema_version": SCHEMA_VERSION, **doc}
     if hmac_key is not None:
         full = sign(full, hmac_key)

@@ -147,17 +147,19 @@ async def write_bundle(
             policy_written = asyncio.ensure_future(write_policy(writer.policy_dir))
             policy_files = await policy_written
             await afault_point("save.policy")
-            await in_background(torch_io.save, captured.loader_state, writer.loader_path)
+            loader_file = await in_background(torch_io.save, captured.loader_state, writer.loader_path)
             await afault_point("save.loader")
             data_plane = await snapshot.write(executor=executor)
         finally:
             await thaw()
         await afault_point("save.snapshot")
-        await in_background(torch_io.save, captured.replay_index, writer.sidecar_path)
+        sidecar_file = await in_background(torch_io.save, captured.replay_index, writer.sidecar_path)
         await afault_point("save.sidecar")
         prehashed = {f"{layout.DATA_PLANE_DIR}/{name}": h for name, h in data_plane.get("files", {}).items()}
         for name, record in (policy_files or {}).items():
-            prehashed[f"{layout.POLICY_DIR}/{name}"] = {"sha256": record.sha256, "size": record.size}
+            prehashed[f"{layout.POLICY_DIR}/{name}"] = record.as_dict()
+        prehashed[layout.LOADER_FILE] = loader_file.as_dict()
+        prehashed[layout.SIDECAR_FILE] = sidecar_file.as_dict()
         final = await in_background(writer.commit, manifest_record, prehashed)
     except BaseException:
         if policy_written is not None:  # let the trainer's write end before its directory goes

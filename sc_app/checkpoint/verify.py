@@ -1,11 +1,12 @@
 """Verification of one bundle: what verifies is what restores, and nothing found in a bundle crashes or hangs it.
 
 Order matters: the manifest first (a regular file, bounded, strict schema, signature), then every entry of the
-bundle's tree against it (links and special files are named, never followed or opened; sizes; sha256 of every
-listed file), then — only when all of that passed — every file's *contents*, parsed by the validators the restore
-uses (``sc_app.checkpoint.contents``). Every path read is a plain relative path resolved inside the bundle without
-following a link (``sc_app.safe_files``). A bundle is *verified* only when every check passed; ``problems`` names
-each failure with its file. ``notes`` say what verification could not check (the native data plane's pickles).
+bundle's tree against it (links and special files are named, never followed or opened; sizes; the digest of every
+listed file, by the manifest's ``hash_alg``), then — only when all of that passed — every file's *contents*, parsed
+by the validators the restore uses (``sc_app.checkpoint.contents``). Every path read is a plain relative path
+resolved inside the bundle without following a link (``sc_app.safe_files``). A bundle is *verified* only when every
+check passed; ``problems`` names each failure with its file. ``notes`` say what verification could not check (the
+native data plane's pickles).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class BundleReport:
             "bytes": sum(int(f.get("size", 0)) for f in m.get("files", {}).values()) if m else None,
             "created_at": m.get("created_at"),
             "lineage": m.get("lineage"),
+            "hash_alg": self.manifest.hash_alg if self.manifest else None,
+            "schema_version": m.get("schema_version"),
         }
 
 
@@ -244,9 +247,11 @@ def _check_listed(tree: Tree, inv: Inventory, manifest: Manifest, deep: bool, pr
             continue
         if deep:
             try:
-                digest, _ = tree.sha256(rel)
+                digest, _ = tree.digest(rel, manifest.hash_alg)
             except FileProblem as exc:
                 problems.append(str(exc))
                 continue
-            if digest != info["sha256"]:
-                problems.append(f"{tree.at(rel)}: sha256 does not match the manifest (corrupted or tampered)")
+            if digest != info["digest"]:
+                problems.append(
+                    f"{tree.at(rel)}: {manifest.hash_alg} does not match the manifest (corrupted or tampered)"
+                )

@@ -12,10 +12,10 @@ import logging
 import os
 import shutil
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sc_app import hashing
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.manifest import render
@@ -29,14 +29,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
-@dataclass(frozen=True)
-class FileRecord:
-    """A file of the bundle a writer wrote and hashed as it wrote it (a trainer's policy files): the commit takes
-    these (``prehashed``) instead of reading the file back."""
-
-    sha256: str
-    size: int
+# A file of the bundle a writer wrote and hashed as it wrote it (a trainer's policy files): the commit takes these
+# (``prehashed``) instead of reading the file back.
+FileRecord = hashing.FileDigest
 
 
 class BundleExistsError(FileExistsError):
@@ -45,7 +40,13 @@ class BundleExistsError(FileExistsError):
 
 class BundleWriter:
     def __init__(
-        self, root: str | Path, step: int, *, hmac_key: bytes | None = None, lease: Lease | None = None
+        self,
+        root: str | Path,
+        step: int,
+        *,
+        hmac_key: bytes | None = None,
+        lease: Lease | None = None,
+        hash_alg: str = hashing.DEFAULT,
     ) -> None:
         self.root = Path(root)
         self.step = step
@@ -53,6 +54,7 @@ class BundleWriter:
         self.tmp = self.root / layout.tmp_name(step, lease.run_id if lease is not None else None)
         self.final = self.root / layout.step_name(step)
         self._hmac_key = hmac_key
+        self.hash_alg = hashing.check_alg(hash_alg)  # of every file digest the manifest lists
         self._created = False
 
     # paths inside the bundle being written
@@ -101,9 +103,10 @@ class BundleWriter:
         """Hash + fsync every file, write the manifest (``record`` + step + files) last, fsync dirs, rename.
         Returns ``step_N/``.
 
-        ``prehashed``: bundle-relative path → ``{"sha256", "size"}`` of files whose writer already fsynced them and
-        hashed exactly the bytes it wrote (the streamed data plane); they are not read again. Their size on disk
-        must still match, else the commit fails."""
+        ``prehashed``: bundle-relative path → ``hashing.FileDigest.as_dict()`` of files whose writer already
+        fsynced them and hashed exactly the bytes it wrote (policy files, the streamed data plane); they are not read
+        again. Their size on disk must still match, else the commit fails; one hashed by another algorithm than
+        this bundle's is read again."""
         prehashed = prehashed or {}
         files: dict[str, dict[str, Any]] = {}
         for dirpath, _, names in os.walk(self.tmp):
@@ -112,18 +115,19 @@ class BundleWriter:
                 rel = p.relative_to(self.tmp).as_posix()
                 if rel == layout.MANIFEST_FILE:
                     continue
-                if rel in prehashed:
+                known = prehashed.get(rel)
+                if known is not None and known["alg"] == self.hash_alg:
                     size = p.stat().st_size
-                    if size != prehashed[rel]["size"]:
-                        raise OSError(f"{p}: {size} bytes on disk, its writer wrote {prehashed[rel]['size']}")
-                    files[rel] = {"sha256": prehashed[rel]["sha256"], "size": size}
+                    if size != known["size"]:
+                        raise OSError(f"{p}: {size} bytes on disk, its writer wrote {known['size']}")
+                    files[rel] = {"digest": known["digest"], "size": size}
                     continue
-                digest, size = hash_and_fsync(p)
-                files[rel] = {"sha256": digest, "size": size}
+                got = hash_and_fsync(p, self.hash_alg)
+                files[rel] = {"digest": got.digest, "size": got.size}
         missing = [e for e in layout.REQUIRED_ENTRIES if not (self.tmp / e).exists()]
         if missing:
             raise FileNotFoundError(f"{self.tmp}: bundle incomplete, missing {', '.join(missing)}")
-        doc = {**record, "step": self.step, "files": dict(sorted(files.items()))}
+        doc = {**record, "step": self.step, "hash_alg": self.hash_alg, "files": dict(sorted(files.items()))}
         fault_point("save.manifest")
         write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
         fault_point("save.fsync")

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_checkpoint_dir(ls)
     add_json(ls)
     ls.set_defaults(func=cmd_ckpt_list)
-    ver = cks.add_parser("verify", help="verify every file's sha256 and the replay digests")
+    ver = cks.add_parser("verify", help="check every file's digest and the replay digests")
     add_checkpoint_dir(ver)
     ver.add_argument("bundle", nargs="*", help="bundle names (default: all)")
     add_json(ver)
@@ -89,6 +89,8 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     else:
         for r in reports:
             state = "verified" if r.ok else "BAD: " + "; ".join(r.problems)
+            if r.manifest is not None:  # which algorithm the file digests were checked with
+                state += f" ({r.manifest.hash_alg} file digests)"
             print(f"{r.name}: " + ("gone: pruned by the writer while being checked" if r.name in gone else state))
             for note in r.notes:
                 print(f"  note: {note}")

@@ -52,7 +52,7 @@ class DataPlaneSnapshot(ABC):
     @abstractmethod
     async def write(self, *, executor: Executor | None = None) -> dict[str, Any]:
         """Finish writing (blocking file work on ``executor``, default: the loop's); returns stats (``bytes``,
-        ``rows``, ``seconds``, and ``files``: name → ``{"sha256", "size"}`` where the writer hashed them)."""
+        ``rows``, ``seconds``, and ``files``: name → ``hashing.FileDigest.as_dict()`` where the writer hashed them)."""
 
 
 class DataPlaneClient(ABC):

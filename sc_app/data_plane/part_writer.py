@@ -7,8 +7,6 @@ bytes start at a multiple of ``_ALIGN`` so a reader can view them as a tensor in
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import json
 import os
 from pathlib import Path
@@ -17,6 +15,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from sc_app import hashing
+from sc_app.data_plane import row_blocks
 from sc_app.data_plane.schema import DTYPE_SIZES, STREAMED_FORMAT
 
 _ALIGN = 64
@@ -26,45 +26,25 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _as_blocks(value: Any, rows: int, field: str) -> tuple[torch.Tensor, list[int], list[int] | None]:
-    """``(contiguous tensor, logical shape, jagged offsets or None)`` for one field of one group."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"field {field!r} holds {type(value).__name__}; the streamed snapshot stores tensors only")
-    if value.is_nested and value.layout != torch.jagged:
-        value = torch.nested.nested_tensor(list(value.unbind()), layout=torch.jagged)
-    if value.is_nested:
-        values = value.values().contiguous()
-        offsets = [int(o) for o in value.offsets().tolist()]
-        lengths = {b - a for a, b in itertools.pairwise(offsets)}
-        if len(lengths) == 1:  # equal rows: store dense [rows, len, ...]
-            shape = [rows, lengths.pop(), *values.shape[1:]]
-            return values, shape, None
-        return values, list(values.shape), offsets
-    if value.shape[0] != rows:
-        raise ValueError(f"field {field!r} has {value.shape[0]} rows, expected {rows}")
-    return value.contiguous(), list(value.shape), None
-
-
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
-
-
 class PartWriter:
     """Appends group segments to ``<prefix>-NNNNN.bin`` files; every closed part is fsynced with its JSON header.
 
     One writer is one stream (one storage unit's rows); it is used by one thread at a time. ``hashes`` maps each
-    finished file's name to ``{"sha256", "size"}`` of exactly the bytes written to it."""
+    finished file's name to ``hashing.FileDigest.as_dict()`` of exactly the bytes written to it, hashed (by
+    ``hash_alg``) chunk by chunk right after each chunk is written, from the tensors' own memory (no copy)."""
 
-    def __init__(self, directory: Path, part_bytes: int, prefix: str = "part-00") -> None:
+    def __init__(
+        self, directory: Path, part_bytes: int, prefix: str = "part-00", hash_alg: str = hashing.DEFAULT
+    ) -> None:
         self.directory = directory
         self.part_bytes = part_bytes
         self.prefix = prefix
         self.parts: list[str] = []
         self.bytes = 0
         self.hashes: dict[str, dict[str, Any]] = {}
+        self.hash_alg = hashing.check_alg(hash_alg)
         self._fh: Any = None
-        self._sha: Any = None
+        self._out: hashing.HashingWriter | None = None
         self._segments: list[dict[str, Any]] = []
         self.rows = 0
         self.segments = 0
@@ -79,15 +59,12 @@ class PartWriter:
         name = f"{self.prefix}-{len(self.parts):05d}"
         self.parts.append(name)
         self._fh = open(self.directory / f"{name}.bin", "wb", buffering=0)  # noqa: SIM115 - closed in _close
-        self._sha = hashlib.sha256()
+        self._out = hashing.HashingWriter(self._fh, self.hash_alg)
         self._segments, self._pos = [], 0
 
     def _write(self, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        while view.nbytes:
-            n = self._fh.write(view)
-            view = view[n:]
-        self._sha.update(data)
+        assert self._out is not None
+        self._out.write(data)
 
     def _close(self) -> None:
         if self._fh is None:
@@ -96,40 +73,50 @@ class PartWriter:
         self._fh.close()
         self._fh = None
         name = self.parts[-1]
-        self.hashes[f"{name}.bin"] = {"sha256": self._sha.hexdigest(), "size": self._pos}
+        assert self._out is not None and self._out.size == self._pos
+        self.hashes[f"{name}.bin"] = self._out.result().as_dict()
+        self._out = None
         header = {"format": STREAMED_FORMAT, "bin": f"{name}.bin", "bytes": self._pos, "segments": self._segments}
         data = json.dumps(header, separators=(",", ":")).encode()
         with open(self.directory / f"{name}.json", "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        self.hashes[f"{name}.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        self.hashes[f"{name}.json"] = digest_of(data, self.hash_alg)
         self.bytes += self._pos
 
     def append(self, gid: str, ids: list[str], tags: list[dict[str, Any]], td: TensorDict) -> None:
-        """One segment: rows ``ids`` (of group ``gid``) with their tags and fields."""
+        """One segment: rows ``ids`` (of group ``gid``) with their tags and fields, as a batched TensorDict."""
+        fields = {str(k): row_blocks.packed(td.get(k), len(ids), str(k)) for k in td.keys()}  # noqa: SIM118
+        self._append(gid, ids, tags, fields)
+
+    def append_rows(self, gid: str, ids: list[str], tags: list[dict[str, Any]], columns: dict[str, list[Any]]) -> None:
+        """One segment from per-row tensors (field → one tensor per row, TransferQueue's unpacked reply): the same
+        bytes as ``append`` of the packed rows, without packing them first (``row_blocks``)."""
+        self._append(gid, ids, tags, {k: row_blocks.per_row(v, len(ids), k) for k, v in columns.items()})
+
+    def _append(self, gid: str, ids: list[str], tags: list[dict[str, Any]], fields: dict[str, Any]) -> None:
         if self._fh is None:
             self._open()
         specs: dict[str, Any] = {}
         rows = len(ids)
-        for key in td.keys():  # noqa: SIM118 - iterating a TensorDict walks its batch, not its keys
-            tensor, shape, offsets = _as_blocks(td.get(key), rows, str(key))
-            if _dtype_name(tensor.dtype) not in DTYPE_SIZES:  # what a reader could not check, is never written
-                raise TypeError(f"field {key!r} is {tensor.dtype}; the streamed snapshot stores {sorted(DTYPE_SIZES)}")
+        for key, blocks in fields.items():
+            if _dtype_name(blocks.dtype) not in DTYPE_SIZES:  # what a reader could not check, is never written
+                raise TypeError(f"field {key!r} is {blocks.dtype}; the streamed snapshot stores {sorted(DTYPE_SIZES)}")
             pad = -self._pos % _ALIGN
             if pad:
                 self._write(b"\0" * pad)
                 self._pos += pad
-            data = _tensor_bytes(tensor)
-            self._write(data)
-            specs[str(key)] = {
-                "dtype": _dtype_name(tensor.dtype),
-                "shape": shape,
+            for view in blocks.views:
+                self._write(view)
+            specs[key] = {
+                "dtype": _dtype_name(blocks.dtype),
+                "shape": blocks.shape,
                 "offset": self._pos,
-                "nbytes": data.nbytes,
-                "offsets": offsets,
+                "nbytes": blocks.nbytes,
+                "offsets": blocks.offsets,
             }
-            self._pos += data.nbytes
+            self._pos += blocks.nbytes
         self._segments.append({"group": gid, "ids": ids, "tags": tags, "fields": specs})
         self.rows += rows
         self.segments += 1
@@ -137,9 +124,13 @@ class PartWriter:
         if self._pos >= self.part_bytes:
             self._close()
 
-    def append_all(self, segments: list[tuple[str, list[str], list[dict[str, Any]], TensorDict]]) -> None:
-        for gid, ids, tags, td in segments:
-            self.append(gid, ids, tags, td)
+    def append_all(self, segments: list[tuple[str, list[str], list[dict[str, Any]], Any]]) -> None:
+        """Segments whose data is a TensorDict (``append``) or field → per-row values (``append_rows``)."""
+        for gid, ids, tags, data in segments:
+            if isinstance(data, dict):
+                self.append_rows(gid, ids, tags, data)
+            else:
+                self.append(gid, ids, tags, data)
 
     def summary(self, unit: str | None = None) -> dict[str, Any]:
         """What this finished writer wrote (plain data, so a remote writer can hand it back): its ``streams`` entry
@@ -186,3 +177,8 @@ def merged_metadata(
         "streams": [{k: st[k] for k in keep} for st in summaries],
         "user_metadata": user_metadata,
     }
+
+
+def digest_of(data: bytes, alg: str) -> dict[str, Any]:
+    """``hashing.FileDigest.as_dict()`` of ``data`` as one file's bytes."""
+    return hashing.FileDigest(alg, hashing.digest_bytes(data, alg), len(data)).as_dict()

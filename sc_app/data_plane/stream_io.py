@@ -53,6 +53,22 @@ class Segment:
     fields: list[str] | None
 
 
+@dataclass(frozen=True)
+class RowColumns:
+    """Rows as field → one value per row (``units.get_rows``), ``rows`` of them."""
+
+    columns: dict[str, list[Any]]
+    rows: int
+
+    def nbytes(self) -> int:
+        values = (v for c in self.columns.values() for v in c if isinstance(v, torch.Tensor))
+        return sum(v.numel() * v.element_size() for v in values)
+
+    def split(self, counts: list[int]) -> list[dict[str, list[Any]]]:
+        bounds = [0, *itertools.accumulate(counts)]
+        return [{k: col[a:b] for k, col in self.columns.items()} for a, b in itertools.pairwise(bounds)]
+
+
 class RowSource:
     """The TransferQueue calls a stream makes (tests wrap it to interleave other work between reads)."""
 
@@ -61,14 +77,15 @@ class RowSource:
         self.partition = partition
         self.client = units.tq_client(tq)
 
-    async def get(self, segments: list[Segment]) -> TensorDict:
-        """The rows of ``segments`` (which share one field list), in order."""
+    async def get(self, segments: list[Segment]) -> TensorDict | RowColumns:
+        """The rows of ``segments`` (which share one field list), in order: per-row values as the storage units
+        sent them (``units.get_rows``: no packing copy) where the fields are known, else TransferQueue's get."""
         fields = segments[0].fields
         if fields is None:
             keys = [sid for seg in segments for sid in seg.ids]
             return await self.tq.async_kv_batch_get(keys=keys, partition_id=self.partition)
         gis = [gi for seg in segments for gi in seg.global_indexes]
-        return await self.client.async_get_data(units.batch_meta(self.partition, gis, fields))
+        return RowColumns(await units.get_rows(self.client, gis, list(fields)), len(gis))
 
     async def put(self, group: RestoredGroup, global_indexes: list[int]) -> None:
         """Put one restored segment onto rows already registered at ``global_indexes``, tags included."""
@@ -113,13 +130,17 @@ async def copy_stream(
             while pos < len(segments) and len(pending) < max(1, gets_in_flight):
                 pending.append(next_batch())
             batch, task = pending.popleft()
-            td = await task
+            got = await task
             rows = sum(len(seg.ids) for seg in batch)
-            if td.batch_size[0] != rows:
-                raise RuntimeError(f"segments {batch[0].group}..: read back {td.batch_size[0]} rows, captured {rows}")
+            packed = not isinstance(got, RowColumns)
+            read = got.batch_size[0] if packed else got.rows
+            if read != rows:
+                raise RuntimeError(f"segments {batch[0].group}..: read back {read} rows, captured {rows}")
             if per_get == 1 and len(batch) == 1:
-                per_get = max(1, min(MAX_SEGMENTS_PER_GET, get_bytes // max(1, td_bytes(td))))
-            parts = split_rows(td, [len(seg.ids) for seg in batch])
+                nbytes = td_bytes(got) if packed else got.nbytes()
+                per_get = max(1, min(MAX_SEGMENTS_PER_GET, get_bytes // max(1, nbytes)))
+            counts = [len(seg.ids) for seg in batch]
+            parts = split_rows(got, counts) if packed else got.split(counts)
             segs = [(seg.group, seg.ids, seg.tags, part) for seg, part in zip(batch, parts, strict=True)]
             await blocking(writer.append_all, segs)
     finally:

@@ -55,7 +55,8 @@ class StreamedSnapshot(DataPlaneSnapshot):
     are the names each group held at capture; a group missing from it, or mapped to ``None``, has every field it
     holds read. Rows added meanwhile are never read.
     Post of ``write()``: ``directory`` holds exactly the captured rows and fields, every file fsynced,
-    ``metadata.json`` last; the returned ``files`` hold the sha256 of every file written.
+    ``metadata.json`` last; the returned ``files`` hold the digest (``hashing.FileDigest.as_dict()``) of every file
+    written.
     """
 
     tq: Any

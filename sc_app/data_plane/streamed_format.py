@@ -13,7 +13,6 @@ v1 (``part-NNNNN``, one stream, a segment per whole group) is still read: it is 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -24,8 +23,9 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from sc_app import hashing
 from sc_app.data_plane.client import METADATA_FILE
-from sc_app.data_plane.part_writer import PartWriter, merged_metadata
+from sc_app.data_plane.part_writer import PartWriter, digest_of, merged_metadata
 from sc_app.data_plane.schema import (
     DTYPE_SIZES,
     MAX_HEADER_BYTES,
@@ -101,10 +101,11 @@ def _rebuild(buf: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(values, offsets=torch.tensor(spec.offsets, dtype=torch.int64))
 
 
-def write_metadata(directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
+def write_metadata(directory: Path, doc: dict[str, Any], hash_alg: str = hashing.DEFAULT) -> dict[str, Any]:
+    """Write ``metadata.json`` durably; its ``hashing.FileDigest.as_dict()``."""
     data = json.dumps(doc, indent=1, sort_keys=True).encode()
     write_durable(directory / METADATA_FILE, data)  # fsyncs the file and the directory
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    return digest_of(data, hash_alg)
 
 
 # ---------------------------------------------------------------------------------------------------- reading

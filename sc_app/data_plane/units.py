@@ -9,6 +9,8 @@ through TransferQueue's own routing — only how the work is split and where it 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,34 @@ def route(client: Any, global_indexes: list[int]) -> list[UnitRows]:
         group = routing.get(unit)
         if group is not None:
             out.append(UnitRows(unit, list(group.batch_positions), list(group.global_indexes)))
+    return out
+
+
+async def get_rows(client: Any, global_indexes: list[int], fields: list[str]) -> dict[str, list[Any]]:
+    """``fields`` of the rows at ``global_indexes`` as each storage unit's reply decoded them: field → one value per
+    row, in the order given — TransferQueue's own ``get_data`` without its last step, packing the rows of a field
+    into one new tensor (a copy of every byte the snapshot then only writes out). Same routing and requests."""
+    sm = client.storage_manager
+    routing = sm._group_by_hash(global_indexes)
+    replies = await asyncio.gather(
+        *(
+            sm._request_with_retry(
+                "get",
+                unit,
+                f"samples={len(group.global_indexes)} fields={fields}",
+                functools.partial(
+                    sm._get_from_single_storage_unit, group.global_indexes, fields, target_storage_unit=unit
+                ),
+            )
+            for unit, group in routing.items()
+        )
+    )
+    out: dict[str, list[Any]] = {f: [None] * len(global_indexes) for f in fields}
+    for group, (got_fields, data) in zip(routing.values(), replies, strict=True):
+        for f in got_fields:
+            column = out[f]
+            for value, pos in zip(data[f], group.batch_positions, strict=True):
+                column[pos] = value
     return out
 
 

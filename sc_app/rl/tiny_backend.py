@@ -81,15 +81,16 @@ class TinyTrainerBackend:
         return self.version
 
     def write_captured(self, policy_dir: Path) -> dict[str, FileRecord]:
-        """Rank 0 writes ``model.pt`` and ``optimizer.pt`` (fsynced; the manifest hashes them)."""
+        """Rank 0 writes ``model.pt`` and ``optimizer.pt`` (fsynced, hashed as written: the manifest reuses it)."""
         if self.rank != 0:
             return {}
         if self._captured is None:
             raise RuntimeError("write_captured() before capture()")
         model, optimizer = self._captured
-        torch_io.save(model, policy_dir / MODEL_FILE)
-        torch_io.save(optimizer, policy_dir / OPTIMIZER_FILE)
-        return {}
+        return {
+            MODEL_FILE: torch_io.save(model, policy_dir / MODEL_FILE),
+            OPTIMIZER_FILE: torch_io.save(optimizer, policy_dir / OPTIMIZER_FILE),
+        }
 
     def load(self, policy_dir: Path, expected: Mapping[str, str]) -> int:
         """Restore from a *verified* bundle (``weights_only=True``), each file checked by the validator verification

@@ -53,6 +53,15 @@ def test_bench_quick_runs_and_reports(tmp_path: Path) -> None:
         for key in ("save_ceiling_mib_s", "restore_ceiling_mib_s", "tq_get_mib_s", "tq_put_mib_s"):
             assert dp[key]["median"] > 0, key
         assert streamed["save_over_ceiling"] > 0 and streamed["restore_over_ceiling"] > 0
+        # CPU-seconds of every process, beside the wall clock (issue 21): each candidate, its roles, the ratios
+        cpu = dp["cpu"]
+        for cand in ("save", "tq_get", "raw_write", "restore", "tq_put", "raw_read"):
+            assert cpu[cand]["raw_cpu_s_per_gib"] > 0 and cpu[cand]["by_role"]["driver"] >= 0, cand
+        assert cpu["save"]["by_role"].get("storage units", 0) > 0, "the storage units' CPU is counted"
+        assert cpu["save_over_baseline"] > 0 and cpu["restore_over_baseline"] > 0
+    assert {"sha256", "blake3", "write_blake3_same_pass", "memcpy"} <= set(res["stages"]["cpu_ms_per_mib"])
+    assert "skipped" in res["hf_run"] and "skipped" in res["policy_save"], "quick leaves the hf sections out"
+    assert "### CPU cost of a save and a restore" in md
     native = by_units[1]["native"]  # TransferQueue's own snapshot pickles each row with its whole put buffer
     assert native["bundle_over_live"] > 2 and native["commits_during_saves"] > 0
 

@@ -18,7 +18,7 @@ from sc_app.checkpoint import hmac_key_from_env, plan_resume, prune, verify_bund
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.manifest import HMAC_ENV, render
 from sc_app.config import load_config
-from sc_app.durable_io import sha256_file
+from sc_app.hashing import digest_file
 from tests.support.proc import sc_app
 
 pytestmark = pytest.mark.slow
@@ -48,8 +48,8 @@ def reseal(bundle: Path, mutate_doc=None) -> None:
     """Rewrite the manifest so its hashes match the (tampered) files: only deeper checks can catch it."""
     doc = json.loads((bundle / "manifest.json").read_text())
     for rel in doc["files"]:
-        digest, size = sha256_file(bundle / rel)
-        doc["files"][rel] = {"sha256": digest, "size": size}
+        got = digest_file(bundle / rel, doc["hash_alg"])
+        doc["files"][rel] = {"digest": got.digest, "size": got.size}
     if mutate_doc:
         mutate_doc(doc)
     doc.pop("signature", None)
@@ -93,8 +93,8 @@ def test_flipped_byte(ckpt: Path) -> None:
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))
-    expect_strict_refusal(ckpt, "model.pt: sha256 does not match")
-    expect_fallback(ckpt, "model.pt: sha256 does not match")
+    expect_strict_refusal(ckpt, "model.pt: blake3 does not match")
+    expect_fallback(ckpt, "model.pt: blake3 does not match")
 
 
 def test_missing_sidecar(ckpt: Path) -> None:

@@ -24,7 +24,7 @@ from sc_app.checkpoint.manifest import render
 from sc_app.config import AppConfig, GRPOConfig, ModelConfig, TaskConfig
 from sc_app.data_plane.streamed_format import PartWriter, write_metadata
 from sc_app.digest import sidecar_digest
-from sc_app.durable_io import sha256_file
+from sc_app.hashing import digest_file
 from sc_app.replay_index import SIDECAR_SCHEMA_VERSION
 from sc_app.rl.loader import LOADER_SCHEMA_VERSION
 from sc_app.rl.model import TinyCausalLM
@@ -187,8 +187,8 @@ def reseal(bundle: Path, mutate_doc: Any = None, *, hmac_key: bytes | None = Non
     for p in sorted(bundle.rglob("*")):
         rel = p.relative_to(bundle).as_posix()
         if p.is_file() and not p.is_symlink() and rel != "manifest.json":
-            digest, size = sha256_file(p)
-            files[rel] = {"sha256": digest, "size": size}
+            got = digest_file(p, doc["hash_alg"])
+            files[rel] = {"digest": got.digest, "size": got.size}
     doc["files"] = files
     if mutate_doc:
         mutate_doc(doc)

@@ -106,4 +106,4 @@ class FakeTrainer(FakeActor):
         path = Path(policy_dir) / f"rank{self._rank}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        return {path.name: FileRecord(hashlib.sha256(data).hexdigest(), len(data))}
+        return {path.name: FileRecord("sha256", hashlib.sha256(data).hexdigest(), len(data))}

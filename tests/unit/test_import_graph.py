@@ -41,6 +41,7 @@ FLOORS: list[set[str]] = [
         "sc_app.durable_io",
         "sc_app.exits",
         "sc_app.faults",
+        "sc_app.hashing",
         "sc_app.phases",
         "sc_app.progress",
         "sc_app.replay_index",

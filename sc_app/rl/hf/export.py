@@ -1,14 +1,13 @@
 """Bundle → Hugging Face directory: the policy's weights as safetensors beside the config and tokenizer files the
 run started from, loadable with ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer``.
 
-Every byte read from the bundle is checked against the manifest's sha256 first (``verified_read.VerifiedReader``);
+Every byte read from the bundle is checked against the manifest's digest first (``verified_read.VerifiedReader``);
 the export is written into a temporary sibling directory, fsynced, and renamed to ``out`` at the end, so ``out``
 is either complete or absent. An existing non-empty ``out`` is refused, never overwritten.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import uuid
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from sc_app.durable_io import fsync_dir, fsync_tree_dirs, hash_and_fsync
+from sc_app import hashing
+from sc_app.durable_io import fsync_dir, fsync_file, fsync_tree_dirs
 from sc_app.rl.hf import policy_ckpt
 from sc_app.rl.hf.model_dir import MODEL_FILES_MAX_BYTES, check_model_dir
 from sc_app.safe_files import read_regular
@@ -47,7 +47,8 @@ def _config_dtype(config: object) -> torch.dtype:
 
 
 def export_policy(policy_dir: str | Path, expected: Mapping[str, str], out: str | Path) -> ExportResult:
-    """Pre: ``expected`` (policy-dir-relative name → sha256) comes from a verified manifest."""
+    """Pre: ``expected`` (policy-dir-relative name → labelled digest, ``hashing.label``) comes from a verified
+    manifest."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -95,7 +96,7 @@ def _write(policy_dir: Path, expected: Mapping[str, str], names: list[str], tmp:
         check_model_dir(tmp)  # what we wrote is a loadable directory
         for p in sorted(tmp.rglob("*")):
             if p.is_file():
-                hash_and_fsync(p)
+                fsync_file(p)  # nothing checks a digest of the export: only durability is wanted
         fsync_tree_dirs(tmp)
         os.rename(tmp, out)  # replaces an empty directory; a non-empty one (a racing export's) is ENOTEMPTY
         fsync_dir(out.parent)
@@ -107,8 +108,9 @@ def _write(policy_dir: Path, expected: Mapping[str, str], names: list[str], tmp:
 
 def _verified(policy_dir: Path, rel: str, expected: Mapping[str, str]) -> bytes:
     data = read_regular(policy_dir / rel, MODEL_FILES_MAX_BYTES)
-    if hashlib.sha256(data).hexdigest() != expected.get(rel):
-        raise policy_ckpt.PolicyIntegrityError(f"{policy_dir / rel}: sha256 does not match the manifest")
+    if not hashing.bytes_match(data, expected.get(rel)):
+        alg = hashing.split_label(expected[rel])[0] if rel in expected else "digest"
+        raise policy_ckpt.PolicyIntegrityError(f"{policy_dir / rel}: {alg} does not match the manifest")
     return data
 
 

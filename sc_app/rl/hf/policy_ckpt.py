@@ -9,14 +9,13 @@ cannot interleave with the training thread's collectives.
 
 Load: DCP reshards on read, so a bundle saved by N ranks loads into M ranks (any strategy), weights and
 optimizer state alike. Reads are verified (``verified_read``): ``VerifiedReader`` reads each file's bytes once,
-checks them against the sha256 the caller took from the verified manifest, and deserialises only those bytes —
+checks them against the digest the caller took from the verified manifest, and deserialises only those bytes —
 ``.metadata`` (a pickle) through an unpickler that admits only DCP's metadata classes, tensors and non-tensor items
 with ``torch.load(weights_only=True)``. A file not listed, or with other bytes, is ``PolicyIntegrityError``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import time
 import warnings
@@ -33,6 +32,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from sc_app import hashing, torch_io
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.durable_io import write_durable
 from sc_app.rl.hf.verified_read import PolicyIntegrityError, SafeLoadPlanner, VerifiedReader
@@ -128,10 +128,11 @@ def policy_meta(version: int, strategy: str, world_size: int) -> dict[str, Any]:
 class _HashingStream(io.RawIOBase):
     """Append-only writer that hashes every byte on its way to the file (DCP writes each file front to back)."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, alg: str) -> None:
         super().__init__()
         self._raw = raw
-        self.sha = hashlib.sha256()
+        self.hasher = hashing.new(alg)
+        self.alg = alg
         self.size = 0
 
     def writable(self) -> bool:
@@ -139,7 +140,7 @@ class _HashingStream(io.RawIOBase):
 
     def write(self, b: Any) -> int:
         n = self._raw.write(b)
-        self.sha.update(memoryview(b)[:n])
+        self.hasher.update(memoryview(b)[:n])
         self.size += n
         return n
 
@@ -160,11 +161,12 @@ class _HashingStream(io.RawIOBase):
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording the sha256 and size of every file this process writes (and following
-    DCP's rename of ``.metadata.tmp``), so nothing is read back to be hashed."""
+    """DCP's local file system, recording the digest (``hash_alg``) and size of every file this process writes (and
+    following DCP's rename of ``.metadata.tmp``), so nothing is read back to be hashed."""
 
-    def __init__(self) -> None:
+    def __init__(self, hash_alg: str = hashing.DEFAULT) -> None:
         super().__init__()
+        self.hash_alg = hash_alg
         self.records: dict[str, FileRecord] = {}
 
     @contextmanager
@@ -175,10 +177,10 @@ class _HashingFileSystem(FileSystem):
             return
         p = Path(path)
         with p.open("wb") as raw:
-            stream = _HashingStream(raw)
+            stream = _HashingStream(raw, self.hash_alg)
             yield stream
             stream.flush()
-        self.records[p.name] = FileRecord(stream.sha.hexdigest(), stream.size)
+        self.records[p.name] = FileRecord(stream.alg, stream.hasher.hexdigest(), stream.size)
 
     def rename(self, path: str | Any, new_path: str | Any) -> None:
         super().rename(path, new_path)
@@ -198,20 +200,21 @@ def write(
     """Collective over ``process_group`` (every rank calls it with the same ``policy_dir``, which must exist).
 
     Post: this rank's shard files (and on rank 0 ``.metadata`` and ``hf/``) are complete and fsynced; the
-    returned records are the sha256 and size of exactly the bytes written (checked against the file sizes)."""
+    returned records are the digest and size of exactly the bytes written (checked against the file sizes)."""
     t0 = time.perf_counter()
     out = Path(policy_dir)
     writer = FileSystemWriter(out, sync_files=True, overwrite=False)
     fs = _HashingFileSystem()
     writer.fs = fs
-    with _dcp_call():
+    with _dcp_call(), torch_io.without_zip_crc():  # the files' digests stand behind them, not zip CRCs
         dcp.save(captured.state, storage_writer=writer, process_group=process_group, no_dist=not dist.is_initialized())
     files = dict(fs.records)
     if rank == 0 and model_files:
         (out / MODEL_FILES_DIR).mkdir(exist_ok=True)
         for name, data in sorted(model_files.items()):
             write_durable(out / MODEL_FILES_DIR / name, data)
-            files[f"{MODEL_FILES_DIR}/{name}"] = FileRecord(hashlib.sha256(data).hexdigest(), len(data))
+            digest = hashing.digest_bytes(data, fs.hash_alg)
+            files[f"{MODEL_FILES_DIR}/{name}"] = FileRecord(fs.hash_alg, digest, len(data))
     for name, record in files.items():
         size = (out / name).stat().st_size
         if size != record.size:

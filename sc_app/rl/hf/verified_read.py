@@ -1,4 +1,4 @@
-"""Verified reads of a DCP policy directory (``policy_ckpt``): every byte is checked against the sha256 the caller
+"""Verified reads of a DCP policy directory (``policy_ckpt``): every byte is checked against the digest the caller
 took from the verified manifest before anything is deserialised.
 
 ``VerifiedReader`` (a DCP ``FileSystemReader``) reads each file's bytes once and checks them; ``.metadata`` (a pickle)
@@ -9,7 +9,6 @@ not listed, or with other bytes, is ``PolicyIntegrityError``.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 from collections.abc import Iterator, Mapping
@@ -22,6 +21,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+from sc_app import hashing
 
 DCP_METADATA_FILE = ".metadata"  # DCP's global metadata file in policy/ (the data plane's is metadata.json)
 
@@ -90,8 +91,9 @@ class _VerifiedFileSystem(FileSystem):
         if name not in self.expected:
             raise PolicyIntegrityError(f"{self.root / name}: not listed in the bundle manifest; refusing to read it")
         data = (self.root / name).read_bytes()
-        if hashlib.sha256(data).hexdigest() != self.expected[name]:
-            raise PolicyIntegrityError(f"{self.root / name}: sha256 does not match the manifest (changed since verify)")
+        if not hashing.bytes_match(data, self.expected[name]):
+            alg, _ = hashing.split_label(self.expected[name])
+            raise PolicyIntegrityError(f"{self.root / name}: {alg} does not match the manifest (changed since verify)")
         return data
 
     @contextmanager
@@ -105,7 +107,8 @@ class _VerifiedFileSystem(FileSystem):
 
 
 class VerifiedReader(FileSystemReader):
-    """DCP ``FileSystemReader`` whose every byte is checked against ``expected`` (name → sha256) first.
+    """DCP ``FileSystemReader`` whose every byte is checked against ``expected`` (name → labelled digest,
+    ``hashing.label``; a bare hex digest is a sha256) first.
 
     ``read_metadata`` verifies and decodes ``.metadata`` once and keeps it, so a caller can call it before
     ``dcp.load`` and get a refusal as itself rather than folded into DCP's error text."""

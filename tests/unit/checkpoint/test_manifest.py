@@ -71,8 +71,8 @@ def test_hashes_under_a_directory_are_keyed_by_their_path_inside_it(tmp_path: Pa
     manifest = read_manifest(bundle)
     policy = manifest.hashes_under("policy")
     assert policy
-    for name, sha in policy.items():
-        assert manifest.files[f"policy/{name}"]["sha256"] == sha
+    for name, labelled in policy.items():
+        assert labelled == "blake3:" + manifest.files[f"policy/{name}"]["digest"]
     assert not any(name.startswith("policy/") for name in policy)
     assert set(manifest.hashes_under("data_plane")) == {
         rel.removeprefix("data_plane/") for rel in manifest.files if rel.startswith("data_plane/")

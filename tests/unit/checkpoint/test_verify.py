@@ -16,13 +16,13 @@ from tests.support.bundles import COMPAT, edit_manifest, flip_byte, make_bundle,
     ("rel", "damage", "needle"),
     [
         ("policy/optimizer.pt", truncate, "truncated"),
-        ("policy/model.pt", flip_byte, "sha256"),
+        ("policy/model.pt", flip_byte, "blake3 does not match"),
         ("policy/model.pt", Path.unlink, "missing"),
         ("train_dataloader.pt", Path.unlink, "missing"),
         ("replay_buffer_metadata.pt", truncate, "truncated"),
         ("data_plane/part-00-00000.bin", Path.unlink, "missing"),
         ("data_plane/part-00-00001.json", truncate, "truncated"),
-        ("data_plane/metadata.json", flip_byte, "sha256"),
+        ("data_plane/metadata.json", flip_byte, "blake3 does not match"),
         ("manifest.json", Path.unlink, "manifest missing"),
         ("manifest.json", truncate, "not valid JSON"),
     ],
@@ -80,7 +80,7 @@ def test_verify_checks_step_and_compat(tmp_path: Path) -> None:
 def test_manifest_paths_outside_the_bundle_are_refused(tmp_path: Path, rel: str) -> None:
     make_bundle(tmp_path, 2)
     bundle = make_bundle(tmp_path, 4)
-    edit_manifest(bundle, lambda d: d["files"].__setitem__(rel, {"sha256": "0" * 64, "size": 1}))
+    edit_manifest(bundle, lambda d: d["files"].__setitem__(rel, {"digest": "0" * 64, "size": 1}))
     report = verify_bundle(bundle)
     assert any(rel in p and "outside the bundle" in p for p in report.problems), report.problems
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
+import blake3
 import pytest
 import torch
 
@@ -30,7 +30,8 @@ def test_writer_builds_under_tmp_then_renames(tmp_path: Path) -> None:
     assert set(manifest["files"]) == set(inside), "manifest must list every file except itself"
     for rel, info in manifest["files"].items():
         data = (final / rel).read_bytes()
-        assert info == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        assert info == {"digest": blake3.blake3(data).hexdigest(), "size": len(data)}
+    assert manifest["hash_alg"] == "blake3" and manifest["schema_version"] == 2
     assert manifest["replay"]["digest"] == torch.load(final / layout.SIDECAR_FILE, weights_only=True)["digest"]
     for entry in layout.REQUIRED_ENTRIES:
         assert (final / entry).exists()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from sc_app import hashing
 from sc_app.rl.backend import PolicyFingerprint
 from sc_app.rl.hf import policy_ckpt
 from sc_app.rl.hf.logprobs import sequence_logprobs
@@ -45,7 +46,7 @@ def fp_dict(fp: PolicyFingerprint | None) -> dict[str, str] | None:
 
 
 def files_json(write: policy_ckpt.PolicyWrite) -> dict[str, str]:
-    return {name: rec.sha256 for name, rec in write.files.items()}
+    return {name: hashing.label(rec.alg, rec.digest) for name, rec in write.files.items()}
 
 
 # ------------------------------------------------------------------------------------------------ rank functions
@@ -127,8 +128,8 @@ def test_every_rank_wrote_its_own_shard_and_the_hashes_are_the_files(
     policy, results = saved_by_two
     assert {n for n in results[1]["files"]} == {"__1_0.distcp"}
     assert {"__0_0.distcp", ".metadata", "hf/config.json", "hf/tokenizer.json"} <= set(results[0]["files"])
-    for name, sha in merged(results).items():
-        assert hashlib.sha256((policy / name).read_bytes()).hexdigest() == sha, name
+    for name, labelled in merged(results).items():
+        assert labelled.startswith("blake3:") and hashing.bytes_match((policy / name).read_bytes(), labelled), name
     assert (policy / "__0_0.distcp").stat().st_size > 0 and (policy / "__1_0.distcp").stat().st_size > 0
 
 
@@ -192,7 +193,7 @@ def test_a_changed_metadata_is_refused_before_it_is_unpickled(
     evil = pickle.dumps(_Payload(marker))
     (policy / ".metadata").write_bytes(evil)
     trainer = HFTrainer(settings(model_dir, "ddp"), 0, 1, CPU)
-    with pytest.raises(policy_ckpt.PolicyIntegrityError, match="sha256 does not match"):
+    with pytest.raises(policy_ckpt.PolicyIntegrityError, match="blake3 does not match"):
         trainer.load(policy, result["files"])
     forged = {**result["files"], ".metadata": hashlib.sha256(evil).hexdigest()}
     with pytest.raises(policy_ckpt.PolicyIntegrityError, match=r"refers to posix\.system"):

@@ -3,7 +3,6 @@ logits; the export reads only verified bytes and leaves no half-written director
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from sc_app import hashing
 from sc_app.rl.hf import policy_ckpt
 from sc_app.rl.hf.export import ExportError, export_policy
 from sc_app.rl.hf.logprobs import position_ids
@@ -45,7 +45,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
 
     original = AutoModelForCausalLM.from_pretrained(model_dir)
     assert not torch.allclose(logits(original), trained), "the step changed the model, so equality below matters"
-    return policy, {n: r.sha256 for n, r in written.files.items()}, trained, model_dir
+    return policy, {n: hashing.label(r.alg, r.digest) for n, r in written.files.items()}, trained, model_dir
 
 
 def test_from_pretrained_on_the_export_gives_the_trainers_logits(saved: Any, tmp_path: Path) -> None:
@@ -81,8 +81,8 @@ def test_a_changed_file_stops_the_export_and_leaves_nothing(saved: Any, tmp_path
     data = bytearray((copy / victim).read_bytes())
     data[len(data) // 2] ^= 0x01
     (copy / victim).write_bytes(bytes(data))
-    assert hashlib.sha256(bytes(data)).hexdigest() != expected[victim]
-    with pytest.raises(policy_ckpt.PolicyIntegrityError, match="sha256 does not match"):
+    assert not hashing.bytes_match(bytes(data), expected[victim])
+    with pytest.raises(policy_ckpt.PolicyIntegrityError, match="blake3 does not match"):
         export_policy(copy, expected, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.partial")]
