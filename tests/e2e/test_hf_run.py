@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import torch
 
+from sc_app import hashing
 from tests.support.hf import ARITHMETIC, make_model_dir, policy_oracle, write_jsonl
 from tests.support.proc import Finished, kill_session, read_trace, sc_app, start_logged
 
@@ -188,7 +189,8 @@ def test_bundles_verify_and_hold_sharded_policies_and_the_dataset(world: World, 
         two_ranks = step in (6,)  # B's bundles: both trainers wrote their shard
         assert shards == ({"__0_0.distcp", "__1_0.distcp"} if two_ranks else {"__0_0.distcp"}), (step, shards)
         for rel, info in manifest["files"].items():
-            assert hashlib.sha256((bundle / rel).read_bytes()).hexdigest() == info["sha256"], (bundle.name, rel)
+            data = (bundle / rel).read_bytes()
+            assert hashing.digest_bytes(data, manifest["hash_alg"]) == info["digest"], (bundle.name, rel)
 
 
 def test_the_users_reward_function_scored_every_row(world: World, runs: Runs) -> None:

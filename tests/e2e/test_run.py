@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from sc_app import hashing
 from tests.support.proc import REPO, SC_APP, Finished, kill_session, load_sidecar, read_trace, run_args, sc_app
 
 pytestmark = pytest.mark.slow
@@ -154,7 +155,8 @@ def test_run_writes_a_bundle_every_save_period(run_a: RunA) -> None:
         for rel, info in manifest["files"].items():
             data = (bundle / rel).read_bytes()
             assert len(data) == info["size"], f"{bundle.name}/{rel}: size differs from manifest"
-            assert hashlib.sha256(data).hexdigest() == info["sha256"], f"{bundle.name}/{rel}: sha256 differs"
+            alg = manifest["hash_alg"]  # schema 2: every file digest by the manifest's own algorithm
+            assert hashing.digest_bytes(data, alg) == info["digest"], f"{bundle.name}/{rel}: {alg} differs"
         dp = json.loads((bundle / "data_plane/metadata.json").read_text())
         sidecar = load_sidecar(bundle / "replay_buffer_metadata.pt")
         assert dp["user_metadata"]["digest"] == sidecar["digest"] == manifest["replay"]["digest"]
