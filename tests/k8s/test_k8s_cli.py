@@ -58,16 +58,6 @@ step   12/150  SAVE FAILED: disk full
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[FakeApiServer, str]]:
-    server = FakeApiServer()
-    url = server.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(str(kubeconfig), url)
-    yield server, str(kubeconfig)
-    server.stop()
-
-
-@pytest.fixture
 def ray_api() -> Iterator[FakeRayJobsApi]:
     ray = FakeRayJobsApi(token=RAY_TOKEN)
     ray.url = ray.start()  # type: ignore[attr-defined]

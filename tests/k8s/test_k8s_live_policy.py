@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.k8s.fake_apiserver import FakeApiServer, FakeRayJobsApi, write_kubeconfig
+from tests.k8s.fake_apiserver import FakeApiServer, FakeRayJobsApi
 from tests.k8s.k8s_helpers import CHART_DIR
 
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
@@ -28,16 +28,6 @@ from sc_app.k8s.cli import main
 JOB = "demo-sc-app"
 CLUSTER = f"{JOB}-abcde"
 HEAD_SVC = f"{CLUSTER}-head-svc"
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[FakeApiServer, str]]:
-    server = FakeApiServer()
-    url = server.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(str(kubeconfig), url)
-    yield server, str(kubeconfig)
-    server.stop()
 
 
 @pytest.fixture

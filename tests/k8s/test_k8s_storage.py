@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.k8s.fake_apiserver import FakeApiServer, write_kubeconfig
+from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.k8s_helpers import CHART_DIR
 
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
@@ -27,16 +26,6 @@ from sc_app.k8s.storage import RWO_ONLY_PROVISIONERS, claim_state, class_problem
 JOB = "demo-sc-app"
 CLAIM = f"{JOB}-ckpt"
 CLUSTER = f"{JOB}-abcde"
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[FakeApiServer, str]]:
-    server = FakeApiServer()
-    url = server.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(str(kubeconfig), url)
-    yield server, str(kubeconfig)
-    server.stop()
 
 
 def run(kubeconfig: str, *argv: str) -> int:
