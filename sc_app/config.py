@@ -50,6 +50,13 @@ class RunConfig(_Section):
     max_steps: int = Field(150, ge=1, description="Train steps to reach; the job exits 0 there.")
     seed: int = Field(0, description="Seeds the prompt stream, model init and sampling.")
     trace_file: str | None = Field(None, description="Optional JSONL trace of issued prompts and trained steps.")
+    max_in_job_restores: int = Field(
+        3,
+        ge=0,
+        description="A dead trainer rank, TransferQueue storage unit or controller, controller actor or node is "
+        "restored in-job (same Ray cluster, from the newest bundle) at most this many times per attempt; past it, or "
+        "when the cluster no longer fits the job, the attempt ends (exit 1) for a retry (docs/recovery.md). 0: off.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_dir: str | None = Field(
         None,

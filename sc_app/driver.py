@@ -27,6 +27,7 @@ from typing import Any
 import ray
 
 from sc_app import torch_io
+from sc_app.actor_watch import is_actor_death
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
@@ -34,6 +35,7 @@ from sc_app.config import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller import SingleControllerActor, SingleControllerActorArgs
 from sc_app.data_plane.guard import GUARD_NAME
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, shutdown_transferqueue
+from sc_app.progress import JobFailed
 from sc_app.rl.backend import PolicyFingerprint
 from sc_app.rl.generation import GenerationWorker
 from sc_app.rl.hooks import InputError
@@ -224,6 +226,8 @@ def setup_single_controller(
         _build(setup, cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
     except BaseException as exc:
         setup.teardown()
+        if is_actor_death(exc):  # a process died: the job's fault, not the bundle's (an in-job restore's business)
+            raise JobFailed(f"a process of the job died while it was being set up ({_one_line(exc)})") from None
         if (
             plan.decision != "resume"
             or plan.bundle is None

@@ -32,8 +32,8 @@ EXIT_OF: dict[str, int] = {
     # the job failed; a rerun resumes from the newest complete bundle
     "sc_app.controller_saves.SaveFailed": EXIT_FAILED,
     "sc_app.controller_saves.InventoryMismatch": EXIT_FAILED,
-    "sc_app.job.EmergencyTimeout": EXIT_FAILED,
-    "sc_app.job.JobFailed": EXIT_FAILED,
+    "sc_app.drive.EmergencyTimeout": EXIT_FAILED,
+    "sc_app.progress.JobFailed": EXIT_FAILED,  # ActorsDied too; in-job restores spent or impossible
     "sc_app.progress.RecoveryExhausted": EXIT_FAILED,  # in-job recovery spent its bound (retries, restarts)
     "sc_app.rl.hooks.RewardFailed": EXIT_FAILED,  # a reward function failed at run time: one line naming it
 }

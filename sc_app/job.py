@@ -23,6 +23,8 @@ from typing import Literal
 
 import ray
 
+from sc_app import cluster_fit
+from sc_app.actor_watch import CONTROLLER, NODE, ActorsDied, JobActors, live_node_resources
 from sc_app.checkpoint import ResumePlan, layout, volume
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease, LeaseKeeper, LeaseLost, read_lease
@@ -31,22 +33,13 @@ from sc_app.checkpoint.selection import BundleRules, choose_bundle
 from sc_app.checkpoint.stop_request import StopWatch
 from sc_app.config import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
+from sc_app.drive import drive
 from sc_app.driver import RestoreFailed, ResumeRefused, Setup, setup_single_controller
-from sc_app.progress import ProgressRecord, RunSummary
+from sc_app.in_job_restore import Death, drive_restoring
+from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
 from sc_app.rl import hooks
 
 log = logging.getLogger(__name__)
-
-POLL_SECONDS = 0.5  # how often the driver collects progress and checks for a stop request
-
-
-class JobFailed(RuntimeError):
-    """A process of the job died (controller actor, worker); a rerun resumes from the newest complete bundle."""
-
-
-class EmergencyTimeout(RuntimeError):
-    """The stop request's emergency checkpoint did not finish inside ``checkpoint.emergency_budget_s``."""
-
 
 class CheckpointDirUnusable(RuntimeError):
     """The checkpoint directory cannot be used (not a directory, read-only, full); one line naming it."""
@@ -106,6 +99,7 @@ class Attempt:
     started: float
     calls: JobCallbacks
     lease: Lease | None = None
+    keeper: LeaseKeeper | None = None  # renews ``lease``; an in-job restore moves it one epoch on through it
 
     def announce(self, plan: ResumePlan) -> None:
         self.calls.on_plan(plan)
@@ -192,62 +186,6 @@ def start_controller(attempt: Attempt, plan: ResumePlan) -> tuple[Setup, ResumeP
                 raise ResumeRefused(plan.reason) from None
 
 
-@contextmanager
-def job_errors() -> Iterator[None]:
-    """Ray's errors out of the controller → what the job means by them: a dead process is ``JobFailed``; a task
-    error is re-raised as the exception the controller raised (``LeaseLost``, ``SaveFailed``, ...)."""
-    try:
-        yield
-    except ray.exceptions.RayActorError as exc:
-        raise JobFailed(
-            f"the controller actor died ({type(exc).__name__}); rerun to resume from the newest complete bundle"
-        ) from None
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-        if isinstance(cause, ray.exceptions.RayActorError):
-            raise JobFailed(
-                f"a worker died ({type(cause).__name__}); rerun to resume from the newest complete bundle"
-            ) from None
-        raise cause from None
-
-
-def drive(
-    actor: object,
-    *,
-    emergency_budget_s: float,
-    on_progress: Callable[[ProgressRecord], None],
-    stop_requested: Callable[[], bool],
-    poll_seconds: float = POLL_SECONDS,
-) -> RunSummary:
-    """Run the controller to its end, handing every progress record to ``on_progress`` in order. Once
-    ``stop_requested()`` is true the controller is asked to stop (finish the step, cut a bundle of it) and given
-    ``emergency_budget_s``; past that it is killed — nothing half-written is renamed, so the newest older bundle
-    stays the resume point — and ``EmergencyTimeout`` is raised."""
-    deadline: float | None = None
-    if stop_requested():  # asked before training started (e.g. SIGTERM while Ray started): train nothing
-        ray.get(actor.request_stop.remote(time.time() + emergency_budget_s))  # type: ignore[attr-defined]
-        deadline = time.monotonic() + emergency_budget_s
-    ref = actor.run.remote()  # type: ignore[attr-defined]
-    seen = 0
-    with job_errors():
-        while True:
-            ready, _ = ray.wait([ref], timeout=poll_seconds)
-            for record in ray.get(actor.progress.remote(seen)):  # type: ignore[attr-defined]
-                seen += 1
-                on_progress(record)
-            if ready:
-                return ray.get(ref)
-            if deadline is None and stop_requested():
-                actor.request_stop.remote(time.time() + emergency_budget_s)  # type: ignore[attr-defined]
-                deadline = time.monotonic() + emergency_budget_s
-            if deadline is not None and time.monotonic() > deadline:
-                ray.kill(actor)
-                raise EmergencyTimeout(
-                    f"emergency checkpoint did not finish within checkpoint.emergency_budget_s="
-                    f"{emergency_budget_s:g}s; the newest older bundle stays the resume point"
-                )
-
-
 def run_job(cfg: AppConfig, calls: JobCallbacks | None = None) -> RunResult:
     """Plan the resume, take the writer lease, tidy, start Ray + TransferQueue, run to ``run.max_steps``, shut down.
 
@@ -290,7 +228,7 @@ def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
         lease = attempt.lease = Lease.acquire(root, attempt.run_id, ttl_s=cfg.checkpoint.lease_ttl_s)
     except OSError as exc:
         raise CheckpointDirUnusable(f"checkpoint dir {root}: cannot take its lease ({exc.strerror or exc})") from None
-    keeper = LeaseKeeper(lease, cfg.checkpoint.lease_ttl_s)
+    keeper = attempt.keeper = LeaseKeeper(lease, cfg.checkpoint.lease_ttl_s)
     outcome, final_step = "failed", None
     try:
         attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=_recorded_lineage(plan)))
@@ -310,7 +248,8 @@ def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
         keeper.stop()
         if outcome != "superseded":
             newest = layout.step_dirs(root)
-            lease.release(outcome, final_step=final_step, newest_bundle=newest[0][1].name if newest else None)
+            current = attempt.lease or lease  # an in-job restore moved the epoch on
+            current.release(outcome, final_step=final_step, newest_bundle=newest[0][1].name if newest else None)
 
 
 def _recorded_lineage(plan: ResumePlan) -> str | None:
@@ -331,18 +270,78 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
         return attempt.nothing_trained(plan, "stopped")
     attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
     try:
-        setup, plan = start_controller(attempt, plan)
-        summary = drive(
-            setup.actor,
-            emergency_budget_s=cfg.checkpoint.emergency_budget_s,
-            on_progress=attempt.calls.on_progress,
-            stop_requested=stop_requested,
-        )
+        job = RayJob(attempt, stop_requested)
+        summary, plan = drive_restoring(job, plan, cfg.run.max_in_job_restores)
         return RunResult(plan, summary, attempt.seconds(), _outcome(cfg, summary))
     finally:
         shutdown_transferqueue()
         if owns_ray:
             ray.shutdown()
+
+
+NODE_DEATH_WAIT_S = 30.0  # how long an in-job restore waits to learn which of the job's actors died, and where
+
+
+class RayJob:
+    """``in_job_restore.RestorableJob`` on this process's Ray: set up, drive (watching the job's actors), tear down,
+    fence through the lease keeper, plan again as the lease holder."""
+
+    def __init__(self, attempt: Attempt, stop_requested: Callable[[], bool]) -> None:
+        self.attempt, self.stop_requested = attempt, stop_requested
+        self._step = 0
+
+    def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
+        setup, plan = start_controller(self.attempt, plan)
+        self._step = plan.step if plan.decision == "resume" else 0
+        return setup, plan
+
+    def drive(self, setup: Setup) -> RunSummary:
+        assert setup.policy is not None
+        watch = JobActors.of(setup.policy.trainers, setup.actor)
+        return drive(
+            setup.actor,
+            emergency_budget_s=self.attempt.cfg.checkpoint.emergency_budget_s,
+            on_progress=self._progress,
+            stop_requested=self.stop_requested,
+            watch=watch.check,
+        )
+
+    def _progress(self, record: ProgressRecord) -> None:
+        if isinstance(record, StepRecord):
+            self._step = max(self._step, record.step)
+        self.attempt.calls.on_progress(record)
+
+    def what_died(self, setup: Setup, exc: JobFailed) -> Death:
+        if not isinstance(exc, ActorsDied) and setup.policy is not None and setup.actor is not None:
+            # the death surfaced as an error first; the GCS records it at once for a dead process, only after its
+            # health check for a lost node (Ray's default: about 15 s) — and the fit check needs the node gone
+            dead = JobActors.of(setup.policy.trainers, setup.actor).wait_dead(NODE_DEATH_WAIT_S)
+            exc = ActorsDied(dead) if dead else exc
+        if isinstance(exc, ActorsDied):
+            known = [d.died_at for d in exc.dead if d.died_at is not None]
+            names = ", ".join(d.name for d in exc.dead) + (" (their node is gone)" if exc.kind == NODE else "")
+            return Death(exc.kind, names, min(known) if known else None)
+        return Death(CONTROLLER, f"a process of the job ({exc})")
+
+    def missing_resources(self) -> str | None:
+        return cluster_fit.unfit_line(cluster_fit.job_demands(self.attempt.cfg), live_node_resources())
+
+    def fence(self) -> None:
+        if self.attempt.keeper is not None:
+            self.attempt.lease = self.attempt.keeper.advance()
+
+    def replan(self) -> ResumePlan:
+        plan = choose_bundle(self.attempt.rules, tidy=self.attempt.lease is not None)
+        self.attempt.calls.on_plan(plan)
+        if plan.decision == "refuse":
+            raise ResumeRefused(plan.reason)
+        return plan
+
+    def step_reached(self) -> int:
+        return self._step
+
+    def on_fault(self, record: FaultRecord) -> None:
+        self.attempt.calls.on_progress(record)
 
 
 def _outcome(cfg: AppConfig, summary: RunSummary) -> Outcome:

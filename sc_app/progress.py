@@ -92,7 +92,8 @@ class FaultRecord:
     prompt counts are what the recovery lost or trained twice: 0 unless ``outcome`` is ``failed``."""
 
     step: int
-    kind: str  # what failed: data_plane.put | .write | .clear | .get | .list | generation.worker
+    kind: str  # what failed: data_plane.put | .write | .clear | .get | .list | generation.worker | (an in-job
+    # restore:) trainer.worker | data_plane.storage | data_plane.controller | controller | node
     outcome: str  # recovered (the run goes on) | rolled_back (gave up, its rows removed) | failed
     attempts: int  # tries made, the successful one included
     detection_seconds: float  # from the call's start until the failure surfaced
@@ -103,6 +104,12 @@ class FaultRecord:
     prompts_lost: int = 0
     prompts_duplicated: int = 0
     error: str = ""
+    restored_step: int | None = None  # an in-job restore: the bundle's step the rebuilt job went on from
+
+
+class JobFailed(RuntimeError):
+    """A process of the job died (controller actor, worker, node): restored in-job (``sc_app.in_job_restore``) while
+    ``run.max_in_job_restores`` allows, else the attempt ends and a rerun resumes from the newest complete bundle."""
 
 
 class RecoveryExhausted(RuntimeError):
@@ -156,8 +163,11 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
             )
         return f"{head}  SAVE FAILED: {record.error}"
     if isinstance(record, FaultRecord):
+        redo = "" if record.restored_step is None else (
+            f", restored step_{record.restored_step}, {record.steps_redone} steps to redo"
+        )
         return (
             f"{head}  fault {record.kind}: {record.outcome} after {record.attempts} attempts (detected "
-            f"{record.detection_seconds:.3f}s, recovery {record.recovery_seconds:.3f}s): {record.error}"
+            f"{record.detection_seconds:.3f}s, recovery {record.recovery_seconds:.3f}s{redo}): {record.error}"
         )
     return f"{head}  stop requested"

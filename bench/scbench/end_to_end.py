@@ -1,5 +1,5 @@
 """Sections 4-5: the real controller (``setup_single_controller`` + ``SingleControllerActor``), driven by
-``sc_app.job.drive`` like ``sc-app run`` drives it, in the harness's Ray.
+``sc_app.drive.drive`` like ``sc-app run`` drives it, in the harness's Ray.
 
 * default config: checkpointing off vs on, interleaved (off, on, off, on): steps/s, the in-run cost of saving, and
   where a step's time goes (``StepRecord.phase_seconds``);
@@ -61,8 +61,8 @@ def run_controller(h: Harness, cfg: Any) -> dict[str, Any]:
 
     from sc_app.checkpoint import hmac_key_from_env, plan_resume
     from sc_app.checkpoint.compat import compat_of
+    from sc_app.drive import drive
     from sc_app.driver import setup_single_controller
-    from sc_app.job import drive
 
     h.clear_all()
     t0 = time.perf_counter()

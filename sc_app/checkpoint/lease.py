@@ -280,6 +280,16 @@ class Lease:
             current = self._current()
             write_durable(self.root / LEASE_FILE, replace(current, heartbeat_at=time.time()).to_json())
 
+    def advance(self) -> Lease:
+        """The same run's lease one epoch on: every holder of this ``Lease`` (a torn-down job's actors that may
+        still be running) is fenced off — their next lease check raises ``LeaseLost`` — while this run goes on
+        with the returned one (an in-job restore). ``LeaseLost`` if another run took the lease meanwhile."""
+        with dir_lock(self.root):
+            current = self._current()
+            record = replace(current, fencing_epoch=current.fencing_epoch + 1, heartbeat_at=time.time())
+            write_durable(self.root / LEASE_FILE, record.to_json())
+        return Lease(self.root, self.run_id, record.fencing_epoch)
+
     def release(self, outcome: str, *, final_step: int | None = None, newest_bundle: str | None = None) -> bool:
         """Mark the lease released with how this run ended; False (and nothing written) if it was taken over."""
         with dir_lock(self.root):
@@ -301,14 +311,22 @@ class LeaseKeeper:
     def __init__(self, lease: Lease, ttl_s: float) -> None:
         self.lease = lease
         self.lost = threading.Event()
+        self._lock = threading.Lock()  # a renewal never interleaves with an advance
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(max(0.05, ttl_s / 3),), daemon=True, name="lease")
         self._thread.start()
 
+    def advance(self) -> Lease:
+        """``Lease.advance`` of the kept lease; the keeper renews the new one from now on."""
+        with self._lock:
+            self.lease = self.lease.advance()
+            return self.lease
+
     def _run(self, period: float) -> None:
         while not self._stop.wait(period):
             try:
-                self.lease.renew()
+                with self._lock:
+                    self.lease.renew()
             except LeaseLost:
                 self.lost.set()
                 return

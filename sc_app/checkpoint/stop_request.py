@@ -33,7 +33,9 @@ class StopRequest:
     by: str  # host:pid of whoever asked
 
     def addressed_to(self, run_id: str, fencing_epoch: int) -> bool:
-        return self.run_id == run_id and self.fencing_epoch == fencing_epoch
+        """For run ``run_id`` that took the lease at ``fencing_epoch``: at that epoch or a later one of the same run
+        (an in-job restore moves the run's epoch on)."""
+        return self.run_id == run_id and self.fencing_epoch >= fencing_epoch
 
 
 def request_stop(root: Path, holder: LeaseRecord) -> StopRequest:

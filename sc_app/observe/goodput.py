@@ -10,7 +10,8 @@ job, from its ``start`` event to its last line):
   workers, model load); ``restore`` — the same for an attempt that resumed a bundle (everything a retry pays before
   training again, the restore included);
 * ``saves`` — training paused for bundles (``paused_seconds`` of every published one);
-* ``recoveries`` — in-job recovery (``recovery_s`` of every ``fault`` event);
+* ``recoveries`` — in-job recovery (``recovery_s`` of every ``fault`` event: a retry or worker restart inside the
+  steps, or an in-job restore between them);
 * ``redone`` — step seconds of steps whose record a later attempt replaced: work lost with a fault and trained again;
 * ``other`` — the rest: steps not yet logged, the end (final save, shutdown), log delays.
 
@@ -149,8 +150,11 @@ def _attempt(n: int, events: list[LoggedEvent], steps: list[LoggedStep], counts:
         else:
             sec["redone"] += s.record.step_seconds
     sec["saves"] = sum(_num(e.data, "paused_seconds") for e in events if e.name in SAVE_EVENTS)
-    sec["recoveries"] = sum(_num(e.data, "recovery_s") for e in events if e.name == "fault")
-    sec["training"] = max(0.0, train - sec["saves"] - sec["recoveries"])
+    faults = [e for e in events if e.name == "fault"]
+    sec["recoveries"] = sum(_num(e.data, "recovery_s") for e in faults)
+    # a retry inside a step is part of its step seconds; an in-job restore (rebuild between steps) is not
+    in_steps = sum(_num(e.data, "recovery_s") for e in faults if "restored_step" not in e.data)
+    sec["training"] = max(0.0, train - sec["saves"] - in_steps)
     sec["other"] = max(0.0, (end_t - start_t) - sum(sec.values()))
     end_t = max(end_t, start_t + sum(sec.values()))  # steps logged late can exceed the span: wall = the sum
     return AttemptTime(n, resumed, start_t, end_t, sec)

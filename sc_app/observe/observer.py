@@ -125,6 +125,8 @@ def fault_event(record: FaultRecord) -> Event:
         "prompts_duplicated": record.prompts_duplicated,
         "error": record.error,
     }
+    if record.restored_step is not None:
+        data["restored_step"] = record.restored_step
     return Event("fault", record.step, data)
 
 

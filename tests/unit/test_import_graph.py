@@ -22,7 +22,9 @@ FLOORS: list[set[str]] = [
     {"sc_app.cli"},  # the sc-app command and its families
     {"sc_app.k8s"},  # sc-app k8s
     {"sc_app.job"},  # one attempt of the job
+    {"sc_app.in_job_restore", "sc_app.drive"},  # rebuilding the job in-job; driving the controller to its end
     {"sc_app.driver"},  # setup_single_controller, TQPolicy
+    {"sc_app.actor_watch"},  # which of the job's actors died
     {"sc_app.controller"},  # SingleControllerActor
     {"sc_app.controller_saves", "sc_app.controller_recovery"},  # its saves (barrier window, write behind), recovery
     {"sc_app.rl", "sc_app.observe"},  # trainer / generation workers and backends; watching a run
@@ -33,6 +35,7 @@ FLOORS: list[set[str]] = [
         "sc_app",
         "sc_app.background",
         "sc_app.barrier",
+        "sc_app.cluster_fit",
         "sc_app.config",
         "sc_app.config_tree",
         "sc_app.config_input",

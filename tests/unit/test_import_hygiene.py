@@ -27,6 +27,8 @@ PURE = [
     "sc_app.faults",
     "sc_app.progress",
     "sc_app.phases",
+    "sc_app.cluster_fit",
+    "sc_app.in_job_restore",
     "sc_app.background",
     "sc_app.replay_buffer",
     "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine

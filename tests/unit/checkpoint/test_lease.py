@@ -146,3 +146,30 @@ def test_a_holder_process_that_is_gone_on_this_host_is_not_live(tmp_path: Path) 
     assert live_holder(tmp_path) is None, "the heartbeat is fresh but the process is gone"
     (tmp_path / LEASE_FILE).write_text(json.dumps({**doc, "host": "another-pod"}))
     assert live_holder(tmp_path) is not None, "on another host only the heartbeat can tell"
+
+
+def test_an_in_job_restore_fences_the_torn_down_job_and_keeps_the_run(tmp_path: Path) -> None:
+    """``advance`` moves the same run one epoch on: a holder of the old ``Lease`` (a zombie of the torn-down job) can
+    no longer pass a lease check — so never publish — while the keeper renews the new one."""
+    lease = Lease.acquire(tmp_path, "run-a", ttl_s=0.3)
+    keeper = LeaseKeeper(lease, ttl_s=0.3)
+    try:
+        zombie = keeper.lease
+        fresh = keeper.advance()
+        assert (fresh.run_id, fresh.fencing_epoch) == ("run-a", zombie.fencing_epoch + 1)
+        with pytest.raises(LeaseLost):
+            zombie.check()
+        with pytest.raises(LeaseLost), zombie.held():
+            pass
+        fresh.check()
+        renewed = read_lease(tmp_path).heartbeat_at  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while read_lease(tmp_path).heartbeat_at == renewed and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.05)
+        assert not keeper.lost.is_set(), "the keeper renews the advanced lease, not the fenced one"
+        assert read_lease(tmp_path).fencing_epoch == fresh.fencing_epoch  # type: ignore[union-attr]
+    finally:
+        keeper.stop()
+    Lease.acquire(tmp_path, "run-b")
+    with pytest.raises(LeaseLost):
+        fresh.advance()  # a run that lost the lease cannot take it back by advancing

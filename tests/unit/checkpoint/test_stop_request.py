@@ -49,3 +49,12 @@ def test_the_watch_polls_at_most_once_per_period(tmp_path: Path) -> None:
     request_stop(tmp_path, read_lease(tmp_path))  # type: ignore[arg-type]
     assert watch.requested() is None, "not read again within the period"
     assert StopWatch(tmp_path, "run-a", lease.fencing_epoch, period=3600).requested() is not None
+
+
+def test_a_request_reaches_a_run_whose_epoch_an_in_job_restore_moved_on(tmp_path: Path) -> None:
+    first = Lease.acquire(tmp_path, "run-a")
+    watch = StopWatch(tmp_path, "run-a", first.fencing_epoch, period=0)
+    first.advance()
+    request = request_stop(tmp_path, read_lease(tmp_path))  # type: ignore[arg-type]
+    assert request.fencing_epoch == first.fencing_epoch + 1
+    assert watch.requested() == request
