@@ -7,7 +7,9 @@
   container runs in its own PID namespace (its command is PID 1, as under containerd) and mount namespace, chrooted
   into a root assembled from the host's directories, with a private ``/tmp``, ``/root``, ``/home``, ``/run``,
   ``/etc`` (an overlay, so ``/etc/hosts`` and new mount points stay in the pod) and a 64 MiB ``/dev/shm``; its
-  volumes are mounted at their real paths, so rendered commands run verbatim. Mounts exist only in that mount
+  volumes are mounted at their real paths, so rendered commands run verbatim. With ``read_only_root``
+  (``securityContext.readOnlyRootFilesystem``) every other mount of that root is read-only and there is no private
+  ``/tmp``: only the writable volumes, ``/dev`` and ``/dev/shm`` take writes. Mounts exist only in that mount
   namespace and vanish with it.
 * Kubelet behaviour: init containers run to completion first; ``exec`` enters the container's namespaces (what an
   exec hook or ``kubectl exec`` does); ``terminate(grace)`` runs the ``preStop`` command to completion (bounded
