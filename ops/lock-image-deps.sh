@@ -25,7 +25,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-${repo}/.venv/bin/python}"
 platform="${LOCK_PLATFORM:-manylinux_2_28_x86_64}"
 index="${LOCK_INDEX_URL:-https://pypi.org/simple}"
-read -r -a sdist_only <<< "${LOCK_SDIST_ONLY:-antlr4-python3-runtime==4.9.3}"
+read -r -a sdist_only <<< "${LOCK_SDIST_ONLY-antlr4-python3-runtime==4.9.3}"  # "" = none
 [[ "${platform}" =~ ^manylinux_2_([0-9]+)_([a-z0-9_]+)$ ]] \
   || { echo "LOCK_PLATFORM must look like manylinux_2_28_x86_64, got '${platform}'" >&2; exit 2; }
 glibc_minor="${BASH_REMATCH[1]}"
