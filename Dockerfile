@@ -61,6 +61,8 @@ COPY --from=build /opt/sc-app /opt/sc-app
 # resets PATH from /etc/profile): the venv is first on PATH either way.
 RUN echo "export PATH=/opt/sc-app/bin:\$PATH" > /etc/profile.d/sc-app.sh \
     && ln -s /opt/sc-app/bin/sc-app /usr/local/bin/sc-app
+# The chart runs it with a read-only root (scratch.readOnlyRootFilesystem): everything writes to /tmp, $HOME,
+# /tmp/ray, /dev/shm or /checkpoints (emptyDirs and the volume), and no bytecode is written next to the venv.
 ENV PATH=/opt/sc-app/bin:$PATH \
     VIRTUAL_ENV=/opt/sc-app \
     PYTHONUNBUFFERED=1 \

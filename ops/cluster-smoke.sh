@@ -9,7 +9,8 @@
 # really serves its access modes); the API server's proxy reaches the head through the NetworkPolicy (the live part
 # answers, no policy named in liveError); KubeRay never ends the job with JobStatusCheckTimeoutExceeded while the
 # head is replaced; `sc-app k8s suspend --wait` returns once the operator suspended the job and its pods are gone,
-# and `resume` starts a new cluster that resumes (SMOKE_SUSPEND=0 skips that step).
+# and `resume` starts a new cluster that resumes (SMOKE_SUSPEND=0 skips that step); the training head's root is
+# read-only (with scratch.readOnlyRootFilesystem, the default) and its /tmp writable.
 # Needs: kubectl, helm and sc-app (k8s extra) for a cluster with the KubeRay operator, an RWX storage class (or CPU
 # values), and RBAC for `sc-app k8s status`'s live part (ops/README.md). SMOKE_TIMEOUT_S (1800), SMOKE_POLL_S (10).
 # Usage: ops/cluster-smoke.sh NAMESPACE [VALUES_FILE] [IMAGE_TAG]
@@ -88,7 +89,21 @@ while :; do
     break
   fi
 done
-say "driver saved step_${before} (on the volume); deleting head pod ${old_head} (preemption)"
+say "driver saved step_${before} (on the volume)"
+# A read-only root (scratch.readOnlyRootFilesystem, the default) as the runtime gives it: the training head's root
+# refuses a write, its /tmp emptyDir takes one.
+ro_root=$(kubectl -n "${ns}" get rayjob "${job}" -o json | python3 -c 'import json, sys
+spec = json.load(sys.stdin)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+head = next(c for c in spec["containers"] if c["name"] == "ray-head")
+print(bool((head.get("securityContext") or {}).get("readOnlyRootFilesystem")))')
+if [[ "${ro_root}" == "True" ]]; then
+  probe=$(kubectl -n "${ns}" exec "${old_head}" -c ray-head -- sh -c \
+    'touch /.sc-app-smoke 2>&1; touch /tmp/.sc-app-smoke && echo tmp-writable' 2>&1 || true)
+  [[ "${probe}" == *"Read-only file system"*"tmp-writable"* ]] \
+    || fail "head ${old_head}: expected a read-only root with a writable /tmp, got: ${probe}"
+  say "head ${old_head}: root read-only, /tmp writable"
+fi
+say "deleting head pod ${old_head} (preemption)"
 kubectl -n "${ns}" delete pod "${old_head}" --wait=false > /dev/null
 
 while :; do

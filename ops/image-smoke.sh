@@ -5,7 +5,8 @@
 #   3. podman run the image with a host directory as /checkpoints, kill it once a step_N bundle exists (and
 #      require that the kill landed before the last step: otherwise nothing would be resumed);
 #   4. podman run a fresh container on the same directory: it must say "resuming from ... step_N" and finish.
-# Prints build time and image size. Usage: sudo ops/image-smoke.sh   (env knobs below)
+# The containers run with a read-only root (writable /tmp and $HOME tmpfs only, the chart's default). Prints build
+# time and one "image size: ..." line (image, base, /opt/sc-app venv) to quote. Usage: sudo ops/image-smoke.sh
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,10 +16,14 @@ MAX_STEPS="${SC_SMOKE_MAX_STEPS:-200}"                  # long enough that the k
 SAVE_PERIOD="${SC_SMOKE_SAVE_PERIOD:-2}"
 RUN_TIMEOUT="${SC_SMOKE_RUN_TIMEOUT:-600}"            # seconds for the resumed run to finish
 REUSE_IMAGE="${SC_SMOKE_REUSE_IMAGE:-0}"              # 1 = skip the build when the image already exists
-BASE_TAG="localhost/sc-app-base:bookworm"
+# A base from a registry instead of the debootstrap one (e.g. python:3.11-slim-bookworm@sha256:...), pulled by podman.
+BASE_TAG="${SC_SMOKE_BASE_IMAGE:-localhost/sc-app-base:bookworm}"
 IMAGE="localhost/sc-app:smoke"
 STORE=(--root "${WORK}/storage" --runroot "${WORK}/runroot" --storage-driver vfs)
 RUN_FLAGS=(--runtime runc --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 --shm-size 1g)
+# The chart's default: a read-only root with writable /tmp and $HOME only (scratch.readOnlyRootFilesystem).
+RUN_FLAGS+=(--read-only --read-only-tmpfs=false --tmpfs "/tmp:rw,mode=1777"
+            --tmpfs "/home/scapp:rw,mode=0700,uid=10001,gid=10001")
 
 log() { printf '[image-smoke] %s\n' "$*" >&2; }
 die() { log "FAIL: $*"; exit 1; }
@@ -32,7 +37,10 @@ done
 mkdir -p "${WORK}"
 
 # 1. base image ------------------------------------------------------------------------------------------
-if ! podman "${STORE[@]}" image exists "${BASE_TAG}"; then
+if [[ -n "${SC_SMOKE_BASE_IMAGE:-}" ]]; then
+  podman "${STORE[@]}" image exists "${BASE_TAG}" || podman "${STORE[@]}" pull "${BASE_TAG}" > /dev/null \
+    || die "cannot pull ${BASE_TAG}"
+elif ! podman "${STORE[@]}" image exists "${BASE_TAG}"; then
   log "debootstrap bookworm minbase -> ${BASE_TAG}"
   rm -rf "${WORK}/rootfs"
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "${WORK}/rootfs" "${MIRROR}" \
@@ -70,7 +78,14 @@ else
 fi
 build_s=$(( $(date +%s) - start ))
 size=$(podman "${STORE[@]}" image inspect --format '{{.Size}}' "${IMAGE}")
-log "built in ${build_s}s, image size $(( size / 1024 / 1024 )) MiB"
+base_size=$(podman "${STORE[@]}" image inspect --format '{{.Size}}' "${BASE_TAG}")
+venv_kib=$(podman "${STORE[@]}" run --rm "${RUN_FLAGS[@]}" "${IMAGE}" du -sk /opt/sc-app | cut -f1)
+[[ "${size}" =~ ^[0-9]+$ && "${base_size}" =~ ^[0-9]+$ && "${venv_kib}" =~ ^[0-9]+$ ]] \
+  || die "could not read the image sizes (image '${size}', base '${base_size}', venv '${venv_kib}')"
+log "built in ${build_s}s"
+# One line to quote (ops/README.md "Image size"): the image, its base and the venv the Dockerfile adds.
+SIZE_LINE="image size: ${IMAGE} $(( size / 1024 / 1024 )) MiB = base ${BASE_TAG} $(( base_size / 1024 / 1024 )) MiB + /opt/sc-app venv $(( venv_kib / 1024 )) MiB"
+log "${SIZE_LINE}"
 
 # the image contract: non-root, sc-app on PATH, ray pinned
 user=$(podman "${STORE[@]}" image inspect --format '{{.Config.User}}' "${IMAGE}")
@@ -123,4 +138,5 @@ grep -q "resuming from /checkpoints/${newest} " "${WORK}/run2.log" \
   || { cat "${WORK}/run2.log" >&2; die "second run did not resume from ${newest}"; }
 grep -q "done: step ${MAX_STEPS}" "${WORK}/run2.log" || die "second run did not reach step ${MAX_STEPS}"
 log "$(grep -m1 'resuming from' "${WORK}/run2.log")"
-log "OK: build ${build_s}s, image $(( size / 1024 / 1024 )) MiB, resumed after kill and finished ${MAX_STEPS} steps"
+log "OK: build ${build_s}s, resumed after kill and finished ${MAX_STEPS} steps on a read-only root"
+echo "${SIZE_LINE}"

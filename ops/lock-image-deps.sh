@@ -1,31 +1,60 @@
 #!/usr/bin/env bash
 # Regenerate ops/image-constraints.txt: every Python package the image installs, resolved from pyproject.toml's
 # pins FOR THE IMAGE'S PLATFORM (Linux x86_64, CPython 3.11, wheels only), whatever machine runs this. On that
-# platform PyPI's torch is the CUDA build, so its nvidia-* runtime wheels and triton are resolved and pinned exactly
-# as torch's metadata requires; a lock made for the build host (a CPU-only index, macOS) would miss them.
-# Needs pip >= 23 and PyPI (or PIP_INDEX_URL); only metadata is fetched (PEP 658), no wheel is installed.
+# platform PyPI's torch is the CUDA build: its Requires-Dist pins cuda-toolkit[...], nvidia-cudnn/nccl/cusparselt/
+# nvshmem and triton exactly, and those pull in the nvidia-* runtime wheels (nvidia-cublas, -cuda-runtime, ...) and
+# cuda-bindings/cuda-pathfinder; all of them land in the lock at the versions that metadata requires. The core
+# metadata of each is vendored into tests/k8s/fixtures/wheel-metadata/ so the default test suite checks the lock
+# against it offline: the wheel's PEP 658 `.metadata` file where the index serves one (torch, cuda-toolkit,
+# triton, most nvidia-*), else the copy in pip's report, which pip read from the wheel itself (as of this lock:
+# cuda-bindings, cuda-pathfinder, nvidia-nvjitlink; SOURCES.txt marks them).
+#
+# Resolution ignores this host's pip configuration (--isolated): a local CPU-only index or find-links dir would
+# hand pip a torch+cpu wheel and no CUDA wheels at all. Index: LOCK_INDEX_URL (default PyPI); needs pip >= 23;
+# only metadata is fetched (PEP 658), no wheel is installed.
+#
+# Two pip details this works around:
+# * `--platform manylinux_2_28_x86_64` is taken literally (pip expands only the legacy manylinux2014/2010 tags), so
+#   the nvidia wheels tagged manylinux_2_27/_2_17/... would be invisible and `nvidia-cudnn-cu13==9.20.0.48` would
+#   fail ("from versions: 0.0.0a0"). Every glibc level up to LOCK_PLATFORM's is passed.
+# * `--only-binary=:all:` (required with --platform) hides sdist-only packages: pip silently backtracks to an old
+#   release with a wheel (antlr4-python3-runtime 4.9.3 is sdist-only -> hydra-core 0.11). LOCK_SDIST_ONLY lists
+#   such pure-Python packages; they are built into wheels first, and lock_report.py refuses any downgrade.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-${repo}/.venv/bin/python}"
 platform="${LOCK_PLATFORM:-manylinux_2_28_x86_64}"
-report="$(mktemp)"
-trap 'rm -f "${report}"' EXIT
+index="${LOCK_INDEX_URL:-https://pypi.org/simple}"
+read -r -a sdist_only <<< "${LOCK_SDIST_ONLY-antlr4-python3-runtime==4.9.3}"  # "" = none
+[[ "${platform}" =~ ^manylinux_2_([0-9]+)_([a-z0-9_]+)$ ]] \
+  || { echo "LOCK_PLATFORM must look like manylinux_2_28_x86_64, got '${platform}'" >&2; exit 2; }
+glibc_minor="${BASH_REMATCH[1]}"
+arch="${BASH_REMATCH[2]}"
+platforms=()
+for ((minor = glibc_minor; minor >= 5; minor--)); do platforms+=(--platform "manylinux_2_${minor}_${arch}"); done
+((glibc_minor >= 17)) && platforms+=(--platform "manylinux2014_${arch}")
+((glibc_minor >= 12)) && platforms+=(--platform "manylinux2010_${arch}")
+platforms+=(--platform "manylinux1_${arch}")
+
+work="$(mktemp -d)"
+trap 'rm -rf "${work}"' EXIT
+pip_isolated=(env PIP_CONFIG_FILE=/dev/null "${python}" -m pip)
 mapfile -t deps < <("${python}" - "${repo}/pyproject.toml" <<'PY'
 import sys, tomllib
 print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
 PY
 )
-"${python}" -m pip install --dry-run --ignore-installed --quiet --report "${report}" \
-  --platform "${platform}" --python-version 3.11 --implementation cp --only-binary=:all: "${deps[@]}"
-{
-  echo "# Exact versions of every Python package in the image, resolved from pyproject.toml's pins for"
-  echo "# ${platform} / CPython 3.11 (torch's CUDA build with its nvidia-* wheels and triton)."
-  echo "# Regenerate: ops/lock-image-deps.sh"
-  "${python}" - "${report}" <<'PY'
-import json, sys
-doc = json.load(open(sys.argv[1]))
-rows = sorted((i["metadata"]["name"].lower(), i["metadata"]["version"]) for i in doc["install"])
-print("".join(f"{n}=={v}\n" for n, v in rows if n != "sc-app"), end="")
-PY
-} > "${repo}/ops/image-constraints.txt"
-echo "wrote ops/image-constraints.txt"
+mkdir -p "${work}/wheels"
+if ((${#sdist_only[@]})); then
+  "${pip_isolated[@]}" wheel --isolated --index-url "${index}" --quiet --no-deps --no-binary :all: \
+    -w "${work}/wheels" "${sdist_only[@]}"
+  for whl in "${work}/wheels"/*.whl; do
+    [[ "${whl}" == *-none-any.whl ]] || { echo "${whl##*/} is not pure Python: it cannot stand in for ${platform}" >&2; exit 1; }
+  done
+fi
+"${pip_isolated[@]}" install --isolated --index-url "${index}" --find-links "${work}/wheels" \
+  --dry-run --ignore-installed --quiet --report "${work}/report.json" \
+  "${platforms[@]}" --python-version 3.11 --implementation cp --only-binary=:all: "${deps[@]}"
+"${python}" "${repo}/ops/lock_report.py" "${work}/report.json" "${repo}/ops/image-constraints.txt" \
+  "${repo}/tests/k8s/fixtures/wheel-metadata" "${platform}"
+echo "wrote ops/image-constraints.txt and tests/k8s/fixtures/wheel-metadata/"

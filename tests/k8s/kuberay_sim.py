@@ -33,6 +33,10 @@ def container_command(login_shell: bool = False, extra: str = "") -> list[str]:
     return ["/bin/bash", f"-c{extra}{'l' if login_shell else ''}", "--"]
 
 
+def read_only_root(container: Mapping[str, Any]) -> bool:
+    return bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+
+
 def cluster_name(rayjob_name: str, suffix: str = "sim01") -> str:
     """The RayCluster a RayJob attempt gets: ``<rayjob>-<5 random chars>``."""
     return f"{rayjob_name}-{suffix}"
@@ -300,7 +304,8 @@ class RayJobSim:
                            auth_secret=self.auth_secret, login_shell=self.login_shell)
         spec = group_spec["template"]["spec"]
         c = spec["containers"][0]
-        return Container(c["name"], rc.argv, self._env(rc.env), container_mounts(spec, c, self.volumes, pod.dir))
+        return Container(c["name"], rc.argv, self._env(rc.env), container_mounts(spec, c, self.volumes, pod.dir),
+                         read_only_root(c))
 
     def start_head(self, init_timeout: float = 300) -> list[Exited]:
         """Run the head's init containers to completion (each must exit 0), then start its Ray container."""
@@ -310,8 +315,8 @@ class RayJobSim:
         for ic in spec.get("initContainers", []):
             env = self._env(template_env(ic, self.volumes.secrets, {}))
             argv = list(ic.get("command", [])) + list(ic.get("args", []))
-            result = self.head.run(Container(ic["name"], argv, env, container_mounts(spec, ic, self.volumes,
-                                                                                    self.head.dir)), init_timeout)
+            mounts = container_mounts(spec, ic, self.volumes, self.head.dir)
+            result = self.head.run(Container(ic["name"], argv, env, mounts, read_only_root(ic)), init_timeout)
             done.append(result)
             if result.rc != 0:
                 raise RuntimeError(f"init container {ic['name']} exited {result.rc}:\n{result.out[-3000:]}")
@@ -343,8 +348,9 @@ class RayJobSim:
                 pod = next(pods)
                 main = self._ray_container(pod, g, "worker", g["groupName"])
                 script = wait_gcs_ready_script(head_service_fqdn(self.cluster, self.namespace), head_port(self.spec))
+                # DefaultWorkerPodTemplate: the Ray container's volumeMounts and securityContext
                 wait = Container("wait-gcs-ready", [*container_command(self.login_shell), script], main.env,
-                                 main.mounts)
+                                 main.mounts, main.read_only_root)
                 started.append((pod, pod.launch(wait), main))
         for pod, proc, main in started:
             result = pod.finish(proc, init_timeout)
@@ -376,7 +382,11 @@ class RayJobSim:
         rc = submitter_container(self.rayjob, job_id=self.job_id,
                                  dashboard_url=rayjob_dashboard_url(self.name, self.namespace),
                                  secrets=self.volumes.secrets, auth_secret=self.auth_secret)
-        self.submitter.start(Container("ray-job-submitter", rc.argv, self._env(rc.env)))
+        template = self.rayjob["spec"].get("submitterPodTemplate") or {"spec": {"containers": [{}]}}
+        spec = template["spec"]
+        c = spec["containers"][0]
+        self.submitter.start(Container("ray-job-submitter", rc.argv, self._env(rc.env),
+                                       container_mounts(spec, c, self.volumes, self.submitter.dir), read_only_root(c)))
 
     def close(self) -> None:
         for pod in reversed(self.pods):

@@ -7,7 +7,9 @@
   container runs in its own PID namespace (its command is PID 1, as under containerd) and mount namespace, chrooted
   into a root assembled from the host's directories, with a private ``/tmp``, ``/root``, ``/home``, ``/run``,
   ``/etc`` (an overlay, so ``/etc/hosts`` and new mount points stay in the pod) and a 64 MiB ``/dev/shm``; its
-  volumes are mounted at their real paths, so rendered commands run verbatim. Mounts exist only in that mount
+  volumes are mounted at their real paths, so rendered commands run verbatim. With ``read_only_root``
+  (``securityContext.readOnlyRootFilesystem``) every other mount of that root is read-only and there is no private
+  ``/tmp``: only the writable volumes, ``/dev`` and ``/dev/shm`` take writes. Mounts exist only in that mount
   namespace and vanish with it.
 * Kubelet behaviour: init containers run to completion first; ``exec`` enters the container's namespaces (what an
   exec hook or ``kubectl exec`` does); ``terminate(grace)`` runs the ``preStop`` command to completion (bounded
@@ -78,6 +80,9 @@ class Container:
     argv: Sequence[str]
     env: Mapping[str, str]
     mounts: Sequence[Mount] = ()
+    # securityContext.readOnlyRootFilesystem: everything but the volumes, /dev (with /dev/shm), /proc and /sys is
+    # read-only, the root's /tmp, /root, /home and /run included (no private /tmp then: only a volume makes it writable)
+    read_only_root: bool = False
     workdir: str = "/"
 
 
@@ -117,6 +122,21 @@ def _private_host_dirs_needed() -> list[str]:
     wanted = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(__file__).resolve().parents[2]}
     dirs = sorted(str(p) for p in wanted if len(p.parts) > 1 and p.parts[1] in private)
     return [d for d in dirs if not any(d.startswith(f"{other}/") for other in dirs)]
+
+
+def _read_only_root_lines(root: str, writable: Sequence[str]) -> list[str]:
+    """Shell that makes every mount of the assembled root read-only (the tmpfs root itself, the host directories
+    bound in as image layers and their submounts, /etc) except the container's writable volumes and what the
+    runtime keeps writable whatever the securityContext says (/dev, /dev/shm; /proc and /sys as they are)."""
+    keep = [f"{root}{p}" for p in ("/dev", "/dev/*", "/proc", "/proc/*", "/sys", "/sys/*")]
+    keep += [f"{root}{shlex.quote(p.rstrip('/'))}" for p in writable]
+    return [
+        f"awk -v r={root} '$5 == r || index($5, r \"/\") == 1 {{print $5}}' /proc/self/mountinfo | sort -u |",
+        "while read -r mp; do",
+        f"  case \"$mp\" in {'|'.join(keep)}) continue ;; esac",
+        '  mount -o remount,bind,ro "$mp"',
+        "done",
+    ]
 
 
 @dataclass(frozen=True)
@@ -247,7 +267,7 @@ class Pod:
             f"mount -t tmpfs -o size={DEFAULT_SHM_BYTES} shm {r}/dev/shm",
             f"mkdir {r}/proc && mount -t proc proc {r}/proc",
             f"mkdir {r}/sys && mount --rbind /sys {r}/sys",
-            f"mkdir {r}/tmp && mount --bind {q(str(d / 'tmp'))} {r}/tmp",
+            f"mkdir {r}/tmp" + ("" if c.read_only_root else f" && mount --bind {q(str(d / 'tmp'))} {r}/tmp"),
             f"mkdir -p {r}/root {r}/home {r}/run",
         ]
         for shared in _private_host_dirs_needed():
@@ -266,6 +286,8 @@ class Pod:
                 lines.append(f"mount -o remount,bind,ro {target}")
         if home := c.env.get("HOME"):
             lines.append(f"mkdir -p {r}{q(home)}")
+        if c.read_only_root:
+            lines += _read_only_root_lines(r, [m.path for m in c.mounts if not m.read_only])
         lines.append('export PATH="$CONTAINER_PATH"')
         lines.append(f'exec {_tool("chroot")} {r} /usr/bin/env -C {q(c.workdir)} "$@"')
         return "\n".join(lines)

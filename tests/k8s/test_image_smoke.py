@@ -25,9 +25,15 @@ if tool != "podman":
     sys.exit(0)
 if "exists" in args:
     sys.exit(0)
+if "run" in args:
+    with open(os.environ["FAKE_SCENARIO"] + ".runs", "a") as runs:
+        runs.write(json.dumps(args) + "\n")
 if "inspect" in args:
     fmt = args[args.index("--format") + 1]
-    print({"{{.Size}}": "734003200", "{{.Config.User}}": "10001:10001", "{{.State.Running}}": "true"}[fmt])
+    size = "104857600" if args[-1] == "localhost/sc-app-base:bookworm" else "734003200"
+    print({"{{.Size}}": size, "{{.Config.User}}": "10001:10001", "{{.State.Running}}": "true"}[fmt])
+elif "run" in args and "du" in args:
+    print("614400\t/opt/sc-app")
 elif "run" in args and "-d" in args:
     ckpt = next(a.split(":")[0] for a in args if a.endswith(":/checkpoints"))
     for step in scenario["bundles"]:
@@ -64,7 +70,15 @@ def test_a_kill_while_training_and_a_resume_from_that_bundle_pass(tmp_path: Path
     proc = smoke(tmp_path, {"bundles": [2], "run1_log": run1, "run2_log": run2})
     assert proc.returncode == 0, proc.stderr
     assert "killed the first container at step 3 of 200; newest bundle step_2" in proc.stderr
-    assert "image size 700 MiB" in proc.stderr
+    size_line = ("image size: localhost/sc-app:smoke 700 MiB = base localhost/sc-app-base:bookworm 100 MiB + "
+                 "/opt/sc-app venv 600 MiB")
+    assert size_line in proc.stderr and proc.stdout.strip() == size_line, proc.stdout
+    # Every container of the image runs as the chart runs it by default: read-only root, /tmp and $HOME writable.
+    runs = [json.loads(line) for line in (tmp_path / "scenario.json.runs").read_text().splitlines()]
+    assert len(runs) == 4  # the contract check, the size probe, the killed run, the resumed run
+    for args in runs:
+        assert {"--read-only", "--read-only-tmpfs=false", "/tmp:rw,mode=1777"} <= set(args), args
+        assert "/home/scapp:rw,mode=0700,uid=10001,gid=10001" in args, args
 
 
 @pytest.mark.parametrize(("max_steps", "bundles", "run1", "expected"), [

@@ -317,7 +317,7 @@ def test_existing_claim_hmac_and_auth_secret_are_referenced_not_created() -> Non
     assert "envFrom" not in rray and "team" not in rollout["metadata"]["labels"]
     assert all(m["name"] != "nccl-topo" for m in rray["volumeMounts"])
     assert {v["name"]: v["emptyDir"].get("sizeLimit") for v in trainer["spec"]["volumes"] if "emptyDir" in v} == {
-        "ray-tmp": None, "dshm": "32Gi"}
+        "ray-tmp": None, "dshm": "32Gi", "tmp": "10Gi", "home": "10Gi"}  # read-only root: /tmp and $HOME scratch
 
 
 def test_queue_labels_are_on_the_rayjob_object() -> None:

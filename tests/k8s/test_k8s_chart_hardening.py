@@ -101,6 +101,8 @@ REFUSED = [
                                     "replicas": 2, "shmSize": "70000M", "terminationGracePeriodSeconds": 120,
                                     "resources": {"limits": {"memory": "64Gi", "nvidia.com/gpu": 1}}}]},
                  r"workerGroups\[0\] \(gpu\)\.shmSize 70000M is above its memory limit 64Gi", id="worker-shm-over"),
+    pytest.param({"scratch": {"ephemeralStorage": {"request": "100Gi"}}},
+                 r"scratch\.ephemeralStorage\.request 100Gi is above its limit 50Gi", id="ephemeral-request-over"),
 ]
 
 
@@ -127,6 +129,7 @@ def test_unsafe_or_rejected_combinations_are_refused_in_one_line(override: dict[
                  id="podmonitor-without-policy"),
     pytest.param({"head": {"shmSize": "16Gi", "resources": _MEM}}, id="shm-equal-to-limit"),
     pytest.param({"head": {"shmSize": "15000Mi", "resources": _MEM}}, id="shm-below-limit"),
+    pytest.param({"scratch": {"ephemeralStorage": {"request": "50Gi", "limit": ""}}}, id="ephemeral-no-limit"),
 ])
 def test_neighbours_of_the_refusals_render_valid_objects(override: dict[str, Any]) -> None:
     _valid(objects(render(merged(override))))
@@ -181,9 +184,12 @@ def test_optional_egress_policy_allows_dns_own_pods_api_server_and_storage_only(
 
 # ---------------------------------------------------------------------------------------------- hardening
 def test_read_only_root_filesystem_gives_every_container_writable_scratch() -> None:
+    """On by default (tests/k8s/test_prestop_kubelet.py runs the job, the preStop hook and the retry so): every
+    container of every pod has a read-only root, /tmp and $HOME as emptyDirs, and the Ray containers an
+    ephemeral-storage request and limit; a group that names its own ephemeral-storage keeps it."""
     from tests.k8s.test_k8s_runbooks import restricted_violations
 
-    job = _job(merged({"scratch": {"readOnlyRootFilesystem": True, "raySizeLimit": "50Gi"}}))
+    job = _job(merged({"scratch": {"raySizeLimit": "50Gi"}}))
     _valid([job])
     for template in pod_templates(job):
         spec = template["spec"]
@@ -194,10 +200,17 @@ def test_read_only_root_filesystem_gives_every_container_writable_scratch() -> N
             mounts = {m["mountPath"] for m in c["volumeMounts"]}
             assert {"/tmp", "/home/scapp"} <= mounts, c["name"]
         assert restricted_violations({"spec": spec}) == []
-    head = pod_templates(job)[0]["spec"]
-    assert {v["name"]: v for v in head["volumes"]}["ray-tmp"]["emptyDir"] == {"sizeLimit": "50Gi"}
-    # Off (the default): no extra volumes, root file system as the image has it.
-    plain = pod_templates(_job(merged()))[0]["spec"]
+    head, worker = (t["spec"]["containers"][0]["resources"] for t in pod_templates(job)[:2])
+    for res in (head, worker):
+        assert res["requests"]["ephemeral-storage"] == "10Gi" and res["limits"]["ephemeral-storage"] == "50Gi"
+    assert {v["name"]: v for v in pod_templates(job)[0]["spec"]["volumes"]}["ray-tmp"]["emptyDir"] == {
+        "sizeLimit": "50Gi"}
+    own = {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "4", "memory": "16Gi",
+                                                                     "ephemeral-storage": "200Gi"}}
+    kept = pod_templates(_job(merged({"head": {"resources": own}})))[0]["spec"]["containers"][0]["resources"]
+    assert kept["limits"]["ephemeral-storage"] == "200Gi" and "ephemeral-storage" not in kept["requests"]
+    # Off: no extra volumes, root file system as the image has it.
+    plain = pod_templates(_job(merged({"scratch": {"readOnlyRootFilesystem": False}})))[0]["spec"]
     assert {v["name"] for v in plain["volumes"]}.isdisjoint({"tmp", "home"})
     assert "readOnlyRootFilesystem" not in plain["containers"][0]["securityContext"]
 

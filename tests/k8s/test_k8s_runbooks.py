@@ -119,6 +119,8 @@ if tool == "kubectl":
         docs = scenario["phases"][phase]
         current = docs[min(served - 1, len(docs) - 1)]["headPod"]
         sys.exit(0 if args[args.index("exec") + 1] == current and args[-1] == scenario["bundle_path"] else 1)
+    elif words("exec", "sh", "-c"):  # the read-only-root probe on the head
+        print(scenario.get("root_probe", "touch: cannot touch '/.sc-app-smoke': Read-only file system\ntmp-writable"))
     elif words("delete", "pod"):
         (state / "phase").write_text("1")
         (state / "served").write_text("0")
@@ -272,8 +274,11 @@ def test_cluster_smoke_requires_a_resume_by_a_new_head(tmp_path: Path, after_los
     assert proc.returncode == rc, proc.stderr
     assert expected in proc.stderr, proc.stderr
     done = calls(env)
-    exec_paths = [c["args"][-1] for c in done if "exec" in c["args"]]
+    exec_paths = [c["args"][-1] for c in done if "exec" in c["args"] and "test" in c["args"]]
     assert exec_paths and set(exec_paths) == {"/data/ckpt/step_4"}
+    probes = [c["args"] for c in done if "exec" in c["args"] and "sh" in c["args"]]
+    assert len(probes) == 1 and probes[0][probes[0].index("exec") + 1] == "h-a", probes  # the training head
+    assert "head h-a: root read-only, /tmp writable" in proc.stderr
     first_delete = next(c for c in done if "delete" in c["args"])["args"]
     assert [a for a in first_delete if a in ("delete", "pod", "h-a")] == ["delete", "pod", "h-a"]
     # Cleanup: the RayJob first (waiting for its finalizer), then the rest of the release.
@@ -312,3 +317,16 @@ def test_cluster_smoke_suspends_and_resumes_after_the_resume_check(tmp_path: Pat
     assert tail == ["suspend", "resume", "wait"], verbs
     (suspend,) = [c for c in calls(env) if c["args"][:2] == ["k8s", "suspend"]]
     assert "--wait" in suspend["args"]
+
+
+def test_cluster_smoke_fails_when_the_head_root_is_writable(tmp_path: Path) -> None:
+    """The chart's default read-only root, as the container runtime gives it, is checked on the training head
+    before the preemption: a root that takes a write fails the smoke (and nothing is preempted)."""
+    phase0 = [_status("h-a"), _status("h-a", live=SAVED_4)]
+    scenario = {"bundle_path": "/data/ckpt/step_4", "phases": [phase0, phase0], "root_probe": "tmp-writable"}
+    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "30"}
+    proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "FAIL: head h-a: expected a read-only root with a writable /tmp, got: tmp-writable" in proc.stderr
+    assert not [c for c in calls(env) if "delete" in c["args"] and "pod" in c["args"]], "nothing was preempted"

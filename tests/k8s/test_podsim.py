@@ -86,3 +86,28 @@ def test_terminate_runs_pre_stop_then_sigterm_then_sigkill(net: tuple[Network, P
     finally:
         graceful.close()
         stubborn.close()
+
+
+def test_read_only_root_leaves_only_the_volumes_writable(net: tuple[Network, Path]) -> None:
+    """securityContext.readOnlyRootFilesystem as a runtime gives it: a write anywhere but a writable volume, /dev
+    and /dev/shm fails with EROFS — the root's /tmp and $HOME, /etc, the image's directories (here the host's,
+    this checkout and its interpreter among them) and a readOnly volume alike."""
+    root = net[1]
+    data = root / "data"
+    data.mkdir()
+    mounts = [Mount("/data", data), Mount("/scratch", None, 2**24), Mount("/etc/conf", data, read_only=True),
+              Mount("/dev/shm", None, 2**24)]
+    pod = _pod(net, "ro")
+    try:
+        pod.start(Container("main", ["/bin/bash", "-c", "--", "exec sleep 600"], ENV, mounts, read_only_root=True))
+        for path in ("/data/x", "/scratch/x", "/dev/shm/x"):
+            result = pod.exec(["touch", path], timeout=30)
+            assert result.rc == 0, f"{path}: {result.out}"
+        checkout = Path(__file__).resolve().parents[2]
+        for path in ("/x", "/tmp/x", "/home/app/x", "/root/x", "/etc/x", "/etc/conf/y", "/usr/x",
+                     f"{checkout}/x", f"{Path(sys.prefix).resolve()}/x"):
+            result = pod.exec(["touch", path], timeout=30)
+            assert result.rc != 0 and "Read-only file system" in result.out, f"{path} is writable: {result.out}"
+        assert (data / "x").exists() and not (checkout / "x").exists()
+    finally:
+        pod.close()

@@ -113,10 +113,22 @@ def _bundles(pvc: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in pvc.glob("step_*") if p.name[5:].isdigit())
 
 
+def _assert_read_only_roots(sim: RayJobSim) -> None:
+    """The chart's default: every running container (head, worker, submitter) trains on a read-only root, with
+    /tmp and $HOME writable emptyDirs — so the job got this far writing nowhere else."""
+    for pod in [sim.head, *sim.workers, sim.submitter]:
+        assert pod is not None and pod.running(), f"{pod and pod.name} is not running"
+        probe = pod.exec(["/bin/sh", "-c", 'touch /tmp/p /home/scapp/p || exit 3; out=$(touch /p 2>&1); '
+                          'case "$out" in *"Read-only file system"*) echo read-only-root ;; *) echo "$out" ;; esac'],
+                         timeout=60)
+        assert probe.out.strip() == "read-only-root", f"{pod.name}: {probe.out}"
+
+
 def _stop_mid_training(sim: RayJobSim, pod_kind: str, pvc: Path) -> int:
     """Wait for training, stop the pod like the kubelet, check the bundle of the step reached; returns that step."""
     assert sim.submitter is not None
     wait_for(lambda: _trained(pvc) >= STOP_AT_STEP, 300, f"step {STOP_AT_STEP}", None)
+    _assert_read_only_roots(sim)
     pod = sim.head if pod_kind == "head" else sim.workers[0]
     assert pod is not None
     term = sim.stop(pod)

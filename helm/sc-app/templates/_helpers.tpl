@@ -210,6 +210,27 @@ GitOps) `lookup` finds nothing and job.suspend is rendered as given.
 {{- toYaml $sc -}}
 {{- end -}}
 
+{{/*
+A Ray container's resources with scratch.ephemeralStorage added (request and limit of `ephemeral-storage`: the
+emptyDirs /tmp, $HOME and /tmp/ray, logs). Left as given when the group's resources name ephemeral-storage.
+Call with (dict "resources" <resources> "root" $).
+*/}}
+{{- define "sc-app.rayResources" -}}
+{{- $r := deepCopy (default (dict) .resources) -}}
+{{- $e := .root.Values.scratch.ephemeralStorage -}}
+{{- $named := or (hasKey (default (dict) $r.requests) "ephemeral-storage") (hasKey (default (dict) $r.limits) "ephemeral-storage") -}}
+{{- if not $named -}}
+{{- range $part, $key := dict "requests" "request" "limits" "limit" -}}
+{{- with index $e $key -}}
+{{- $m := deepCopy (default (dict) (index $r $part)) -}}
+{{- $_ := set $m "ephemeral-storage" . -}}
+{{- $_ := set $r $part $m -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $r -}}
+{{- end -}}
+
 {{/* volumeMounts that make a read-only root usable (/tmp, $HOME); nothing without scratch.readOnlyRootFilesystem. */}}
 {{- define "sc-app.scratchMounts" -}}
 {{- if .Values.scratch.readOnlyRootFilesystem }}

@@ -165,7 +165,7 @@ spec:
               - --wait
               - {{ $v.preStop.waitSeconds | quote }}
       resources:
-        {{- toYaml $g.resources | nindent 8 }}
+        {{- include "sc-app.rayResources" (dict "resources" $g.resources "root" $root) | nindent 8 }}
       securityContext:
         {{- include "sc-app.containerSecurityContext" $root | nindent 8 }}
       volumeMounts:

@@ -20,6 +20,7 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- include "sc-app.validateJob" . -}}
 {{- include "sc-app.validateSafety" . -}}
 {{- include "sc-app.validateShm" . -}}
+{{- include "sc-app.validateEphemeral" . -}}
 {{- include "sc-app.validateSchedulers" . -}}
 {{- include "sc-app.validateVolumes" . -}}
 {{- include "sc-app.validateGroups" . -}}
@@ -260,6 +261,16 @@ EKS: an EFS class of efs.csi.aws.com, e.g. efs-sc; GKE: Filestore standard-rwx; 
 {{- if gt (include "sc-app.bytes" .g.shmSize | float64) (include "sc-app.bytes" $limit | float64) -}}
 {{- fail (printf "%s.shmSize %v is above its memory limit %v: /dev/shm is memory charged to the container, so Ray's object store filling it gets the pod OOM-killed; lower shmSize or raise resources.limits.memory" .name .g.shmSize $limit) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* scratch.ephemeralStorage: a request above the limit is refused by the API server (every Ray pod). */}}
+{{- define "sc-app.validateEphemeral" -}}
+{{- $e := .Values.scratch.ephemeralStorage -}}
+{{- if and $e.request $e.limit -}}
+{{- if gt (include "sc-app.bytes" $e.request | float64) (include "sc-app.bytes" $e.limit | float64) -}}
+{{- fail (printf "scratch.ephemeralStorage.request %v is above its limit %v: the API server refuses every Ray pod; lower the request or raise the limit" $e.request $e.limit) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
