@@ -58,20 +58,24 @@ def session_members(sid: int) -> list[int]:
     return found
 
 
+def sigkill_until_gone(find: Callable[[], list[int]], timeout: float = 30.0) -> list[int]:
+    """SIGKILL every process ``find()`` names, again until it names none or ``timeout`` passes; the survivors."""
+    deadline = time.monotonic() + timeout
+    while (pids := find()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    return find()
+
+
 def kill_session(sid: int, timeout: float = 30.0) -> None:
     """SIGKILL the process group ``sid``, then any straggler of the same session."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(sid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        members = session_members(sid)
-        if not members:
-            return
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
-    raise AssertionError(f"processes of session {sid} survived SIGKILL: {session_members(sid)}")
+    survivors = sigkill_until_gone(lambda: session_members(sid), timeout)
+    if survivors:
+        raise AssertionError(f"processes of session {sid} survived SIGKILL: {survivors}")
 
 
 @dataclass
