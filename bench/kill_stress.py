@@ -36,8 +36,8 @@ from bench.tally import Tally  # noqa: E402
 from sc_app.checkpoint import plan_resume, verify_bundle  # noqa: E402
 from sc_app.data_plane.streamed_format import iter_groups  # noqa: E402
 from sc_app.faults import SAVE_POINTS  # noqa: E402
-from tests.support.hf import free_port  # noqa: E402
 from tests.support.proc import (  # noqa: E402
+    free_port,
     kill_session,
     load_sidecar,
     read_trace,

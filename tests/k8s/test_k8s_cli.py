@@ -28,8 +28,7 @@ import yaml
 
 from tests.k8s.fake_apiserver import FakeApiServer, FakeRayJobsApi, auth_secret, write_kubeconfig
 from tests.k8s.k8s_helpers import CHART_DIR, REPO_ROOT
-from tests.support.hf import free_port
-from tests.support.proc import pids_with, sigkill_until_gone
+from tests.support.proc import free_port, pids_with, sigkill_until_gone
 
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.proc import Finished, sc_app
+from tests.support.proc import Finished, free_port, sc_app
 
 ARITHMETIC = [
     {"prompt": "what is 3 + 4 ?", "answer": "7"},
@@ -117,12 +116,6 @@ def hf_world(
     ]
     path = os.pathsep.join(filter(None, [str(user), os.environ.get("PYTHONPATH", "")]))
     return HfWorld(base, model, data, base / "ckpt", trace, {"PYTHONPATH": path, **(env or {})}, [*common, *settings])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +24,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SC_APP = [sys.executable, "-m", "sc_app"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def pids_with(marker: str) -> list[int]:
