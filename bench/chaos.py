@@ -35,15 +35,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.tally import Tally  # noqa: E402
 from sc_app.checkpoint import plan_resume, verify_bundle  # noqa: E402
-from tests.support.proc import kill_session, sc_app, start_logged, wait_for  # noqa: E402
+from tests.support.proc import kill_session, sc_app, start_logged, step_bundles, wait_for  # noqa: E402
 
 KEEP = 3
 SAVE_PERIOD = 2
 
 
 def steps(root: Path) -> list[int]:
-    return sorted(int(p.name[5:]) for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name))
+    return sorted(step_bundles(root))
 
 
 def lease_of(root: Path) -> tuple[str, int] | None:
@@ -188,17 +189,10 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     root = work / "ckpt"
     rng = random.Random(args.seed)
-    failures = 0
-    started = time.monotonic()
+    tally = Tally(args.iterations)
     for i in range(args.iterations):
-        what, problems = one_iteration(i, rng, root, work)
-        failures += bool(problems)
-        verdict = "ok" if not problems else "FAIL " + "; ".join(problems)
-        print(f"[{i + 1:>3}/{args.iterations}] {what}: {verdict}", flush=True)
-    summary = {"iterations": args.iterations, "failures": failures, "seconds": round(time.monotonic() - started)}
-    print(json.dumps(summary))
-    print(f"{args.iterations - failures} passed, {failures} failed")
-    return 1 if failures else 0
+        tally.record(i, *one_iteration(i, rng, root, work))
+    return tally.close()
 
 
 if __name__ == "__main__":

@@ -22,37 +22,35 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
-import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.tally import Tally  # noqa: E402
 from sc_app.checkpoint import plan_resume, verify_bundle  # noqa: E402
 from sc_app.data_plane.streamed_format import iter_groups  # noqa: E402
 from sc_app.faults import SAVE_POINTS  # noqa: E402
-from tests.support.proc import kill_session, load_sidecar, read_trace, start_logged, wait_for  # noqa: E402
+from tests.support.proc import (  # noqa: E402
+    free_port,
+    kill_session,
+    load_sidecar,
+    read_trace,
+    start_logged,
+    step_bundles,
+    wait_for,
+)
 
 GROUP_SIZE = 8
 
 
 def steps(root: Path) -> list[int]:
-    return sorted(int(p.name[5:]) for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return sorted(step_bundles(root))
 
 
 def start_head(work: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -189,22 +187,15 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     root, trace = work / "ckpt", work / "trace.jsonl"
     rng = random.Random(args.seed)
-    failures = 0
-    started = time.monotonic()
+    tally = Tally(args.iterations)
     head, address = (None, None) if args.embedded else start_head(work)
     try:
         for i in range(args.iterations):
-            what, problems = one_iteration(i, rng, root, trace, work, address)
-            failures += bool(problems)
-            verdict = "ok" if not problems else "FAIL " + "; ".join(problems)
-            print(f"[{i + 1:>3}/{args.iterations}] {what}: {verdict}", flush=True)
+            tally.record(i, *one_iteration(i, rng, root, trace, work, address))
     finally:
         if head is not None:
             kill_session(head.pid)
-    summary = {"iterations": args.iterations, "failures": failures, "seconds": round(time.monotonic() - started)}
-    print(json.dumps(summary))
-    print(f"{args.iterations - failures} passed, {failures} failed")
-    return 1 if failures else 0
+    return tally.close()
 
 
 if __name__ == "__main__":

@@ -194,11 +194,6 @@ class GRPOConfig(_Section):
     max_grad_norm: float | None = Field(None, gt=0, description="hf: clip the gradient norm (None: no clipping).")
     old_logprobs: Literal["trainer", "engine"] = Field("trainer", description=OLD_LOGPROBS_HELP)
 
-    @property
-    def num_generations_per_prompt(self) -> int:
-        """Deprecated spelling of ``group_size`` (NeMo-RL's key), kept readable for code written against it."""
-        return self.group_size
-
 
 class WorkerGroupConfig(_Section):
     num_workers: int = Field(1, ge=1)

@@ -85,37 +85,11 @@ def _data_plane_tables(dp: list[dict[str, Any]], add: Any) -> None:
     add("")
     add("Save ceiling = the slower of a raw write + fsync of the same bytes and TransferQueue's own get of them.")
     add("")
-    add(
-        "| units | live MiB | raw write | TQ get | **ceiling** | streamed save | x ceiling | before | x ceiling "
-        "| native save | x ceiling |"
-    )
-    add("|" + "---|" * 11)
-    for r in dp:
-        s, b, n = r.get("streamed"), r.get("before"), r.get("native")
-        add(
-            f"| {r['units']} | {r['size_mib']} | {rng(r['raw_write_mib_s'])} | {rng(r['tq_get_mib_s'])} "
-            f"| **{rng(r['save_ceiling_mib_s'])}** | {rng(_get(s, 'save_mib_s'))} "
-            f"| {fmt(_get(s, 'save_over_ceiling'))} | {rng(_get(b, 'save_mib_s'))} "
-            f"| {fmt(_get(b, 'save_over_ceiling'))} | {rng(_get(n, 'save_mib_s'))} "
-            f"| {fmt(_get(n, 'save_over_ceiling'))} |"
-        )
+    _ceiling_table(dp, add, "save", raw="write", tq="get")
     add("")
     add("Restore ceiling = the slower of a raw read (page cache dropped) and TransferQueue's own put of the rows.")
     add("")
-    add(
-        "| units | live MiB | raw read | TQ put | **ceiling** | streamed restore | x ceiling | before | x ceiling "
-        "| native restore | x ceiling |"
-    )
-    add("|" + "---|" * 11)
-    for r in dp:
-        s, b, n = r.get("streamed"), r.get("before"), r.get("native")
-        add(
-            f"| {r['units']} | {r['size_mib']} | {rng(r['raw_read_mib_s'])} | {rng(r['tq_put_mib_s'])} "
-            f"| **{rng(r['restore_ceiling_mib_s'])}** | {rng(_get(s, 'restore_mib_s'))} "
-            f"| {fmt(_get(s, 'restore_over_ceiling'))} | {rng(_get(b, 'restore_mib_s'))} "
-            f"| {fmt(_get(b, 'restore_over_ceiling'))} | {rng(_get(n, 'restore_mib_s'))} "
-            f"| {fmt(_get(n, 'restore_over_ceiling'))} |"
-        )
+    _ceiling_table(dp, add, "restore", raw="read", tq="put")
     add("")
     add(
         "| units | live MiB | save x raw write (streamed) | restore x raw read (streamed) | bundle/live streamed "
@@ -131,6 +105,23 @@ def _data_plane_tables(dp: list[dict[str, Any]], add: Any) -> None:
             f"| {fmt(_get(s, 'commit_wait_ms', 'p99'), 1)} | {fmt(_get(n, 'commit_wait_ms', 'p99'), 0)} |"
         )
     add("")
+
+
+def _ceiling_table(dp: list[dict[str, Any]], add: Any, op: str, *, raw: str, tq: str) -> None:
+    """One row per size: the two parts of the ``op`` (save / restore) ceiling, the raw disk ``raw`` and
+    TransferQueue's own ``tq``, the ceiling, then each candidate's MiB/s and its share of the ceiling."""
+    add(
+        f"| units | live MiB | raw {raw} | TQ {tq} | **ceiling** | streamed {op} | x ceiling | before | x ceiling "
+        f"| native {op} | x ceiling |"
+    )
+    add("|" + "---|" * 11)
+    for r in dp:
+        candidates = (r.get("streamed"), r.get("before"), r.get("native"))
+        cells = " | ".join(f"{rng(_get(c, f'{op}_mib_s'))} | {fmt(_get(c, f'{op}_over_ceiling'))}" for c in candidates)
+        add(
+            f"| {r['units']} | {r['size_mib']} | {rng(r[f'raw_{raw}_mib_s'])} | {rng(r[f'tq_{tq}_mib_s'])} "
+            f"| **{rng(r[f'{op}_ceiling_mib_s'])}** | {cells} |"
+        )
 
 
 def _phases_table(e: dict[str, Any], add: Any) -> None:

@@ -95,11 +95,6 @@ class LeaseRecord:
             "released": asdict(self.released) if self.released else None,
         }
 
-    @property
-    def epoch(self) -> int:
-        """Alias of ``fencing_epoch`` for code written before the rename (cli.py, job.py); do not use in new code."""
-        return self.fencing_epoch
-
     def to_json(self) -> bytes:
         doc = asdict(self)
         doc["epoch"] = doc.pop("fencing_epoch")  # the on-disk name
@@ -224,11 +219,6 @@ class Lease:
     root: Path
     run_id: str
     fencing_epoch: int  # the LEASE file's "epoch": one more per run that takes the directory
-
-    @property
-    def epoch(self) -> int:
-        """Alias of ``fencing_epoch`` for code written before the rename (cli.py, job.py); do not use in new code."""
-        return self.fencing_epoch
 
     @classmethod
     def acquire(cls, root: str | Path, run_id: str, *, ttl_s: float = DEFAULT_TTL_S) -> Lease:

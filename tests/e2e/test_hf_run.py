@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,103 +24,51 @@ import pytest
 import torch
 
 from sc_app import hashing
-from tests.support.hf import ARITHMETIC, make_model_dir, policy_oracle, write_jsonl
-from tests.support.proc import Finished, kill_session, read_trace, sc_app, start_logged
+from tests.support.hf import ARITHMETIC, HfWorld, hf_world, make_model_dir, policy_oracle, sets
+from tests.support.proc import (
+    Finished,
+    kill_when,
+    past_a_new_bundle,
+    sc_app,
+    start_logged,
+    step_bundles,
+    trace_runs,
+    trained_prompts,
+)
 
 pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT = 420
 LR = 1e-2
 INPUT = torch.tensor([[1, 20, 15, 8, 9, 10, 11, 12]])
-
-
-@dataclass
-class World:
-    base: Path
-    model: Path
-    data: Path
-    ckpt: Path
-    trace: Path
-    reward_log: Path
-    env: dict[str, str]
-
-    def run_args(self, max_steps: int, *extra: str) -> list[str]:
-        return [
-            "run",
-            "--checkpoint-dir",
-            str(self.ckpt),
-            "--max-steps",
-            str(max_steps),
-            *sets(*self.settings(), *extra),
-        ]
-
-    def settings(self) -> list[str]:
-        return [
-            "model.backend=hf",
-            f"model.path={self.model}",
-            "task.name=jsonl",
-            f"task.path={self.data}",
-            "task.reward=my_reward:score",
-            "task.prompt_len=12",
-            "task.response_len=4",
-            "grpo.prompts_per_step=4",
-            "grpo.group_size=4",
-            f"grpo.learning_rate={LR}",
-            "checkpoint.save_period=2",
-            "checkpoint.keep=50",  # every bundle stays for the checks below
-            f"run.trace_file={self.trace}",
-        ]
-
-    def sc_app(self, *args: str, timeout: float = RUN_TIMEOUT) -> Finished:
-        return sc_app(*args, timeout=timeout, env=self.env)
-
-
-def sets(*overrides: str) -> list[str]:
-    return [arg for kv in overrides for arg in ("--set", kv)]
-
-
-def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    runs: list[list[dict[str, Any]]] = []
-    for ev in events:
-        if ev["ev"] == "start":
-            runs.append([])
-        runs[-1].append(ev)
-    return runs
-
-
-def bundles(root: Path) -> dict[int, Path]:
-    return {int(p.name.split("_")[1]): p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name)}
+REWARD = (  # the user's reward: numeric_match, logging every call to SC_APP_TEST_REWARD_LOG
+    "import json, os\n"
+    "from sc_app.rl.hf.rewards import numeric_match\n"
+    "def score(*, prompt, completion, answer):\n"
+    "    with open(os.environ['SC_APP_TEST_REWARD_LOG'], 'a') as f:\n"
+    "        f.write(json.dumps([prompt, completion, answer]) + '\\n')\n"
+    "    return numeric_match(prompt=prompt, completion=completion, answer=answer)\n"
+)
 
 
 def oracle(bundle: Path, model_dir: Path) -> tuple[dict[str, str], Any]:
     return policy_oracle(bundle, model_dir, LR)
 
 
+def reward_log(world: HfWorld) -> Path:
+    return world.base / "reward_calls.jsonl"
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+def world(tmp_path_factory: pytest.TempPathFactory) -> HfWorld:
     base = tmp_path_factory.mktemp("hf-e2e")
-    user = base / "user_code"
-    user.mkdir()
-    (user / "my_reward.py").write_text(
-        "import json, os\n"
-        "from sc_app.rl.hf.rewards import numeric_match\n"
-        "def score(*, prompt, completion, answer):\n"
-        "    with open(os.environ['SC_APP_TEST_REWARD_LOG'], 'a') as f:\n"
-        "        f.write(json.dumps([prompt, completion, answer]) + '\\n')\n"
-        "    return numeric_match(prompt=prompt, completion=completion, answer=answer)\n"
-    )
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(user), os.environ.get("PYTHONPATH", "")])),
-        "SC_APP_TEST_REWARD_LOG": str(base / "reward_calls.jsonl"),
-    }
-    return World(
-        base=base,
+    return hf_world(
+        base,
         model=make_model_dir(base / "model"),
-        data=write_jsonl(base / "data.jsonl", ARITHMETIC * 4),
-        ckpt=base / "ckpt",
-        trace=base / "trace.jsonl",
-        reward_log=base / "reward_calls.jsonl",
-        env=env,
+        rows=ARITHMETIC * 4,
+        reward=("my_reward", REWARD),
+        lr=LR,
+        env={"SC_APP_TEST_REWARD_LOG": str(base / "reward_calls.jsonl")},
     )
 
 
@@ -139,47 +84,30 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(world: World) -> Runs:
-    a = world.sc_app(*world.run_args(4, "trainer.num_workers=1"))
+def runs(world: HfWorld) -> Runs:
+    a = world.sc_app(*world.run_args(4, "trainer.num_workers=1"), timeout=RUN_TIMEOUT)
     assert a.rc == 0, a.out[-4000:]
-    oracles = {4: oracle(bundles(world.ckpt)[4], world.model)[0]}
-    b = world.sc_app(*world.run_args(6, "trainer.num_workers=2", "trainer.strategy=fsdp"))
+    oracles = {4: oracle(step_bundles(world.ckpt)[4], world.model)[0]}
+    b = world.sc_app(*world.run_args(6, "trainer.num_workers=2", "trainer.strategy=fsdp"), timeout=RUN_TIMEOUT)
     assert b.rc == 0, b.out[-4000:]
-    oracles[6] = oracle(bundles(world.ckpt)[6], world.model)[0]
+    oracles[6] = oracle(step_bundles(world.ckpt)[6], world.model)[0]
     log = world.base / "run_c.log"
     proc = start_logged(*world.run_args(10_000, "trainer.num_workers=1"), log=log, env=world.env)
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while time.monotonic() < deadline:
-            c_events = split_runs(read_trace(world.trace))
-            if len(c_events) >= 3:
-                saves = [e["step"] for e in c_events[2] if e["ev"] == "save"]
-                trained = [e["step"] for e in c_events[2] if e["ev"] == "train"]
-                if saves and saves[-1] >= 10 and max(trained) > saves[-1]:
-                    break
-            if proc.poll() is not None:
-                raise AssertionError(f"run C exited ({proc.returncode}) before the kill:\n{log.read_text()[-4000:]}")
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"run C never passed a new bundle:\n{log.read_text()[-4000:]}")
-    finally:
-        kill_session(proc.pid)
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    c_bundle = max(bundles(world.ckpt))
-    oracles[c_bundle] = oracle(bundles(world.ckpt)[c_bundle], world.model)[0]
-    d = world.sc_app(*world.run_args(c_bundle + 2, "trainer.num_workers=1"))
+    kill_when(lambda: past_a_new_bundle(world.trace, 2, 10), proc, RUN_TIMEOUT, "run C past a new bundle", log=log)
+    c_bundle = max(step_bundles(world.ckpt))
+    oracles[c_bundle] = oracle(step_bundles(world.ckpt)[c_bundle], world.model)[0]
+    d = world.sc_app(*world.run_args(c_bundle + 2, "trainer.num_workers=1"), timeout=RUN_TIMEOUT)
     assert d.rc == 0, d.out[-4000:]
     return Runs(a, b, log.read_text(), c_bundle, d, c_bundle + 2, oracles)
 
 
 # ------------------------------------------------------------------------------------------------ runs
-def test_bundles_verify_and_hold_sharded_policies_and_the_dataset(world: World, runs: Runs) -> None:
+def test_bundles_verify_and_hold_sharded_policies_and_the_dataset(world: HfWorld, runs: Runs) -> None:
     verify = world.sc_app("ckpt", "verify", "--checkpoint-dir", str(world.ckpt), timeout=120)
     assert verify.rc == 0, verify.out
     sha = hashlib.sha256(world.data.read_bytes()).hexdigest()
-    assert {2, 4, 6, runs.c_bundle, runs.d_max_steps} <= set(bundles(world.ckpt))
-    for step, bundle in bundles(world.ckpt).items():
+    assert {2, 4, 6, runs.c_bundle, runs.d_max_steps} <= set(step_bundles(world.ckpt))
+    for step, bundle in step_bundles(world.ckpt).items():
         manifest = json.loads((bundle / "manifest.json").read_text())
         assert manifest["dataset"] == {"path": str(world.data), "sha256": sha, "rows": len(ARITHMETIC) * 4}
         assert manifest["compat"]["model.backend"] == "hf"
@@ -193,8 +121,8 @@ def test_bundles_verify_and_hold_sharded_policies_and_the_dataset(world: World, 
             assert hashing.digest_bytes(data, manifest["hash_alg"]) == info["digest"], (bundle.name, rel)
 
 
-def test_the_users_reward_function_scored_every_row(world: World, runs: Runs) -> None:
-    calls = [json.loads(line) for line in world.reward_log.read_text().splitlines()]
+def test_the_users_reward_function_scored_every_row(world: HfWorld, runs: Runs) -> None:
+    calls = [json.loads(line) for line in reward_log(world).read_text().splitlines()]
     assert len(calls) >= 4 * 4 * 4, "A alone trained 4 steps of 4 groups x 4 rows"
     prompts = {row["prompt"]: str(row["answer"]) for row in ARITHMETIC}
     for prompt, completion, answer in calls:
@@ -203,38 +131,34 @@ def test_the_users_reward_function_scored_every_row(world: World, runs: Runs) ->
 
 
 @pytest.mark.parametrize(("run", "step"), [(1, 4), (2, 6)], ids=["1-to-2-trainers", "2-to-1-trainer"])
-def test_resharded_resume_restores_the_bundles_exact_state(world: World, runs: Runs, run: int, step: int) -> None:
-    start = split_runs(read_trace(world.trace))[run][0]
+def test_resharded_resume_restores_the_bundles_exact_state(world: HfWorld, runs: Runs, run: int, step: int) -> None:
+    start = trace_runs(world.trace)[run][0]
     assert start["step"] == step
     assert start["restored_policy"] == runs.oracles[step], "weights and Adam state equal the bundle's, bit for bit"
 
 
-def test_after_sigkill_the_rerun_resumes_the_newest_bundle_exactly(world: World, runs: Runs) -> None:
+def test_after_sigkill_the_rerun_resumes_the_newest_bundle_exactly(world: HfWorld, runs: Runs) -> None:
     assert f"resuming from {world.ckpt / f'step_{runs.c_bundle}'}" in runs.d.out, runs.d.out[-3000:]
-    start = split_runs(read_trace(world.trace))[3][0]
+    start = trace_runs(world.trace)[3][0]
     assert start["step"] == runs.c_bundle
     assert start["restored_policy"] == runs.oracles[runs.c_bundle]
     assert f"done: step {runs.d_max_steps}" in runs.d.out
 
 
-def test_no_prompt_is_trained_twice_across_resumes(world: World, runs: Runs) -> None:
-    trained: list[int] = []
-    for i, run in enumerate(split_runs(read_trace(world.trace))):
-        for ev in run:
-            if ev["ev"] == "train" and (i != 2 or ev["step"] <= runs.c_bundle):  # C's steps after its bundle: lost
-                trained += ev["prompts"]
-    assert len(trained) == len(set(trained)), "a prompt index was trained twice"
+def test_no_prompt_is_trained_twice_across_resumes(world: HfWorld, runs: Runs) -> None:
+    trained = trained_prompts(world.trace, 2, runs.c_bundle)  # run C was SIGKILLed
+    assert trained and len(trained) == len(set(trained)), "a prompt index was trained twice"
 
 
 # ------------------------------------------------------------------------------------------------ export
-def test_export_loads_with_from_pretrained_and_gives_the_bundles_logits(world: World, runs: Runs) -> None:
+def test_export_loads_with_from_pretrained_and_gives_the_bundles_logits(world: HfWorld, runs: Runs) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = world.base / "exported"
     result = world.sc_app("export", "--checkpoint-dir", str(world.ckpt), "--out", str(out), timeout=120)
-    newest = max(bundles(world.ckpt))
+    newest = max(step_bundles(world.ckpt))
     assert result.rc == 0 and f"exported step_{newest}" in result.out, result.out
-    _, trained = oracle(bundles(world.ckpt)[newest], world.model)
+    _, trained = oracle(step_bundles(world.ckpt)[newest], world.model)
     exported = AutoModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
         assert torch.equal(exported(INPUT).logits, trained(INPUT).logits)
@@ -257,19 +181,20 @@ def tree(root: Path) -> dict[str, str]:
     }
 
 
-def test_a_changed_dataset_is_refused_unless_allowed(world: World, runs: Runs) -> None:
+def test_a_changed_dataset_is_refused_unless_allowed(world: HfWorld, runs: Runs) -> None:
     changed = world.base / "data_changed"
     shutil.copytree(world.ckpt, changed)
     data = world.data.read_text()
     world.data.write_text(data + json.dumps({"prompt": "what is 5 + 5 ?", "answer": "10"}) + "\n")
     try:
         before = tree(changed)
-        refused = world.sc_app(*world.run_args(runs.d_max_steps + 2), "--checkpoint-dir", str(changed))
+        again = world.run_args(runs.d_max_steps + 2)
+        refused = world.sc_app(*again, "--checkpoint-dir", str(changed), timeout=RUN_TIMEOUT)
         assert refused.rc == 2, refused.out[-3000:]
         error = [line for line in refused.out.splitlines() if line.startswith("sc-app: error:")]
         assert len(error) == 1 and "task.allow_changed_dataset=true" in error[0] and str(world.data) in error[0]
         assert tree(changed) == before, "a refused run changed the checkpoint directory"
-        pre = world.sc_app("preflight", "--checkpoint-dir", str(changed), *sets(*world.settings()))
+        pre = world.sc_app("preflight", "--checkpoint-dir", str(changed), *sets(*world.settings), timeout=RUN_TIMEOUT)
         assert pre.rc == 2 and "task.allow_changed_dataset" in pre.out
         allowed = world.sc_app(
             *world.run_args(runs.d_max_steps),
@@ -277,6 +202,7 @@ def test_a_changed_dataset_is_refused_unless_allowed(world: World, runs: Runs) -
             str(changed),
             "--set",
             "task.allow_changed_dataset=true",
+            timeout=RUN_TIMEOUT,
         )
         assert allowed.rc == 0 and "nothing to train" in allowed.out, allowed.out[-3000:]
     finally:
@@ -291,7 +217,7 @@ def test_a_changed_dataset_is_refused_unless_allowed(world: World, runs: Runs) -
         ("task.prompt_len=4", "over task.prompt_len=4"),
     ],
 )
-def test_bad_inputs_are_one_line_before_ray_starts(world: World, override: str, named: str) -> None:
+def test_bad_inputs_are_one_line_before_ray_starts(world: HfWorld, override: str, named: str) -> None:
     result = world.sc_app(
         *world.run_args(2, override.format(base=world.base)), "--checkpoint-dir", str(world.base / "x"), timeout=120
     )

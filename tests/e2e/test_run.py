@@ -15,9 +15,6 @@ import hashlib
 import json
 import re
 import shutil
-import signal
-import subprocess
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,26 +23,22 @@ from typing import Any
 import pytest
 
 from sc_app import hashing
-from tests.support.proc import REPO, SC_APP, Finished, kill_session, load_sidecar, read_trace, run_args, sc_app
+from tests.support.proc import (
+    Finished,
+    kill_when,
+    load_sidecar,
+    past_a_new_bundle,
+    run_args,
+    sc_app,
+    start_logged,
+    step_bundles,
+    trace_runs,
+)
 
 pytestmark = pytest.mark.slow
 
 GROUP_SIZE = 8  # grpo.group_size of the embedded default
 RUN_TIMEOUT = 300
-
-
-def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    runs: list[list[dict[str, Any]]] = []
-    for ev in events:
-        if ev["ev"] == "start":
-            runs.append([])
-        assert runs, "trace does not begin with a start event"
-        runs[-1].append(ev)
-    return runs
-
-
-def step_bundles(root: Path) -> dict[int, Path]:
-    return {int(p.name.split("_")[1]): p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name)}
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, str]]:
@@ -93,41 +86,14 @@ def run_a(tmp_path_factory: pytest.TempPathFactory) -> RunA:
 def killed_and_resumed(run_a: RunA) -> KilledAndResumed:
     ckpt, trace = run_a.ckpt, run_a.trace
     log = trace.with_name("run_b.log")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [*SC_APP, *run_args(ckpt, trace, 10_000)],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT
-        saved_after_resume = trained_after_save = 0
-        while time.monotonic() < deadline:
-            runs = split_runs(read_trace(trace))
-            if len(runs) >= 2:
-                saves = [e for e in runs[1] if e["ev"] == "save"]
-                trains = [e["step"] for e in runs[1] if e["ev"] == "train"]
-                saved_after_resume = saves[-1]["step"] if saves else 0
-                trained_after_save = max(trains, default=0)
-                # mid-training: a newer bundle than A's exists, it holds rows (so the restore check below is not
-                # vacuous: a slow generator can leave the index empty right after a train step), and training
-                # went on past it
-                if saved_after_resume >= 8 and saves[-1]["groups"] > 0 and trained_after_save > saved_after_resume:
-                    break
-            if proc.poll() is not None:
-                raise AssertionError(f"run B exited ({proc.returncode}) before it could be killed:\n{log.read_text()}")
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"run B never got past a new bundle:\n{log.read_text()[-4000:]}")
-    finally:
-        kill_session(proc.pid)
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    proc = start_logged(*run_args(ckpt, trace, 10_000), log=log)
+    # mid-training: a newer bundle than A's exists, it holds rows (so the restore check below is not vacuous: a slow
+    # generator can leave the index empty right after a train step), and training went on past it
+    past = "run B past a new bundle holding rows"
+    kill_when(lambda: past_a_new_bundle(trace, 1, 8, holding_rows=True), proc, RUN_TIMEOUT, past, log=log)
     bundles = step_bundles(ckpt)
     bundle_step = max(bundles)
-    b_last_trained = max(e["step"] for e in split_runs(read_trace(trace))[1] if e["ev"] == "train")
+    b_last_trained = max(e["step"] for e in trace_runs(trace)[1] if e["ev"] == "train")
     tmp_leftovers = sorted(p.name for p in ckpt.glob("tmp_step_*"))
     c_max_steps = bundle_step + 3
     c = sc_app(*run_args(ckpt, trace, c_max_steps))
@@ -186,7 +152,7 @@ def test_resume_after_sigkill_picks_newest_complete_bundle(killed_and_resumed: K
 
 def test_step_counter_continues_after_resume(killed_and_resumed: KilledAndResumed) -> None:
     k = killed_and_resumed
-    runs = split_runs(read_trace(k.a.trace))
+    runs = trace_runs(k.a.trace)
     assert len(runs) == 3, [r[0] for r in runs]
     starts = [r[0]["step"] for r in runs]
     assert starts == [0, 6, k.bundle_step]
@@ -217,7 +183,7 @@ def _consumed_before(run: list[dict[str, Any]], bundle_step: int) -> list[int]:
 
 def test_loader_position_continues_without_repeat_or_gap(killed_and_resumed: KilledAndResumed) -> None:
     k = killed_and_resumed
-    runs = split_runs(read_trace(k.a.trace))
+    runs = trace_runs(k.a.trace)
     resume_steps = [r[0]["step"] for r in runs[1:]] + [None]
     effective: list[list[int]] = []
     for run, cut in zip(runs, resume_steps, strict=True):
@@ -251,7 +217,7 @@ def test_loader_position_continues_without_repeat_or_gap(killed_and_resumed: Kil
 
 def test_restored_rows_equal_sidecar_index(killed_and_resumed: KilledAndResumed) -> None:
     k = killed_and_resumed
-    runs = split_runs(read_trace(k.a.trace))
+    runs = trace_runs(k.a.trace)
     bundle = k.a.ckpt / f"step_{k.bundle_step}"
     sidecar = load_sidecar(bundle / "replay_buffer_metadata.pt")
     manifest = json.loads((bundle / "manifest.json").read_text())

@@ -14,18 +14,26 @@ engine serves the bundle's weights version from its first generate call on. Bund
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from tests.support.hf import make_model_dir, policy_oracle, write_jsonl
-from tests.support.proc import Finished, kill_session, read_trace, sc_app, start_logged, wait_for
+from tests.support.hf import HfWorld, hf_world, make_model_dir, policy_oracle
+from tests.support.proc import (
+    Finished,
+    kill_session,
+    kill_when,
+    past_a_new_bundle,
+    sc_app,
+    start_logged,
+    step_bundles,
+    trace_runs,
+    trained_prompts,
+    wait_for,
+)
 from tests.support.vllm_host import TINY_LLAMA
 
 pytestmark = pytest.mark.slow
@@ -33,20 +41,7 @@ pytestmark = pytest.mark.slow
 RUN_TIMEOUT = 600
 LR = 2e-2
 BUNDLE_FILES = re.compile(r"(policy/.+|train_dataloader\.pt|replay_buffer_metadata\.pt|data_plane/.+|streams?/.+)")
-
-
-@dataclass
-class World:
-    base: Path
-    model: Path
-    ckpt: Path
-    trace: Path
-    env: dict[str, str]
-    settings: list[str]
-
-    def args(self, max_steps: int) -> list[str]:
-        sets = [a for kv in self.settings for a in ("--set", kv)]
-        return ["run", "--checkpoint-dir", str(self.ckpt), "--max-steps", str(max_steps), *sets]
+SEVENS = "def score(*, prompt, completion, answer):\n    return completion.split().count('7') / 4.0\n"
 
 
 @dataclass
@@ -58,90 +53,42 @@ class Runs:
     c: Finished
 
 
-def bundles(root: Path) -> list[int]:
-    return sorted(int(p.name.split("_")[1]) for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name))
-
-
-def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    runs: list[list[dict[str, Any]]] = []
-    for ev in events:
-        if ev["ev"] == "start":
-            runs.append([])
-        runs[-1].append(ev)
-    return runs
-
-
-def trained_past_a_bundle(world: World, run: int, at_least: int) -> bool:
-    runs = split_runs(read_trace(world.trace))
-    if len(runs) <= run:
-        return False
-    saves = [e["step"] for e in runs[run] if e["ev"] == "save"]
-    trained = [e["step"] for e in runs[run] if e["ev"] == "train"]
-    return bool(saves) and saves[-1] >= at_least and max(trained) > saves[-1]
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+def world(tmp_path_factory: pytest.TempPathFactory) -> HfWorld:
     base = tmp_path_factory.mktemp("vllm-e2e")
-    user = base / "user_code"
-    user.mkdir()
-    (user / "sevens.py").write_text(
-        "def score(*, prompt, completion, answer):\n    return completion.split().count('7') / 4.0\n"
+    return hf_world(
+        base,
+        model=make_model_dir(base / "model", **TINY_LLAMA),
+        rows=[{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a in range(3) for b in range(4)],
+        reward=("sevens", SEVENS),
+        lr=LR,
+        settings=("generation.engine=vllm", "generation.max_model_len=256"),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     )
-    rows = [{"prompt": f"what is {a} + {b} ?", "answer": str(a + b)} for a in range(3) for b in range(4)]
-    data = write_jsonl(base / "data.jsonl", rows)
-    trace = base / "trace.jsonl"
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(user), os.environ.get("PYTHONPATH", "")])),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-    }
-    settings = [
-        "model.backend=hf",
-        f"model.path={make_model_dir(base / 'model', **TINY_LLAMA)}",
-        "generation.engine=vllm",
-        "generation.max_model_len=256",
-        "task.name=jsonl",
-        f"task.path={data}",
-        "task.reward=sevens:score",
-        "task.prompt_len=12",
-        "task.response_len=4",
-        "grpo.prompts_per_step=4",
-        "grpo.group_size=4",
-        f"grpo.learning_rate={LR}",
-        "checkpoint.save_period=2",
-        "checkpoint.keep=50",
-        f"run.trace_file={trace}",
-    ]
-    return World(base, base / "model", base / "ckpt", trace, env, settings)
 
 
 @pytest.fixture(scope="module")
-def runs(world: World) -> Runs:
+def runs(world: HfWorld) -> Runs:
     a_log = world.base / "run_a.log"
-    a = start_logged(*world.args(10_000), log=a_log, env=world.env)
-    try:
-        wait_for(lambda: trained_past_a_bundle(world, 0, 8), RUN_TIMEOUT, "run A past a bundle >= step 8", a)
-    finally:
-        kill_session(a.pid)
-        a.wait(timeout=30)
-    assert a.returncode == -signal.SIGKILL
-    a_bundle = bundles(world.ckpt)[-1]
+    a = start_logged(*world.run_args(10_000), log=a_log, env=world.env)
+    kill_when(lambda: past_a_new_bundle(world.trace, 0, 8), a, RUN_TIMEOUT, "run A past a bundle >= step 8", log=a_log)
+    a_bundle = max(step_bundles(world.ckpt))
     b_log = world.base / "run_b.log"
-    b = start_logged(*world.args(10_000), log=b_log, env=world.env)
+    b = start_logged(*world.run_args(10_000), log=b_log, env=world.env)
     try:
-        wait_for(lambda: trained_past_a_bundle(world, 1, a_bundle + 2), RUN_TIMEOUT, "run B past a new bundle", b)
+        wait_for(lambda: past_a_new_bundle(world.trace, 1, a_bundle + 2), RUN_TIMEOUT, "run B past a new bundle", b)
         stopped = sc_app("stop", "--checkpoint-dir", str(world.ckpt), "--wait", "240", timeout=300)
         assert stopped.rc == 0 and "stopped: run" in stopped.out, stopped.out
         assert b.wait(timeout=60) == 143
     finally:
         kill_session(b.pid)
-    b_bundle = bundles(world.ckpt)[-1]
-    c = sc_app(*world.args(b_bundle + 2), timeout=RUN_TIMEOUT, env=world.env)
+    b_bundle = max(step_bundles(world.ckpt))
+    c = world.sc_app(*world.run_args(b_bundle + 2), timeout=RUN_TIMEOUT)
     assert c.rc == 0, c.out[-4000:]
     return Runs(a_log.read_text(), a_bundle, b_log.read_text(), b_bundle, c)
 
 
-def test_the_reward_rises(world: World, runs: Runs) -> None:
+def test_the_reward_rises(world: HfWorld, runs: Runs) -> None:
     records = [json.loads(line) for line in (world.ckpt / "logs" / "metrics.jsonl").read_text().splitlines()]
     first_run = next(r["run_id"] for r in records if r.get("event") == "start")
     rewards = [r["reward_mean"] for r in records if r["kind"] == "step" and r["run_id"] == first_run]
@@ -151,10 +98,12 @@ def test_the_reward_rises(world: World, runs: Runs) -> None:
 
 
 @pytest.mark.parametrize(("run", "how"), [(1, "sigkill"), (2, "stop")])
-def test_a_resume_restores_policy_loader_place_and_served_version(world: World, runs: Runs, run: int, how: str) -> None:
+def test_a_resume_restores_policy_loader_place_and_served_version(
+    world: HfWorld, runs: Runs, run: int, how: str
+) -> None:
     step = runs.a_bundle if how == "sigkill" else runs.b_bundle
     bundle = world.ckpt / f"step_{step}"
-    events = split_runs(read_trace(world.trace))[run]
+    events = trace_runs(world.trace)[run]
     start = events[0]
     assert start["step"] == step
     assert start["restored_policy"] == policy_oracle(bundle, world.model, LR)[0], "not the bundle's state, bit for bit"
@@ -178,20 +127,20 @@ def test_a_resume_restores_policy_loader_place_and_served_version(world: World, 
     assert versions == sorted(versions)
 
 
-def test_stop_cut_a_bundle_and_the_last_run_finished(world: World, runs: Runs) -> None:
+def test_stop_cut_a_bundle_and_the_last_run_finished(world: HfWorld, runs: Runs) -> None:
     assert f"stopped: step {runs.b_bundle} saved on request" in runs.b_log, runs.b_log[-3000:]
     assert f"resuming from {world.ckpt / f'step_{runs.b_bundle}'}" in runs.c.out, runs.c.out[-3000:]
     assert f"done: step {runs.b_bundle + 2}" in runs.c.out
 
 
 def test_every_run_served_one_version_per_call_in_order_and_bundles_hold_nothing_of_vllm(
-    world: World, runs: Runs
+    world: HfWorld, runs: Runs
 ) -> None:
-    for events in split_runs(read_trace(world.trace)):
+    for events in trace_runs(world.trace):
         trained = [e["step"] for e in events if e["ev"] == "train"]
         versions = [e["version"] for e in events if e["ev"] == "rollout"]
         assert versions == sorted(versions) and all(v <= max(trained, default=0) + 1 for v in versions)
-    for step in bundles(world.ckpt):
+    for step in step_bundles(world.ckpt):
         manifest = json.loads((world.ckpt / f"step_{step}" / "manifest.json").read_text())
         for rel in manifest["files"]:
             assert BUNDLE_FILES.fullmatch(rel) and "vllm" not in rel.lower(), (step, rel)
@@ -199,13 +148,9 @@ def test_every_run_served_one_version_per_call_in_order_and_bundles_hold_nothing
     assert verify.rc == 0, verify.out
 
 
-def test_no_prompt_is_trained_twice_across_resumes(world: World, runs: Runs) -> None:
-    trained: list[int] = []
-    for i, events in enumerate(split_runs(read_trace(world.trace))):
-        for ev in events:
-            if ev["ev"] == "train" and (i != 0 or ev["step"] <= runs.a_bundle):  # A's steps after its bundle: lost
-                trained += ev["prompts"]
-    assert len(trained) == len(set(trained)), "a prompt index was trained twice"
+def test_no_prompt_is_trained_twice_across_resumes(world: HfWorld, runs: Runs) -> None:
+    trained = trained_prompts(world.trace, 0, runs.a_bundle)  # run A was SIGKILLed
+    assert trained and len(trained) == len(set(trained)), "a prompt index was trained twice"
 
 
 def test_a_model_vllm_cannot_run_is_one_line_and_exit_2_before_training(tmp_path: Path) -> None:

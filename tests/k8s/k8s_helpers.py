@@ -16,6 +16,8 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from sc_app.k8s.release import deep_merge
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "helm" / "sc-app"
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*.yaml"))
@@ -39,6 +41,15 @@ BASE_VALUES: dict[str, Any] = {"image": {"tag": "0.1.0"},
 
 def load_values(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) or {}
+
+
+def merged_values(base: dict[str, Any], *overs: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with each of ``overs`` merged in as ``sc-app k8s`` merges values files (maps merge, any
+    other value replaces); neither argument is changed."""
+    out = copy.deepcopy(base)
+    for over in overs:
+        deep_merge(out, copy.deepcopy(over))
+    return out
 
 
 def sim_worker_values() -> dict[str, Any]:

@@ -446,6 +446,27 @@ class Volumes:
     config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     secrets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
+    @classmethod
+    def of_release(cls, objs: Sequence[Mapping[str, Any]], pvc: Path) -> Volumes:
+        """A rendered release's volumes: every PersistentVolumeClaim on the one host dir ``pvc``, and its
+        ConfigMaps and Secrets as rendered."""
+
+        def named(kind: str) -> dict[str, Any]:
+            return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+        return cls(
+            claims=dict.fromkeys(named("PersistentVolumeClaim"), pvc),
+            config_maps={name: o["data"] for name, o in named("ConfigMap").items()},
+            secrets={name: o["data"] for name, o in named("Secret").items()},
+        )
+
+
+def image_env() -> dict[str, str]:
+    """What the image sets (Dockerfile ENV): this checkout's venv stands in for /opt/sc-app."""
+    venv = Path(sys.executable).parent.parent
+    return {"PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv), "HOME": "/home/scapp",
+            "PYTHONUNBUFFERED": "1"}
+
 
 def container_mounts(pod_spec: Mapping[str, Any], container: Mapping[str, Any], volumes: Volumes,
                      pod_dir: Path) -> list[Mount]:

@@ -33,6 +33,7 @@ from tests.k8s.k8s_helpers import (
     cluster_spec,
     is_custom,
     load_values,
+    merged_values,
     objects,
     pod_templates,
     render,
@@ -49,13 +50,6 @@ MATRIX = [pytest.param(BASE_VALUES, id="defaults")] + [
 
 # A PodMonitor needs the namespace Prometheus scrapes from (the chart refuses it otherwise).
 MONITORED = {"metrics": {"podMonitor": {"enabled": True}}, "networkPolicy": {"monitoringNamespace": "monitoring"}}
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def _the(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -82,7 +76,7 @@ def _ray_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("values", MATRIX)
 def test_every_rendered_object_is_valid(values: dict[str, Any]) -> None:
-    objs = objects(render(_merge(values, MONITORED)))
+    objs = objects(render(merged_values(values, MONITORED)))
     assert {"ConfigMap", "PodMonitor"} <= {o["kind"] for o in objs}
     for obj in objs:
         if is_custom(obj):
@@ -194,7 +188,7 @@ def test_every_ray_container_stops_the_run_inside_its_grace_period(values: dict[
     """preStop on the head AND every worker (a preempted spot GPU worker must trigger the emergency bundle too):
     the exact `sc-app stop` command on the checkpoint mount, with a wait that outlasts emergency_budget_s and
     leaves preStop.rayShutdownSeconds of every pod's grace period for Ray to shut down after the hook."""
-    full = _merge(load_values(CHART_DIR / "values.yaml"), values)
+    full = merged_values(load_values(CHART_DIR / "values.yaml"), values)
     obj = _ray_object(objects(render(values)))
     mount = full["checkpoint"]["mountPath"]
     wait, margin = full["preStop"]["waitSeconds"], full["preStop"]["rayShutdownSeconds"]
@@ -236,12 +230,12 @@ def test_dev_shm_is_sized_from_the_container_memory_like_kuberay() -> None:
     assert shm(worker) == {"medium": "Memory", "sizeLimit": "64Gi"}  # worker limits.memory
     group = {"name": "cpu", "accelerator": "cpu", "gpuResource": "nvidia.com/gpu", "replicas": 1,
              "terminationGracePeriodSeconds": 120, "resources": {"requests": {"memory": "8Gi"}}}
-    values = _merge(BASE_VALUES, {"head": {"shmSize": "2Gi"}, "workerGroups": [group],
-                                  "config": {"trainer": {"num_gpus": 0}, "generation": {"num_gpus": 0}}})
+    values = merged_values(BASE_VALUES, {"head": {"shmSize": "2Gi"}, "workerGroups": [group],
+                                         "config": {"trainer": {"num_gpus": 0}, "generation": {"num_gpus": 0}}})
     head, worker = _ray_templates(_the(objects(render(values)), "RayJob"))
     assert shm(head) == {"medium": "Memory", "sizeLimit": "2Gi"}  # explicit size
     assert shm(worker) == {"medium": "Memory", "sizeLimit": "8Gi"}  # no limit: the request, as KubeRay does
-    group["resources"] = {}
+    values["workerGroups"][0]["resources"] = {}  # values holds a copy of group
     head, worker = _ray_templates(_the(objects(render(values)), "RayJob"))
     assert shm(worker) == {"medium": "Memory"}  # no memory at all: no size limit, as KubeRay does
 
@@ -331,7 +325,7 @@ def test_queue_labels_are_on_the_rayjob_object() -> None:
     assert cluster_spec(job)["enableInTreeAutoscaling"] is False
     for template in pod_templates(job):
         assert "kueue.x-k8s.io/queue-name" not in template["metadata"]["labels"]
-    annotated = _merge(BASE_VALUES, {"annotations": {"example.com/owner": "rl-team"}, "mode": "RayCluster"})
+    annotated = merged_values(BASE_VALUES, {"annotations": {"example.com/owner": "rl-team"}, "mode": "RayCluster"})
     cluster = _the(objects(render(annotated)), "RayCluster")
     assert cluster["metadata"]["annotations"] == {"example.com/owner": "rl-team"}
 
@@ -343,7 +337,7 @@ def test_deletion_rules_replace_shutdown_after_job_finishes() -> None:
         {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 300}},
         {"policy": "DeleteCluster", "condition": {"jobDeploymentStatus": "Failed", "ttlSeconds": 60}},
     ]
-    values = _merge(BASE_VALUES, {"job": {"shutdownAfterJobFinishes": False, "deletionRules": rules}})
+    values = merged_values(BASE_VALUES, {"job": {"shutdownAfterJobFinishes": False, "deletionRules": rules}})
     job = _the(objects(render(values)), "RayJob")
     assert job["spec"]["deletionStrategy"] == {"deletionRules": rules}
     assert job["spec"]["shutdownAfterJobFinishes"] is False
@@ -364,7 +358,7 @@ def test_model_from_a_read_only_claim_becomes_config_model_path() -> None:
         assert {"name": "model", "mountPath": "/models", "readOnly": True} in ray["volumeMounts"]
         for init in template["spec"].get("initContainers", []):
             assert all(m["name"] != "model" for m in init["volumeMounts"]), "preflight does not read the model"
-    baked = _merge(BASE_VALUES, {"model": {"source": "image", "path": "/opt/models/tiny-gpt"}})
+    baked = merged_values(BASE_VALUES, {"model": {"source": "image", "path": "/opt/models/tiny-gpt"}})
     objs = objects(render(baked))
     assert yaml.safe_load(_the(objs, "ConfigMap")["data"]["config.yaml"])["model"] == {"path": "/opt/models/tiny-gpt"}
     for template in _ray_templates(_the(objs, "RayJob")):
@@ -372,7 +366,7 @@ def test_model_from_a_read_only_claim_becomes_config_model_path() -> None:
 
 
 def test_pod_monitor_scrapes_the_metrics_port_of_head_and_workers() -> None:
-    values = _merge(_merge(BASE_VALUES, MONITORED), {"metrics": {"podMonitor": {
+    values = merged_values(BASE_VALUES, MONITORED, {"metrics": {"podMonitor": {
         "labels": {"release": "prom"}, "interval": "15s", "scrapeTimeout": "10s"}}})
     objs = objects(render(values))
     monitor = _the(objs, "PodMonitor")
@@ -573,7 +567,7 @@ BAD_VALUES = [
 @pytest.mark.parametrize(("override", "message"), BAD_VALUES)
 def test_bad_values_are_refused_with_a_clear_message(override: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmError) as info:
-        render(_merge(BASE_VALUES, override))
+        render(merged_values(BASE_VALUES, override))
     text = str(info.value)
     assert re.search(message, text), text
     assert len([ln for ln in text.splitlines() if ln.strip()]) <= 4, "one clear message, not a wall of text"
@@ -594,7 +588,7 @@ def test_bad_values_are_refused_with_a_clear_message(override: dict[str, Any], m
 ])
 def test_neighbours_of_refused_values_still_render(override: dict[str, Any]) -> None:
     """Each refusal is exactly as wide as what KubeRay/Kueue/KAI refuse: the allowed neighbour renders and is valid."""
-    obj = _ray_object(objects(render(_merge(BASE_VALUES, override))))
+    obj = _ray_object(objects(render(merged_values(BASE_VALUES, override))))
     for kuberay in KUBERAY_VERSIONS:
         validate_crd_object(obj, kuberay)
 
@@ -618,7 +612,7 @@ def test_strict_crd_validation_rejects_unknown_and_wrong_fields() -> None:
     mode["spec"]["submissionMode"] = "K8sMode"
     with pytest.raises(jsonschema.ValidationError, match="submissionMode"):
         validate_crd_object(mode)
-    monitor = _the(objects(render(_merge(BASE_VALUES, MONITORED))), "PodMonitor")
+    monitor = _the(objects(render(merged_values(BASE_VALUES, MONITORED))), "PodMonitor")
     monitor["spec"]["podMetricsEndpoints"][0]["targetPortName"] = "metrics"
     with pytest.raises(jsonschema.ValidationError, match="targetPortName"):
         validate_crd_object(monitor)

@@ -5,7 +5,6 @@ that are unsafe) refused at render with one line. Rendered by the real Helm engi
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
@@ -17,6 +16,7 @@ from tests.k8s.k8s_helpers import (
     KUBERAY_VERSIONS,
     by_kind,
     load_values,
+    merged_values,
     objects,
     pod_templates,
     render,
@@ -28,19 +28,7 @@ helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk (k8s ex
 
 
 def merged(*overs: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(BASE_VALUES)
-    for over in overs:
-        _merge(out, copy.deepcopy(over))
-    return out
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _merge(base[k], v)
-        else:
-            base[k] = v
-    return base
+    return merged_values(BASE_VALUES, *overs)
 
 
 def _job(values: dict[str, Any]) -> dict[str, Any]:

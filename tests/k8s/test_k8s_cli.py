@@ -14,7 +14,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import yaml
 
 from tests.k8s.fake_apiserver import FakeApiServer, FakeRayJobsApi, auth_secret, write_kubeconfig
 from tests.k8s.k8s_helpers import CHART_DIR, REPO_ROOT
-from tests.support.proc import pids_with
+from tests.support.proc import free_port, pids_with, sigkill_until_gone
 
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
@@ -579,26 +578,13 @@ def test_wait_times_out(api, capsys) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- a real Ray head
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def ray_head_dir() -> Iterator[Path]:
     """A short temp dir for one ``ray start --head`` (Ray's socket paths have a length limit); every process that
     mentions it is SIGKILLed afterwards — never `ray stop`, other Ray clusters share this machine."""
     root = Path(tempfile.mkdtemp(prefix="sck", dir="/tmp"))
     yield root
-    for _ in range(50):
-        pids = pids_with(str(root))
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
+    sigkill_until_gone(lambda: pids_with(str(root)), timeout=10)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -613,7 +599,7 @@ def test_live_status_of_a_real_ray_head_through_the_proxy(api, tmp_path: Path, r
 
     server, kc = api
     values = load_values([VALUES])
-    ports = {k: _free_port() for k in ("gcs", "dashboard", "client", "metrics", "nodeManager", "objectManager",
+    ports = {k: free_port() for k in ("gcs", "dashboard", "client", "metrics", "nodeManager", "objectManager",
                                         "runtimeEnvAgent", "dashboardAgentGrpc", "dashboardAgentHttp")}
     base = random.randrange(30000, 60000, 200)  # Ray's worker ports: a range nobody else here is likely to use
     while any(base <= p <= base + 150 for p in ports.values()):  # Ray refuses a component port inside the range

@@ -41,7 +41,7 @@ from tests.k8s import netpol_sim
 from tests.k8s.k8s_helpers import CHART_DIR, by_kind, load_values, objects, render, sim_worker_values
 from tests.k8s.kuberay_sim import RayJobSim
 from tests.k8s.netpol_sim import Attempt, Ingress, PodRef
-from tests.k8s.podsim import Network, Pod, Volumes, missing_tools
+from tests.k8s.podsim import Network, Pod, Volumes, image_env, missing_tools
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
 _MISSING = missing_tools() + ([] if shutil.which("nft", path="/usr/sbin:/usr/bin:/sbin:/bin") else ["nft (nftables)"])
@@ -82,13 +82,6 @@ def _old_policy() -> dict[str, Any]:
     policy = yaml.safe_load((HERE / "fixtures" / "networkpolicy-before-fix.yaml").read_text())
     policy["metadata"]["namespace"] = NS
     return policy
-
-
-def _image_env() -> dict[str, str]:
-    """What the image sets (Dockerfile ENV): this checkout's venv stands in for /opt/sc-app."""
-    venv = Path(sys.executable).parent.parent
-    return {"PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv), "HOME": "/home/scapp",
-            "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
@@ -133,12 +126,8 @@ def cluster_factory(tmp_path: Path) -> Iterator[Any]:
         nets.append(net)
         pvc = root / "pvc"
         pvc.mkdir()
-        volumes = Volumes(
-            claims={o["metadata"]["name"]: pvc for o in by_kind(objs, "PersistentVolumeClaim")},
-            config_maps={o["metadata"]["name"]: o["data"] for o in by_kind(objs, "ConfigMap")},
-            secrets={o["metadata"]["name"]: o["data"] for o in by_kind(objs, "Secret")},
-        )
-        sim = RayJobSim(rayjob, net, root, volumes, _image_env(), NS)
+        volumes = Volumes.of_release(objs, pvc)
+        sim = RayJobSim(rayjob, net, root, volumes, image_env(), NS)
         sim.create_pods()
         outside = {name: Pod(net, name, ns, labels, root)
                    for name, (ns, labels) in {"operator": OPERATOR, "prometheus": PROMETHEUS,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import pytest
 from sc_app.checkpoint import verify_bundle
 from tests.k8s.k8s_helpers import by_kind, objects, render, sim_worker_values
 from tests.k8s.kuberay_sim import RayJobSim
-from tests.k8s.podsim import Network, Volumes, missing_tools
+from tests.k8s.podsim import Network, Volumes, image_env, missing_tools
 from tests.support.proc import read_trace, wait_for
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
@@ -56,13 +55,6 @@ def _values() -> dict[str, Any]:
     return values
 
 
-def _image_env() -> dict[str, str]:
-    """What the image sets (Dockerfile ENV): this checkout's venv stands in for /opt/sc-app."""
-    venv = Path(sys.executable).parent.parent
-    return {"PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv), "HOME": "/home/scapp",
-            "PYTHONUNBUFFERED": "1"}
-
-
 @pytest.fixture
 def attempts(tmp_path: Path) -> Iterator[Any]:
     """``make()`` → a new RayJob attempt (new pods) on the same PVC, as KubeRay's backoffLimit retry creates."""
@@ -70,18 +62,14 @@ def attempts(tmp_path: Path) -> Iterator[Any]:
     (rayjob,) = by_kind(objs, "RayJob")
     pvc = tmp_path / "pvc"
     pvc.mkdir()
-    volumes = Volumes(
-        claims={o["metadata"]["name"]: pvc for o in by_kind(objs, "PersistentVolumeClaim")},
-        config_maps={o["metadata"]["name"]: o["data"] for o in by_kind(objs, "ConfigMap")},
-        secrets={o["metadata"]["name"]: o["data"] for o in by_kind(objs, "Secret")},
-    )
+    volumes = Volumes.of_release(objs, pvc)
     made: list[tuple[Network, RayJobSim]] = []
 
     def make() -> RayJobSim:
         root = tmp_path / f"attempt{len(made)}"
         root.mkdir()
         net = Network(f"scps{os.getpid() % 100000}{len(made)}", root)
-        sim = RayJobSim(rayjob, net, root, volumes, _image_env(), NS, cluster=f"{RELEASE}-a{len(made)}")
+        sim = RayJobSim(rayjob, net, root, volumes, image_env(), NS, cluster=f"{RELEASE}-a{len(made)}")
         made.append((net, sim))
         sim.create_pods()
         return sim

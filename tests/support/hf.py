@@ -1,14 +1,17 @@
-"""Helpers for the hf-backend tests: a tiny random HF model built inside the test, JSONL files, and running a
-function on N gloo ranks in fresh processes (``torch.multiprocessing.spawn``). Nothing is downloaded."""
+"""Helpers for the hf-backend tests: a tiny random HF model built inside the test, JSONL files, the setup of an
+end-to-end ``sc-app run`` on them (``HfWorld``), and running a function on N gloo ranks in fresh processes
+(``torch.multiprocessing.spawn``). Nothing is downloaded."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.proc import Finished, free_port, sc_app
 
 ARITHMETIC = [
     {"prompt": "what is 3 + 4 ?", "answer": "7"},
@@ -52,10 +55,67 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def sets(*overrides: str) -> list[str]:
+    """``--set`` arguments, one per ``key=value``."""
+    return [arg for kv in overrides for arg in ("--set", kv)]
+
+
+@dataclass
+class HfWorld:
+    """One checkpoint directory that end-to-end tests run ``sc-app run`` on, model.backend=hf: a tiny model built
+    in the test, a JSONL task, a user reward module on PYTHONPATH, a bundle every 2 steps (all kept) and a trace."""
+
+    base: Path
+    model: Path
+    data: Path
+    ckpt: Path
+    trace: Path
+    env: dict[str, str]
+    settings: list[str]
+
+    def run_args(self, max_steps: int, *extra: str) -> list[str]:
+        """``sc-app run`` on the world's directory with its settings, then ``extra`` (``key=value``) overrides."""
+        return ["run", "--checkpoint-dir", str(self.ckpt), "--max-steps", str(max_steps), *sets(*self.settings, *extra)]
+
+    def sc_app(self, *args: str, timeout: float) -> Finished:
+        return sc_app(*args, timeout=timeout, env=self.env)
+
+
+def hf_world(
+    base: Path,
+    *,
+    model: Path,
+    rows: list[dict[str, Any]],
+    reward: tuple[str, str],
+    lr: float,
+    settings: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> HfWorld:
+    """An ``HfWorld`` under ``base``: ``rows`` as the task, ``reward`` = (module name, its source, which defines
+    ``score``) as the user's reward, GRPO 4 prompts x 4 rows at ``lr``; ``settings`` and ``env`` added."""
+    module, source = reward
+    user = base / "user_code"
+    user.mkdir()
+    (user / f"{module}.py").write_text(source)
+    data = write_jsonl(base / "data.jsonl", rows)
+    trace = base / "trace.jsonl"
+    common = [
+        "model.backend=hf",
+        f"model.path={model}",
+        "task.name=jsonl",
+        f"task.path={data}",
+        f"task.reward={module}:score",
+        "task.prompt_len=12",
+        "task.response_len=4",
+        "grpo.prompts_per_step=4",
+        "grpo.group_size=4",
+        f"grpo.learning_rate={lr}",
+        "checkpoint.save_period=2",
+        "checkpoint.keep=50",  # every bundle stays for the tests' checks
+        f"run.trace_file={trace}",
+    ]
+    path = os.pathsep.join(filter(None, [str(user), os.environ.get("PYTHONPATH", "")]))
+    return HfWorld(base, model, data, base / "ckpt", trace, {"PYTHONPATH": path, **(env or {})}, [*common, *settings])
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]) -> None:

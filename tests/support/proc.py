@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +24,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SC_APP = [sys.executable, "-m", "sc_app"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def pids_with(marker: str) -> list[int]:
@@ -57,20 +66,24 @@ def session_members(sid: int) -> list[int]:
     return found
 
 
+def sigkill_until_gone(find: Callable[[], list[int]], timeout: float = 30.0) -> list[int]:
+    """SIGKILL every process ``find()`` names, again until it names none or ``timeout`` passes; the survivors."""
+    deadline = time.monotonic() + timeout
+    while (pids := find()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    return find()
+
+
 def kill_session(sid: int, timeout: float = 30.0) -> None:
     """SIGKILL the process group ``sid``, then any straggler of the same session."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(sid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        members = session_members(sid)
-        if not members:
-            return
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
-    raise AssertionError(f"processes of session {sid} survived SIGKILL: {session_members(sid)}")
+    survivors = sigkill_until_gone(lambda: session_members(sid), timeout)
+    if survivors:
+        raise AssertionError(f"processes of session {sid} survived SIGKILL: {survivors}")
 
 
 @dataclass
@@ -133,16 +146,40 @@ def run_args(ckpt: Path, trace: Path, max_steps: int, *extra: str) -> list[str]:
     ]
 
 
-def wait_for(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[str] | None = None) -> None:
-    """Poll ``predicate`` until true; fails early if ``proc`` exits first."""
+def wait_for(
+    predicate: Any,
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen[str] | None = None,
+    *,
+    log: Path | None = None,
+    poll: float = 0.25,
+) -> None:
+    """Poll ``predicate`` every ``poll`` s until true; fails early if ``proc`` exits first (quoting the tail of
+    ``log``, if given)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}{_tail(log)}")
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{_tail(log)}")
+
+
+def _tail(log: Path | None) -> str:
+    return f":\n{log.read_text()[-4000:]}" if log is not None and log.exists() else ""
+
+
+def kill_when(predicate: Any, proc: subprocess.Popen[str], timeout: float, what: str, *, log: Path) -> None:
+    """Wait for ``predicate`` (as ``wait_for``, polling often: the kill should land right after the moment it
+    names), then SIGKILL ``proc``'s whole session; fails unless the run died of that SIGKILL."""
+    try:
+        wait_for(predicate, timeout, what, proc, log=log, poll=0.05)
+    finally:
+        kill_session(proc.pid)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, f"{what}: exit {proc.returncode}, not SIGKILL"
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
@@ -156,6 +193,47 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return events
+
+
+def trace_runs(path: Path) -> list[list[dict[str, Any]]]:
+    """The events of a ``run.trace_file`` split into runs: one list per ``start`` event, in order."""
+    runs: list[list[dict[str, Any]]] = []
+    for ev in read_trace(path):
+        if ev["ev"] == "start":
+            runs.append([])
+        assert runs, "trace does not begin with a start event"
+        runs[-1].append(ev)
+    return runs
+
+
+def past_a_new_bundle(trace: Path, run: int, at_least: int, *, holding_rows: bool = False) -> bool:
+    """Run number ``run`` of the trace saved a bundle of step >= ``at_least`` (one holding replay rows, if asked)
+    and trained past it: the moment a SIGKILL loses trained steps that the next run must not count twice."""
+    runs = trace_runs(trace)
+    if len(runs) <= run:
+        return False
+    saves = [e for e in runs[run] if e["ev"] == "save"]
+    trained = max((e["step"] for e in runs[run] if e["ev"] == "train"), default=0)
+    if not saves or saves[-1]["step"] < at_least or (holding_rows and saves[-1]["groups"] == 0):
+        return False
+    return trained > saves[-1]["step"]
+
+
+def trained_prompts(trace: Path, killed_run: int, bundle_step: int) -> list[int]:
+    """Every prompt index the trace's runs trained, in order, leaving out the steps the SIGKILLed run
+    ``killed_run`` trained after its newest bundle ``bundle_step`` (lost with the kill, so trained again)."""
+    return [
+        prompt
+        for i, events in enumerate(trace_runs(trace))
+        for ev in events
+        if ev["ev"] == "train" and (i != killed_run or ev["step"] <= bundle_step)
+        for prompt in ev["prompts"]
+    ]
+
+
+def step_bundles(root: Path) -> dict[int, Path]:
+    """The published ``step_N`` bundles under a checkpoint directory, by step."""
+    return {int(p.name.split("_")[1]): p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name)}
 
 
 def load_sidecar(path: Path) -> dict[str, Any]:

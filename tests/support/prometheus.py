@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
+from tests.support.proc import free_port as free_port  # the tests that scrape pick their port with it
+
 Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int, host: str = "127.0.0.1", prefix: str = "sc_app_") -> Samples:

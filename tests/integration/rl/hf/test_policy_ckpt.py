@@ -5,7 +5,6 @@ state, and reads that deserialise nothing the manifest has not vouched for."""
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 import threading
 from pathlib import Path
@@ -20,6 +19,7 @@ from sc_app.rl.hf import policy_ckpt
 from sc_app.rl.hf.logprobs import sequence_logprobs
 from sc_app.rl.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
 from tests.support.hf import make_model_dir, run_ranks
+from tests.support.hostile import ShellPayload
 
 CPU = torch.device("cpu")
 P, R = 4, 4
@@ -170,14 +170,6 @@ def test_a_capture_never_overwrites_a_buffer_still_being_written(model_dir: str)
 
 
 # ------------------------------------------------------------------------------------------------ verified reads
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> Any:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def _copy_policy(src: Path, dst: Path) -> Path:
     import shutil
 
@@ -190,7 +182,7 @@ def test_a_changed_metadata_is_refused_before_it_is_unpickled(
     src, result = saved_by_one
     policy = _copy_policy(src, tmp_path / "policy")
     marker = tmp_path / "pwned"
-    evil = pickle.dumps(_Payload(marker))
+    evil = pickle.dumps(ShellPayload(marker))
     (policy / ".metadata").write_bytes(evil)
     trainer = HFTrainer(settings(model_dir, "ddp"), 0, 1, CPU)
     with pytest.raises(policy_ckpt.PolicyIntegrityError, match="blake3 does not match"):
@@ -215,7 +207,7 @@ def test_non_tensor_items_load_weights_only(tmp_path: Path) -> None:
 
     marker = tmp_path / "pwned"
     policy = tmp_path / "policy"
-    meta = {**policy_ckpt.policy_meta(1, "ddp", 1), "version": _Payload(marker)}
+    meta = {**policy_ckpt.policy_meta(1, "ddp", 1), "version": ShellPayload(marker)}
     dcp.save({"meta": meta}, checkpoint_id=policy, no_dist=True)
     expected = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in policy.iterdir()}
     with pytest.raises(policy_ckpt.PolicyIntegrityError, match=r"meta\.version: not plain data"):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -18,6 +17,7 @@ from sc_app.rl.hf.policy_ckpt import POLICY_FORMAT
 from sc_app.rl.hf.trainer import HFTrainer, TrainBatch, TrainerSettings
 from tests.support.bundles import make_bundle, reseal
 from tests.support.hf import make_model_dir
+from tests.support.hostile import ShellPayload
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +64,9 @@ def test_a_file_the_format_does_not_have_is_named(tmp_path: Path, hf_policy: Pat
     assert any(f"notes.txt: not a file of policy format {POLICY_FORMAT}" in p for p in problems(bundle))
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> Any:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_resealed_malicious_metadata_is_refused_without_running(tmp_path: Path, hf_policy: Path) -> None:
     marker = tmp_path / "pwned"
-    bundle = hf_bundle(tmp_path, hf_policy, lambda d: (d / ".metadata").write_bytes(pickle.dumps(_Payload(marker))))
+    bundle = hf_bundle(tmp_path, hf_policy, lambda d: (d / ".metadata").write_bytes(pickle.dumps(ShellPayload(marker))))
     assert any(r"refers to posix.system" in p for p in problems(bundle))
     assert not marker.exists()
 
