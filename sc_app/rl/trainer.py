@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -31,12 +30,6 @@ from sc_app.rl.factory import make_trainer_backend
 log = logging.getLogger(__name__)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 @ray.remote(concurrency_groups={"io": 1})
 class TrainerWorker:
     def __init__(self, cfg_json: str, rank: int, world_size: int) -> None:
@@ -48,20 +41,27 @@ class TrainerWorker:
         self._backend: TrainerBackend | None = None
         self._dp: Any = None
         self._nccl: Any = None  # generation.weight_sync=nccl on rank 0 (sc_app.rl.hf.vllm_nccl)
+        self._store: Any = None  # rank 0's rendezvous store (torch.distributed.TCPStore), from address()
 
     def address(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), _free_port()
+        """Rank 0: where its rendezvous store listens. The store is bound here, on a port the kernel picks, and
+        kept until ``setup``: a port picked first and bound later could be taken in between on a busy node."""
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore("0.0.0.0", 0, self.world_size, is_master=True, wait_for_workers=False)
+        return ray.util.get_node_ip_address(), int(self._store.port)
 
     def setup(self, master_addr: str, master_port: int) -> str:
-        """Join the data-parallel group (with several workers), then build the backend; returns the
-        torch.distributed backend used ("none" for one worker)."""
+        """Join the data-parallel group (with several workers) through rank 0's store, then build the backend;
+        returns the torch.distributed backend used ("none" for one worker)."""
         used = "none"
         if self.world_size > 1:
             import torch.distributed as dist
 
             used = "nccl" if self.device.type == "cuda" else "gloo"
+            store = self._store if self.rank == 0 else dist.TCPStore(master_addr, master_port, self.world_size)
             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
-            dist.init_process_group(used, rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(used, store=store, rank=self.rank, world_size=self.world_size)
         self._backend = make_trainer_backend(self.cfg, self.rank, self.world_size, self.device)
         if self.cfg.generation.weight_sync == "nccl":
             from sc_app.rl.hf.vllm_nccl import sender_for

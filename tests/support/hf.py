@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.proc import Finished, free_port, sc_app
+from tests.support.proc import Finished, sc_app
 
 ARITHMETIC = [
     {"prompt": "what is 3 + 4 ?", "answer": "7"},
@@ -118,13 +119,13 @@ def hf_world(
     return HfWorld(base, model, data, base / "ckpt", trace, {"PYTHONPATH": path, **(env or {})}, [*common, *settings])
 
 
-def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]) -> None:
+def _entry(rank: int, fn: Callable[..., Any], world: int, store: str, out: str, args: tuple[Any, ...]) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a file rendezvous: a port picked here and bound later could be taken in between on a busy machine
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
@@ -138,5 +139,6 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, tmp: Path) -> list
 
     out = tmp / f"ranks-{fn.__name__}-{world}"
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_entry, args=(fn, world, free_port(), str(out), args), nprocs=world, join=True)
+    store = out / f"store-{uuid.uuid4().hex}"
+    mp.spawn(_entry, args=(fn, world, str(store), str(out), args), nprocs=world, join=True)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
