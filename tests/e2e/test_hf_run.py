@@ -4,7 +4,8 @@ Hugging Face model and tokenizer built inside the test, a JSONL dataset and a us
 One checkpoint directory, four training runs:
   A. 1 trainer (ddp), fresh, to step 4: bundles verify, record the dataset, the user's reward is called;
   B. 2 trainers (fsdp), resumes step_4 (1 -> 2): the restored state is bit-identical to the bundle's;
-  C. 1 trainer, resumes step_6 (2 -> 1, checked likewise), SIGKILLed once a newer bundle exists;
+  C. 1 trainer, resumes step_6 (2 -> 1, checked likewise); its generation worker (the hf engine) is SIGKILLed by
+     PID once C trains and is replaced in-job; C is SIGKILLed once a newer bundle exists and training went past it;
   D. 1 trainer, resumes the newest bundle after the kill: again bit-identical.
 Then, without Ray: export + from_pretrained gives the bundle's logits; a changed dataset is refused (and accepted
 with task.allow_changed_dataset); bad model / reward / tiny export are one-line refusals.
@@ -27,8 +28,10 @@ import pytest
 import torch
 
 from sc_app import hashing
+from sc_app.observe.reader import read_history
 from tests.support.hf import ARITHMETIC, make_model_dir, policy_oracle, write_jsonl
 from tests.support.proc import Finished, kill_session, read_trace, sc_app, start_logged
+from tests.support.restart import actor_pids, generation_restart_problems
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +151,7 @@ def runs(world: World) -> Runs:
     oracles[6] = oracle(bundles(world.ckpt)[6], world.model)[0]
     log = world.base / "run_c.log"
     proc = start_logged(*world.run_args(10_000, "trainer.num_workers=1"), log=log, env=world.env)
+    killed_at: float | None = None
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
         while time.monotonic() < deadline:
@@ -155,7 +159,13 @@ def runs(world: World) -> Runs:
             if len(c_events) >= 3:
                 saves = [e["step"] for e in c_events[2] if e["ev"] == "save"]
                 trained = [e["step"] for e in c_events[2] if e["ev"] == "train"]
-                if saves and saves[-1] >= 10 and max(trained) > saves[-1]:
+                if trained and killed_at is None:  # once C trains: its generation worker dies (in-job restart)
+                    (victim,) = actor_pids(proc.pid, "GenerationWorker")
+                    os.kill(victim, signal.SIGKILL)
+                    killed_at = time.monotonic()
+                restarted = [n for n, e in enumerate(c_events[2]) if e["ev"] == "generation_restart"]
+                trained_since = restarted and any(e["ev"] == "train" for e in c_events[2][restarted[0] :])
+                if trained_since and saves and saves[-1] >= 10 and max(trained) > saves[-1]:
                     break
             if proc.poll() is not None:
                 raise AssertionError(f"run C exited ({proc.returncode}) before the kill:\n{log.read_text()[-4000:]}")
@@ -215,6 +225,19 @@ def test_after_sigkill_the_rerun_resumes_the_newest_bundle_exactly(world: World,
     assert start["step"] == runs.c_bundle
     assert start["restored_policy"] == runs.oracles[runs.c_bundle]
     assert f"done: step {runs.d_max_steps}" in runs.d.out
+
+
+def test_c_replaced_its_killed_generation_worker_in_job(world: World, runs: Runs) -> None:
+    """The hf engine's worker, SIGKILLed mid-run, came back in the same process with the current weights."""
+    assert "fault generation.worker: recovered" in runs.c_log, runs.c_log[-3000:]
+    attempts = split_runs(read_trace(world.trace))
+    assert len(attempts) == 4, "C recovered without a process exit: one start per run"
+    c = attempts[2]
+    assert sum(e["ev"] == "generation_restart" for e in c) == 1
+    assert not generation_restart_problems(c)
+    faults = [e.data for e in read_history(world.ckpt / "logs").events_named("fault")]
+    assert [(f["fault"], f["outcome"]) for f in faults] == [("generation.worker", "recovered")], faults
+    assert faults[0]["prompts_lost"] == faults[0]["prompts_duplicated"] == 0
 
 
 def test_no_prompt_is_trained_twice_across_resumes(world: World, runs: Runs) -> None:

@@ -3,8 +3,9 @@ subprocesses (real Ray, real TransferQueue, a real vLLM CPU engine inside the ge
 Llama built here (hidden 128, 2 heads → head_dim 64, float32) and a task it can learn (reward: the share of
 completion words that are "7").
 
-One checkpoint directory, three runs (each starts one engine):
-  A. fresh; the reward rises; SIGKILLed once a bundle exists and training went past it;
+One checkpoint directory, three runs (each starts one engine, A two):
+  A. fresh; the reward rises; its generation worker (with the engine) is SIGKILLed by PID after step 3 and replaced
+     in-job (one more engine start); A is SIGKILLed once a bundle exists and training went past it;
   B. resumes A's newest bundle; stopped with ``sc-app stop`` once it saved a newer one (exit 143);
   C. resumes B's stop bundle and finishes.
 Each resume restores the bundle's policy bit for bit, hands out prompts from the bundle's loader place, and its
@@ -24,8 +25,10 @@ from typing import Any
 import pytest
 import torch
 
+from sc_app.observe.reader import read_history
 from tests.support.hf import make_model_dir, policy_oracle, write_jsonl
 from tests.support.proc import Finished, kill_session, read_trace, sc_app, start_logged, wait_for
+from tests.support.restart import actor_pids, generation_restart_problems
 from tests.support.vllm_host import TINY_LLAMA
 
 pytestmark = pytest.mark.slow
@@ -80,6 +83,19 @@ def trained_past_a_bundle(world: World, run: int, at_least: int) -> bool:
     return bool(saves) and saves[-1] >= at_least and max(trained) > saves[-1]
 
 
+def trained_steps(world: World, run: int) -> int:
+    runs = split_runs(read_trace(world.trace))
+    return sum(e["ev"] == "train" for e in runs[run]) if len(runs) > run else 0
+
+
+def restarted_and_trained(world: World, run: int) -> bool:
+    """A generation worker of ``run`` was replaced and a step was trained after that."""
+    runs = split_runs(read_trace(world.trace))
+    events = runs[run] if len(runs) > run else []
+    at = next((n for n, e in enumerate(events) if e["ev"] == "generation_restart"), None)
+    return at is not None and any(e["ev"] == "train" for e in events[at:])
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     base = tmp_path_factory.mktemp("vllm-e2e")
@@ -120,6 +136,10 @@ def runs(world: World) -> Runs:
     a_log = world.base / "run_a.log"
     a = start_logged(*world.args(10_000), log=a_log, env=world.env)
     try:
+        wait_for(lambda: trained_steps(world, 0) >= 3, RUN_TIMEOUT, "run A's third step", a)
+        (victim,) = actor_pids(a.pid, "GenerationWorker")  # the vLLM engine's worker dies mid-run: replaced in-job
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: restarted_and_trained(world, 0), RUN_TIMEOUT, "run A's new generation worker", a)
         wait_for(lambda: trained_past_a_bundle(world, 0, 8), RUN_TIMEOUT, "run A past a bundle >= step 8", a)
     finally:
         kill_session(a.pid)
@@ -148,6 +168,18 @@ def test_the_reward_rises(world: World, runs: Runs) -> None:
     assert len(rewards) >= 6  # the run log writes behind training: the last steps before the kill can be missing
     early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert late > early + 0.3, rewards
+
+
+def test_a_killed_vllm_generation_worker_was_replaced_in_job(world: World, runs: Runs) -> None:
+    """A's worker (the vLLM engine inside it) was SIGKILLed by PID after step 3: A went on in the same process, with
+    a new engine serving the current weights version, without losing or repeating a prompt (the test below)."""
+    assert "fault generation.worker: recovered" in runs.a_log, runs.a_log[-3000:]
+    a = split_runs(read_trace(world.trace))[0]
+    assert sum(e["ev"] == "generation_restart" for e in a) == 1
+    assert not generation_restart_problems(a)
+    faults = [e.data for e in read_history(world.ckpt / "logs").events_named("fault")]
+    assert [(f["fault"], f["outcome"]) for f in faults] == [("generation.worker", "recovered")], faults
+    assert faults[0]["prompts_lost"] == faults[0]["prompts_duplicated"] == 0
 
 
 @pytest.mark.parametrize(("run", "how"), [(1, "sigkill"), (2, "stop")])

@@ -1,0 +1,57 @@
+"""Find a run's actor processes by PID and check, from its trace, that a killed generation worker was replaced.
+
+Shared by the end-to-end tests (tiny, hf and vLLM engines) and ``bench/chaos.py --in-job``: one definition of
+"recovered without losing or repeating a prompt, serving the current weights".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tests.support.proc import session_members
+
+
+def actor_pids(sid: int, name: str) -> list[int]:
+    """PIDs of session ``sid``'s Ray worker processes whose title names ``name`` (``ray::GenerationWorker...``)."""
+    out = []
+    for pid in session_members(sid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline.startswith(b"ray::") and name.encode() in cmdline.split(b"\0")[0]:
+            out.append(pid)
+    return out
+
+
+def generation_restart_problems(events: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with one attempt's generation restarts (its trace ``events``); [] when each is sound.
+
+    Each ``generation_restart`` follows a ``give_back`` of the dead call's prompts; the new worker holds at least the
+    version training had reached before it (a step finished meanwhile may move it on); its first rollout serves that
+    version or a newer one, never an older one; every given-back prompt is issued once more."""
+    problems: list[str] = []
+    restarts = [n for n, e in enumerate(events) if e["ev"] == "generation_restart"]
+    given = [e for e in events if e["ev"] == "give_back"]
+    if len(given) != len(restarts):
+        problems.append(f"{len(given)} give_back events for {len(restarts)} generation restarts")
+    issued = Counter(p for e in events if e["ev"] == "issue" for p in e["prompts"])
+    for g in given:
+        if any(issued[p] < 2 for p in g["prompts"]):
+            problems.append(f"given-back prompts {g['prompts']} were not issued again")
+    for at in restarts:
+        restart = events[at]
+        trained_before = max((e["step"] for e in events[:at] if e["ev"] == "train"), default=0)
+        if restart["version"] < trained_before:
+            problems.append(
+                f"worker {restart['worker']} restarted at version {restart['version']}, "
+                f"training was at {trained_before}"
+            )
+        served = [e["version"] for e in events[at:] if e["ev"] == "rollout" and e["worker"] == restart["worker"]]
+        if served and served[0] < restart["version"]:
+            problems.append(
+                f"worker {restart['worker']} served version {served[0]} after restarting at {restart['version']}"
+            )
+    return problems
