@@ -55,3 +55,51 @@ def generation_restart_problems(events: list[dict[str, Any]]) -> list[str]:
                 f"worker {restart['worker']} served version {served[0]} after restarting at {restart['version']}"
             )
     return problems
+
+
+def attempts_of(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A trace cut at its ``start`` events: one list per start (a process start or an in-job restore)."""
+    out: list[list[dict[str, Any]]] = []
+    for ev in events:
+        if ev["ev"] == "start" or not out:
+            out.append([])
+        out[-1].append(ev)
+    return out
+
+
+def kept_history(events: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """Prompts trained and dropped (stale) in the history the run kept: of each start's events, the steps up to the
+    step the next start restored (the later ones were redone after it, from that bundle) — a drop counts with the
+    step trained after it. The same rule for a process restart and an in-job restore."""
+    trained: list[int] = []
+    dropped: list[int] = []
+    parts = attempts_of(events)
+    for n, part in enumerate(parts):
+        last = n == len(parts) - 1
+        limit = float("inf") if last else parts[n + 1][0]["step"]
+        drops: list[int] = []
+        for ev in part:
+            if ev["ev"] == "drop_stale":
+                drops += ev["prompts"]
+            elif ev["ev"] == "train" and ev["step"] <= limit:
+                trained += ev["prompts"]
+                dropped, drops = dropped + drops, []
+        if last:
+            dropped += drops
+    return trained, dropped
+
+
+def prompt_problems(events: list[dict[str, Any]], next_index: int, held: set[int]) -> list[str]:
+    """Every prompt below the loader's ``next_index`` (of the newest bundle) trained exactly once in the kept
+    history, or dropped as stale, or still ``held`` (listed by that bundle's index or due for re-issue)."""
+    trained, dropped = kept_history(events)
+    twice = sorted(p for p, n in Counter(trained + dropped).items() if n > 1)
+    ever_dropped = {p for e in events if e["ev"] == "drop_stale" for p in e["prompts"]}
+    accounted = set(trained) | ever_dropped | held
+    lost = [p for p in range(next_index) if p not in accounted]
+    problems = []
+    if twice:
+        problems.append(f"prompts trained twice: {twice[:10]}")
+    if lost:
+        problems.append(f"prompts lost (neither trained, dropped nor held): {lost[:10]}")
+    return problems
