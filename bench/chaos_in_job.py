@@ -195,7 +195,9 @@ def check_faults(faults: list[dict[str, Any]], shape: Shape, done: list[str]) ->
         f"fault {f['fault']}: {f['outcome']} ({f.get('error', '')})" for f in faults if f["outcome"] != "recovered"
     ]
     problems += [
-        f"fault {f['fault']} lost or duplicated prompts" for f in faults if f["prompts_lost"] or f["prompts_duplicated"]
+        f"fault {f['fault']} lost or duplicated prompts"
+        for f in faults
+        if f.get("prompts_lost") or f.get("prompts_duplicated")
     ]
     for kind in {d.split("@")[0] for d in done}:
         killed = sum(d.split("@")[0] == kind for d in done)
@@ -216,8 +218,10 @@ def check_trace(root: Path, events: list[dict[str, Any]]) -> list[str]:
     parts = attempts_of(events)
     trace = root.parent / "trace.jsonl"
     for n in range(1, len(parts)):
-        saved = [e["step"] for part in parts[:n] for e in part if e["ev"] == "save"]
-        problems += check_resumed(root, trace, n, max(saved, default=0))
+        newest = max((e["step"] for part in parts[:n] for e in part if e["ev"] == "save"), default=0)
+        if parts[n][0]["step"] > newest and (root / f"step_{parts[n][0]['step']}").is_dir():
+            newest = parts[n][0]["step"]  # published, its trace line cut by the fault: still the newest bundle
+        problems += check_resumed(root, trace, n, newest)
     redone = sum(
         max((e["step"] for e in part if e["ev"] == "train"), default=nxt[0]["step"]) - nxt[0]["step"]
         for part, nxt in itertools.pairwise(parts)
