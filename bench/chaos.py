@@ -190,7 +190,7 @@ def main() -> int:
     in_job = ap.add_argument_group("in-job faults (bench/chaos_in_job.py)")
     in_job.add_argument("--in-job", action="store_true", help="faults the run must survive without exiting")
     in_job.add_argument("--kinds", default="generation,trainer,storage,tq-controller,dp", help="comma-separated")
-    in_job.add_argument("--max-steps", type=int, default=30, help="steps of every run")
+    in_job.add_argument("--max-steps", type=int, default=60, help="steps of every run")
     in_job.add_argument("--faults", type=int, default=3, help="process kills per run")
     in_job.add_argument("--no-baseline", action="store_true", help="skip the fault-free run")
     in_job.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
