@@ -264,11 +264,21 @@ def summary(outcomes: list[Outcome], baseline: Outcome | None) -> dict[str, Any]
         "faults_by_kind": dict(sorted(by_kind.items())),
         "goodput_per_run": [None if o.goodput is None else round(o.goodput, 4) for o in outcomes],
         "wall_s_per_run": [round(o.wall_s, 1) for o in outcomes],
+        "recovery_s_by_fault": recovery_by_fault(faults),
         "recovery_s_median": round(statistics.median(recovery), 3) if recovery else None,
         "recovery_s_max": round(max(recovery), 3) if recovery else None,
         "fault_free_goodput": None if baseline is None or baseline.goodput is None else round(baseline.goodput, 4),
         "fault_free_wall_s": None if baseline is None else round(baseline.wall_s, 1),
     }
+
+
+def recovery_by_fault(faults: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Recovery seconds median/max per fault kind (a data-plane retry and a worker restart differ 100-fold)."""
+    by: dict[str, list[float]] = {}
+    for f in faults:
+        if isinstance(f.get("recovery_s"), int | float):
+            by.setdefault(f["fault"], []).append(float(f["recovery_s"]))
+    return {k: {"median": round(statistics.median(v), 3), "max": round(max(v), 3)} for k, v in sorted(by.items())}
 
 
 def pct(x: float | None) -> str:
