@@ -41,8 +41,8 @@ import torch
 from bench.kill_stress import check_after_preflight, check_resumed, steps
 from sc_app.observe.goodput import ledger
 from sc_app.observe.reader import read_history
-from tests.support.proc import kill_session, read_trace, sc_app, start_logged, wait_for
-from tests.support.restart import actor_pids, attempts_of, generation_restart_problems, prompt_problems
+from tests.support.proc import actor_pids, kill_session, read_trace, sc_app, start_logged, wait_for
+from tests.support.restart import attempts_of, generation_restart_problems, prompt_problems
 
 KILLS = {  # kind -> (the actor class in its process title, the fault event kind its recovery reports)
     "generation": ("GenerationWorker", "generation.worker"),

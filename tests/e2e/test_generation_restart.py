@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from sc_app.observe.reader import read_history
-from tests.support.proc import finish, read_trace, run_args, start_logged, wait_for
-from tests.support.restart import actor_pids, generation_restart_problems
+from tests.support.proc import actor_pids, finish, read_trace, run_args, start_logged, wait_for
+from tests.support.restart import generation_restart_problems
 
 pytestmark = pytest.mark.slow
 

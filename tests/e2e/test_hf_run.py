@@ -30,8 +30,8 @@ import torch
 from sc_app import hashing
 from sc_app.observe.reader import read_history
 from tests.support.hf import ARITHMETIC, make_model_dir, policy_oracle, write_jsonl
-from tests.support.proc import Finished, kill_session, read_trace, sc_app, start_logged
-from tests.support.restart import actor_pids, generation_restart_problems
+from tests.support.proc import Finished, actor_pids, kill_session, read_trace, sc_app, start_logged
+from tests.support.restart import generation_restart_problems
 
 pytestmark = pytest.mark.slow
 

@@ -195,3 +195,30 @@ def finishes(fn: Callable[[], Any], within: float = 300) -> Any:
     assert not t.is_alive(), f"did not return within {within}s: a hang"
     assert box, "raised instead of returning"
     return box[0]
+
+
+def actor_pids(sid: int, actor_class: str) -> list[int]:
+    """PIDs of the Ray worker processes of session ``sid`` running an actor of ``actor_class`` (Ray titles them
+    ``ray::<Class>``), e.g. ``TrainerWorker``, ``SimpleStorageUnit``, ``TransferQueueController``."""
+    out = []
+    for pid in session_members(sid):
+        try:
+            if f"ray::{actor_class}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def trained_lineage(events: list[dict[str, Any]]) -> dict[int, list[int]]:
+    """Step → prompts trained, as the run's newest state has it: a ``start`` event (a process restart or an
+    in-job restore from the bundle of step S) discards what was trained after S before it — that work was lost
+    and is trained again. Fails if a step is trained twice within one lineage."""
+    steps: dict[int, list[int]] = {}
+    for e in events:
+        if e["ev"] == "start":
+            steps = {s: p for s, p in steps.items() if s <= e["step"]}
+        elif e["ev"] == "train":
+            assert e["step"] not in steps, f"step {e['step']} trained twice without a restore between"
+            steps[e["step"]] = list(e["prompts"])
+    return steps

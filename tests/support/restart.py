@@ -1,4 +1,4 @@
-"""Find a run's actor processes by PID and check, from its trace, that a killed generation worker was replaced.
+"""Check, from a run's trace, that a killed generation worker was replaced and that no prompt was lost or repeated.
 
 Shared by the end-to-end tests (tiny, hf and vLLM engines) and ``bench/chaos.py --in-job``: one definition of
 "recovered without losing or repeating a prompt, serving the current weights".
@@ -7,23 +7,7 @@ Shared by the end-to-end tests (tiny, hf and vLLM engines) and ``bench/chaos.py 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any
-
-from tests.support.proc import session_members
-
-
-def actor_pids(sid: int, name: str) -> list[int]:
-    """PIDs of session ``sid``'s Ray worker processes whose title names ``name`` (``ray::GenerationWorker...``)."""
-    out = []
-    for pid in session_members(sid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmdline.startswith(b"ray::") and name.encode() in cmdline.split(b"\0")[0]:
-            out.append(pid)
-    return out
 
 
 def generation_restart_problems(events: list[dict[str, Any]]) -> list[str]:
