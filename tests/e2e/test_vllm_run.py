@@ -28,7 +28,7 @@ import torch
 from sc_app.observe.reader import read_history
 from tests.support.hf import make_model_dir, policy_oracle, write_jsonl
 from tests.support.proc import Finished, actor_pids, kill_session, read_trace, sc_app, start_logged, wait_for
-from tests.support.restart import generation_restart_problems
+from tests.support.restart import generation_restart_problems, restarted_and_trained, trained_steps
 from tests.support.vllm_host import TINY_LLAMA
 
 pytestmark = pytest.mark.slow
@@ -83,19 +83,6 @@ def trained_past_a_bundle(world: World, run: int, at_least: int) -> bool:
     return bool(saves) and saves[-1] >= at_least and max(trained) > saves[-1]
 
 
-def trained_steps(world: World, run: int) -> int:
-    runs = split_runs(read_trace(world.trace))
-    return sum(e["ev"] == "train" for e in runs[run]) if len(runs) > run else 0
-
-
-def restarted_and_trained(world: World, run: int) -> bool:
-    """A generation worker of ``run`` was replaced and a step was trained after that."""
-    runs = split_runs(read_trace(world.trace))
-    events = runs[run] if len(runs) > run else []
-    at = next((n for n, e in enumerate(events) if e["ev"] == "generation_restart"), None)
-    return at is not None and any(e["ev"] == "train" for e in events[at:])
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     base = tmp_path_factory.mktemp("vllm-e2e")
@@ -136,10 +123,10 @@ def runs(world: World) -> Runs:
     a_log = world.base / "run_a.log"
     a = start_logged(*world.args(10_000), log=a_log, env=world.env)
     try:
-        wait_for(lambda: trained_steps(world, 0) >= 3, RUN_TIMEOUT, "run A's third step", a)
+        wait_for(lambda: trained_steps(world.trace, 0) >= 3, RUN_TIMEOUT, "run A's third step", a)
         (victim,) = actor_pids(a.pid, "GenerationWorker")  # the vLLM engine's worker dies mid-run: replaced in-job
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: restarted_and_trained(world, 0), RUN_TIMEOUT, "run A's new generation worker", a)
+        wait_for(lambda: restarted_and_trained(world.trace, 0), RUN_TIMEOUT, "run A's new generation worker", a)
         wait_for(lambda: trained_past_a_bundle(world, 0, 8), RUN_TIMEOUT, "run A past a bundle >= step 8", a)
     finally:
         kill_session(a.pid)

@@ -7,7 +7,10 @@ Shared by the end-to-end tests (tiny, hf and vLLM engines) and ``bench/chaos.py 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
+
+from tests.support.proc import read_trace
 
 
 def generation_restart_problems(events: list[dict[str, Any]]) -> list[str]:
@@ -87,3 +90,21 @@ def prompt_problems(events: list[dict[str, Any]], next_index: int, held: set[int
     if lost:
         problems.append(f"prompts lost (neither trained, dropped nor held): {lost[:10]}")
     return problems
+
+
+def run_events(trace: Path, run: int) -> list[dict[str, Any]]:
+    """The events of start number ``run`` (0-based) of a ``run.trace_file``; [] before it started."""
+    parts = attempts_of(read_trace(trace))
+    return parts[run] if len(parts) > run else []
+
+
+def trained_steps(trace: Path, run: int) -> int:
+    """Train steps of start number ``run`` so far."""
+    return sum(e["ev"] == "train" for e in run_events(trace, run))
+
+
+def restarted_and_trained(trace: Path, run: int) -> bool:
+    """A generation worker of start number ``run`` was replaced and a step was trained after that."""
+    events = run_events(trace, run)
+    at = next((n for n, e in enumerate(events) if e["ev"] == "generation_restart"), None)
+    return at is not None and any(e["ev"] == "train" for e in events[at:])
