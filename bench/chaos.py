@@ -15,6 +15,10 @@ Checks, every iteration:
     reached; every bundle it published that retention keeps is still there and verifies;
   * afterwards preflight resumes the newest bundle, and the next iteration resumes from it.
 Prints one line per iteration and ``N passed, M failed``; exits 1 if any check failed.
+
+``--in-job`` runs the in-job fault chaos instead (``bench/chaos_in_job.py``: process kills of the run's actors and
+failing data-plane calls the run must survive without exiting; ``--kinds``, ``--max-steps``, ``--faults``, ``--set``):
+  .venv/bin/python bench/chaos.py --in-job --iterations 10 --seed 1 --kinds generation,trainer,storage,tq-controller,dp
 """
 
 from __future__ import annotations
@@ -184,9 +188,22 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=None, help="work dir (default: a new temp dir)")
+    in_job = ap.add_argument_group("in-job faults (bench/chaos_in_job.py)")
+    in_job.add_argument("--in-job", action="store_true", help="faults the run must survive without exiting")
+    in_job.add_argument("--kinds", default="generation,trainer,storage,tq-controller,dp", help="comma-separated")
+    in_job.add_argument("--max-steps", type=int, default=60, help="steps of every run")
+    in_job.add_argument("--faults", type=int, default=3, help="process kills per run")
+    in_job.add_argument("--no-baseline", action="store_true", help="skip the fault-free run")
+    in_job.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="sc-app-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.in_job:
+        from bench.chaos_in_job import Shape
+        from bench.chaos_in_job import main as in_job_main
+
+        shape = Shape(args.max_steps, args.faults, [k for k in args.kinds.split(",") if k], args.set)
+        return in_job_main(args.iterations, args.seed, work, shape, baseline=not args.no_baseline)
     root = work / "ckpt"
     rng = random.Random(args.seed)
     tally = Tally(args.iterations)

@@ -17,23 +17,12 @@ from pathlib import Path
 import pytest
 
 from sc_app.observe.reader import read_history
-from tests.support.proc import finish, read_trace, run_args, session_members, start_logged, wait_for
+from tests.support.proc import actor_pids, finish, read_trace, run_args, start_logged, wait_for
+from tests.support.restart import generation_restart_problems
 
 pytestmark = pytest.mark.slow
 
 MAX_STEPS = 12
-
-
-def generation_workers(sid: int) -> list[int]:
-    """PIDs of the run's generation worker processes (only processes of this run's session)."""
-    out = []
-    for pid in session_members(sid):
-        try:
-            if b"GenerationWorker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
-    return out
 
 
 def test_a_killed_generation_worker_is_replaced_in_job(tmp_path: Path) -> None:
@@ -41,7 +30,7 @@ def test_a_killed_generation_worker_is_replaced_in_job(tmp_path: Path) -> None:
     proc = start_logged(*run_args(ckpt, trace, MAX_STEPS), log=log)
     try:
         wait_for(lambda: sum(e["ev"] == "train" for e in read_trace(trace)) >= 3, 600, "3 train steps", proc)
-        (victim,) = generation_workers(proc.pid)
+        (victim,) = actor_pids(proc.pid, "GenerationWorker")
         os.kill(victim, signal.SIGKILL)
         run = finish(proc, 600, "the run with a killed generation worker")
     finally:
@@ -59,6 +48,7 @@ def test_a_killed_generation_worker_is_replaced_in_job(tmp_path: Path) -> None:
     at = events.index(restart)
     trained_before = [e["step"] for e in events[:at] if e["ev"] == "train"]
     assert restart["version"] >= max(trained_before), "the new worker got the weights training was at"
+    assert not generation_restart_problems(events)
     issued_after = [p for e in events[at:] if e["ev"] == "issue" for p in e["prompts"]]
     assert set(given["prompts"]) <= set(issued_after), "every given-back prompt is issued again"
     trained = [p for e in events if e["ev"] == "train" for p in e["prompts"]]

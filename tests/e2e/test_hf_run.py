@@ -4,7 +4,8 @@ Hugging Face model and tokenizer built inside the test, a JSONL dataset and a us
 One checkpoint directory, four training runs:
   A. 1 trainer (ddp), fresh, to step 4: bundles verify, record the dataset, the user's reward is called;
   B. 2 trainers (fsdp), resumes step_4 (1 -> 2): the restored state is bit-identical to the bundle's;
-  C. 1 trainer, resumes step_6 (2 -> 1, checked likewise), SIGKILLed once a newer bundle exists;
+  C. 1 trainer, resumes step_6 (2 -> 1, checked likewise); its generation worker (the hf engine) is SIGKILLed by
+     PID once C trains and is replaced in-job; C is SIGKILLed once a newer bundle exists and training went past it;
   D. 1 trainer, resumes the newest bundle after the kill: again bit-identical.
 Then, without Ray: export + from_pretrained gives the bundle's logits; a changed dataset is refused (and accepted
 with task.allow_changed_dataset); bad model / reward / tiny export are one-line refusals.
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +27,12 @@ import pytest
 import torch
 
 from sc_app import hashing
+from sc_app.observe.reader import read_history
 from tests.support.hf import ARITHMETIC, HfWorld, hf_world, make_model_dir, policy_oracle, sets
 from tests.support.proc import (
     Finished,
+    actor_pids,
+    kill_session,
     kill_when,
     past_a_new_bundle,
     sc_app,
@@ -34,7 +40,9 @@ from tests.support.proc import (
     step_bundles,
     trace_runs,
     trained_prompts,
+    wait_for,
 )
+from tests.support.restart import generation_restart_problems, restarted_and_trained, trained_steps
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +101,14 @@ def runs(world: HfWorld) -> Runs:
     oracles[6] = oracle(step_bundles(world.ckpt)[6], world.model)[0]
     log = world.base / "run_c.log"
     proc = start_logged(*world.run_args(10_000, "trainer.num_workers=1"), log=log, env=world.env)
+    try:
+        wait_for(lambda: trained_steps(world.trace, 2) >= 1, RUN_TIMEOUT, "run C's first step", proc)
+        (victim,) = actor_pids(proc.pid, "GenerationWorker")  # the hf engine's worker dies mid-run: replaced in-job
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: restarted_and_trained(world.trace, 2), RUN_TIMEOUT, "run C's new generation worker", proc)
+    except BaseException:
+        kill_session(proc.pid)
+        raise
     kill_when(lambda: past_a_new_bundle(world.trace, 2, 10), proc, RUN_TIMEOUT, "run C past a new bundle", log=log)
     c_bundle = max(step_bundles(world.ckpt))
     oracles[c_bundle] = oracle(step_bundles(world.ckpt)[c_bundle], world.model)[0]
@@ -143,6 +159,19 @@ def test_after_sigkill_the_rerun_resumes_the_newest_bundle_exactly(world: HfWorl
     assert start["step"] == runs.c_bundle
     assert start["restored_policy"] == runs.oracles[runs.c_bundle]
     assert f"done: step {runs.d_max_steps}" in runs.d.out
+
+
+def test_c_replaced_its_killed_generation_worker_in_job(world: HfWorld, runs: Runs) -> None:
+    """The hf engine's worker, SIGKILLed mid-run, came back in the same process with the current weights."""
+    assert "fault generation.worker: recovered" in runs.c_log, runs.c_log[-3000:]
+    attempts = trace_runs(world.trace)
+    assert len(attempts) == 4, "C recovered without a process exit: one start per run"
+    c = attempts[2]
+    assert sum(e["ev"] == "generation_restart" for e in c) == 1
+    assert not generation_restart_problems(c)
+    faults = [e.data for e in read_history(world.ckpt / "logs").events_named("fault")]
+    assert [(f["fault"], f["outcome"]) for f in faults] == [("generation.worker", "recovered")], faults
+    assert faults[0]["prompts_lost"] == faults[0]["prompts_duplicated"] == 0
 
 
 def test_no_prompt_is_trained_twice_across_resumes(world: HfWorld, runs: Runs) -> None:

@@ -3,8 +3,9 @@ subprocesses (real Ray, real TransferQueue, a real vLLM CPU engine inside the ge
 Llama built here (hidden 128, 2 heads → head_dim 64, float32) and a task it can learn (reward: the share of
 completion words that are "7").
 
-One checkpoint directory, three runs (each starts one engine):
-  A. fresh; the reward rises; SIGKILLed once a bundle exists and training went past it;
+One checkpoint directory, three runs (each starts one engine, A two):
+  A. fresh; the reward rises; its generation worker (with the engine) is SIGKILLed by PID after step 3 and replaced
+     in-job (one more engine start); A is SIGKILLed once a bundle exists and training went past it;
   B. resumes A's newest bundle; stopped with ``sc-app stop`` once it saved a newer one (exit 143);
   C. resumes B's stop bundle and finishes.
 Each resume restores the bundle's policy bit for bit, hands out prompts from the bundle's loader place, and its
@@ -14,16 +15,20 @@ engine serves the bundle's weights version from its first generate call on. Bund
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from sc_app.observe.reader import read_history
 from tests.support.hf import HfWorld, hf_world, make_model_dir, policy_oracle
 from tests.support.proc import (
     Finished,
+    actor_pids,
     kill_session,
     kill_when,
     past_a_new_bundle,
@@ -34,6 +39,7 @@ from tests.support.proc import (
     trained_prompts,
     wait_for,
 )
+from tests.support.restart import generation_restart_problems, restarted_and_trained, trained_steps
 from tests.support.vllm_host import TINY_LLAMA
 
 pytestmark = pytest.mark.slow
@@ -71,6 +77,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> HfWorld:
 def runs(world: HfWorld) -> Runs:
     a_log = world.base / "run_a.log"
     a = start_logged(*world.run_args(10_000), log=a_log, env=world.env)
+    try:
+        wait_for(lambda: trained_steps(world.trace, 0) >= 3, RUN_TIMEOUT, "run A's third step", a)
+        (victim,) = actor_pids(a.pid, "GenerationWorker")  # the vLLM engine's worker dies mid-run: replaced in-job
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: restarted_and_trained(world.trace, 0), RUN_TIMEOUT, "run A's new generation worker", a)
+    except BaseException:
+        kill_session(a.pid)
+        raise
     kill_when(lambda: past_a_new_bundle(world.trace, 0, 8), a, RUN_TIMEOUT, "run A past a bundle >= step 8", log=a_log)
     a_bundle = max(step_bundles(world.ckpt))
     b_log = world.base / "run_b.log"
@@ -95,6 +109,18 @@ def test_the_reward_rises(world: HfWorld, runs: Runs) -> None:
     assert len(rewards) >= 6  # the run log writes behind training: the last steps before the kill can be missing
     early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert late > early + 0.3, rewards
+
+
+def test_a_killed_vllm_generation_worker_was_replaced_in_job(world: HfWorld, runs: Runs) -> None:
+    """A's worker (the vLLM engine inside it) was SIGKILLed by PID after step 3: A went on in the same process, with
+    a new engine serving the current weights version, without losing or repeating a prompt (the test below)."""
+    assert "fault generation.worker: recovered" in runs.a_log, runs.a_log[-3000:]
+    a = trace_runs(world.trace)[0]
+    assert sum(e["ev"] == "generation_restart" for e in a) == 1
+    assert not generation_restart_problems(a)
+    faults = [e.data for e in read_history(world.ckpt / "logs").events_named("fault")]
+    assert [(f["fault"], f["outcome"]) for f in faults] == [("generation.worker", "recovered")], faults
+    assert faults[0]["prompts_lost"] == faults[0]["prompts_duplicated"] == 0
 
 
 @pytest.mark.parametrize(("run", "how"), [(1, "sigkill"), (2, "stop")])
