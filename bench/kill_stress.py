@@ -116,6 +116,8 @@ def run_and_kill(
         what = f"fault {point} after {env['SC_APP_FAULT_AFTER']}"
     args = ["run", "--checkpoint-dir", str(root), "--max-steps", str(max_steps)]
     args += ["--set", "checkpoint.save_period=1", "--set", "checkpoint.keep=4", "--set", f"run.trace_file={trace}"]
+    # the restart path: a controller killed at a save phase ends the process (no in-job restore)
+    args += ["--set", "run.max_in_job_restores=0"]
     if address:
         args += ["--set", f"ray.address={address}"]
     proc = start_logged(*args, log=work / f"run{i}.log", env=env)

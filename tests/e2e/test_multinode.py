@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.proc import finish, run_args, sc_app, start_sc_app
+from tests.support.proc import finish, free_port, run_args, sc_app, start_sc_app
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -47,7 +47,8 @@ def nodes() -> Iterator[Nodes]:
     # through the cluster's address instead.
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": True},
+        # the dashboard (the state API) on a free port: 8265 may be another test's or another suite's
+        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": True, "dashboard_port": free_port()},
     )
     try:
         a = cluster.add_node(num_cpus=NODE_CPUS, resources={"trainer_node": 4})

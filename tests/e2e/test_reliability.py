@@ -73,13 +73,15 @@ def test_sigterm_cuts_an_emergency_bundle_and_resume_continues(tmp_path: Path) -
 
 
 def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) -> None:
-    """SIGKILL the saving controller at two phases in a row; each time the newest complete bundle is resumed."""
+    """SIGKILL the saving controller at two phases in a row; each time the newest complete bundle is resumed by the
+    next start. The process-restart path: in-job restores are off here (``tests/e2e/test_in_job_restore.py`` has
+    the same deaths restored in-job), so the disk is seen exactly as a crash left it."""
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
 
     def run(max_steps: int, fault: dict[str, str] | None) -> str:
         marker = tmp_path / "fault.marker"
         env = {"SC_APP_FAULT_MARKER": str(marker), **(fault or {})}
-        res = sc_app(*run_args(ckpt, trace, max_steps), env=env)
+        res = sc_app(*run_args(ckpt, trace, max_steps, "--set", "run.max_in_job_restores=0"), env=env)
         if fault:
             assert res.rc == 1, res.out[-3000:]
             assert "controller actor died" in res.out
