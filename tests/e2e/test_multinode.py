@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.proc import finish, free_port, run_args, sc_app, start_sc_app
+from tests.support.proc import finish, free_port, placed_run_args, sc_app, start_sc_app
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -60,21 +60,7 @@ def nodes() -> Iterator[Nodes]:
 
 
 def cluster_args(n: Nodes, ckpt: Path, trace: Path, max_steps: int) -> list[str]:
-    return run_args(
-        ckpt,
-        trace,
-        max_steps,
-        "--set",
-        f"ray.address={n.address}",
-        "--set",
-        "trainer.num_workers=2",
-        "--set",
-        "trainer.resources={trainer_node: 1}",
-        "--set",
-        "generation.resources={gen_node: 1}",
-        "--set",
-        "data_plane.storage_node_resource=tq_node",
-    )
+    return placed_run_args(n.address, ckpt, trace, max_steps, "--set", "trainer.num_workers=2")
 
 
 WATCHED = ("TrainerWorker", "GenerationWorker", "SimpleStorageUnit", "SingleControllerActor")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sc_app.observe.reader import read_history
-from tests.support.proc import finish, read_trace, run_args, sc_app, start_logged, wait_for
+from tests.support.proc import finish, placed_run_args, read_trace, sc_app, start_logged, wait_for
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -50,19 +50,7 @@ def cluster() -> Iterator[Cluster]:
 
 
 def args(c: Cluster, ckpt: Path, trace: Path, max_steps: int) -> list[str]:
-    return run_args(
-        ckpt,
-        trace,
-        max_steps,
-        "--set",
-        f"ray.address={c.address}",
-        "--set",
-        "trainer.resources={trainer_node: 1}",
-        "--set",
-        "generation.resources={gen_node: 1}",
-        "--set",
-        "data_plane.storage_node_resource=tq_node",
-    )
+    return placed_run_args(c.address, ckpt, trace, max_steps)
 
 
 def trainer_node(c: Cluster) -> Any:

@@ -146,6 +146,14 @@ def run_args(ckpt: Path, trace: Path, max_steps: int, *extra: str) -> list[str]:
     ]
 
 
+def placed_run_args(address: str, ckpt: Path, trace: Path, max_steps: int, *extra: str) -> list[str]:
+    """``run_args`` on the Ray cluster at ``address``, placing the trainers on nodes with the custom resource
+    ``trainer_node``, the generation worker on ``gen_node`` and TransferQueue's storage units on ``tq_node``."""
+    placement = ["trainer.resources={trainer_node: 1}", "generation.resources={gen_node: 1}"]
+    placement += ["data_plane.storage_node_resource=tq_node", f"ray.address={address}"]
+    return run_args(ckpt, trace, max_steps, *[a for kv in placement for a in ("--set", kv)], *extra)
+
+
 def wait_for(
     predicate: Any,
     timeout: float,
