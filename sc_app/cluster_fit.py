@@ -60,7 +60,7 @@ def unfit_line(demands: list[Demand], nodes: list[dict[str, float]]) -> str | No
 def describe(left: list[Demand], nodes: list[dict[str, float]]) -> str:
     """One line: what does not fit (each actor and its resources) and what the live nodes have."""
     wants = ", ".join(f"{d.name} ({_fmt(d.resources)})" for d in left)
-    have = "; ".join(_fmt({k: v for k, v in n.items() if k in ("CPU", "GPU") or not _is_builtin(k)}) for n in nodes)
+    have = "; ".join(sorted(_fmt({k: v for k, v in n.items() if not _is_builtin(k)}) for n in nodes))  # stable
     return f"the cluster no longer fits the job: no node has room for {wants} (live nodes: {have or 'none'})"
 
 

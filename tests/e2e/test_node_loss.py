@@ -107,7 +107,7 @@ def test_a_lost_node_is_restored_in_job_while_the_rest_fits_then_ends_the_attemp
     assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
     unfit = r"no longer fits the job: no node has room for trainer rank 0 \(CPU=1, trainer_node=1\)"
     assert re.search(unfit, errors[0]), errors[0]
-    assert "live nodes: CPU=8; CPU=3, gen_node=4, tq_node=4" in errors[0], errors[0]
+    assert "live nodes: CPU=3, gen_node=4, tq_node=4; CPU=8)" in errors[0], errors[0]
     assert "a retry on a new cluster resumes from the newest complete bundle" in errors[0]
     verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
     assert verify.rc == 0, verify.out

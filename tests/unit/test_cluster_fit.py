@@ -48,6 +48,8 @@ def test_what_a_lost_node_took_is_named_with_what_is_left() -> None:
     assert "trainer rank" in line and "GPU=1" in line and "live nodes: CPU=8, GPU=1" in line
     assert "memory" not in line and "node:" not in line, "Ray's built-in resources are noise in the line"
     assert unfit_line(job_demands(c), []) is not None and "live nodes: none" in unfit_line(job_demands(c), [])  # type: ignore[operator]
+    two = [{"CPU": 8.0}, {"CPU": 3.0, "gen_node": 4.0}]
+    assert unfit_line(job_demands(c), two) == unfit_line(job_demands(c), two[::-1]), "the nodes in a stable order"
 
 
 def test_packing_is_per_node_not_by_cluster_totals() -> None:
