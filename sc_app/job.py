@@ -289,21 +289,23 @@ class RayJob:
     def __init__(self, attempt: Attempt, stop_requested: Callable[[], bool]) -> None:
         self.attempt, self.stop_requested = attempt, stop_requested
         self._step = 0
+        self._watch: JobActors | None = None  # the driven setup's actors (None while a setup is being built)
 
     def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
+        self._watch = None
         setup, plan = start_controller(self.attempt, plan)
         self._step = plan.step if plan.decision == "resume" else 0
         return setup, plan
 
     def drive(self, setup: Setup) -> RunSummary:
         assert setup.policy is not None
-        watch = JobActors.of(setup.policy.trainers, setup.actor)
+        self._watch = JobActors.of(setup.policy.trainers, setup.actor)
         return drive(
             setup.actor,
             emergency_budget_s=self.attempt.cfg.checkpoint.emergency_budget_s,
             on_progress=self._progress,
             stop_requested=self.stop_requested,
-            watch=watch.check,
+            watch=self._watch.check,
         )
 
     def _progress(self, record: ProgressRecord) -> None:
@@ -312,10 +314,12 @@ class RayJob:
         self.attempt.calls.on_progress(record)
 
     def what_died(self, setup: Setup, exc: JobFailed) -> Death:
-        if not isinstance(exc, ActorsDied) and setup.policy is not None and setup.actor is not None:
+        """From the driven setup's watch; a death while a setup was being built (no watch: that setup tore itself
+        down) is named by its error alone."""
+        if not isinstance(exc, ActorsDied) and self._watch is not None:
             # the death surfaced as an error first; the GCS records it at once for a dead process, only after its
             # health check for a lost node (Ray's default: about 15 s) — and the fit check needs the node gone
-            dead = JobActors.of(setup.policy.trainers, setup.actor).wait_dead(NODE_DEATH_WAIT_S)
+            dead = self._watch.wait_dead(NODE_DEATH_WAIT_S)
             exc = ActorsDied(dead) if dead else exc
         if isinstance(exc, ActorsDied):
             known = [d.died_at for d in exc.dead if d.died_at is not None]
