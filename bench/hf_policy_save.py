@@ -55,7 +55,7 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 def write_behind(trainer: Any, d: Path) -> None:
     """What the trainer actor's io thread does: lower its own priority, then write."""
-    from sc_app.background import lower_current_thread_priority
+    from sc_app.io.background import lower_current_thread_priority
 
     lower_current_thread_priority()
     trainer.write_captured(d)

@@ -20,19 +20,19 @@ EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request after the emergency chec
 # An error class (``module.QualName``) → the exit code it ends a command with; a subclass inherits its base's.
 EXIT_OF: dict[str, int] = {
     # bad input: config, flags, model/data/reward, the checkpoint directory or bundles that must not be resumed
-    "sc_app.config_input.ConfigError": EXIT_BAD_INPUT,  # HmacKeyError (a set but unusable key) too
+    "sc_app.config.input.ConfigError": EXIT_BAD_INPUT,  # HmacKeyError (a set but unusable key) too
     "sc_app.cli.options.BadDir": EXIT_BAD_INPUT,
     "sc_app.checkpoint.lease.LeaseError": EXIT_BAD_INPUT,
     "sc_app.checkpoint.lineage.LineageError": EXIT_BAD_INPUT,
     "sc_app.rl.hooks.InputError": EXIT_BAD_INPUT,
-    "sc_app.job.CheckpointDirUnusable": EXIT_BAD_INPUT,
-    "sc_app.driver.ResumeRefused": EXIT_BAD_INPUT,
+    "sc_app.attempt.run.CheckpointDirUnusable": EXIT_BAD_INPUT,
+    "sc_app.attempt.setup.ResumeRefused": EXIT_BAD_INPUT,
     # a newer run took the lease (fencing)
     "sc_app.checkpoint.lease.LeaseLost": EXIT_SUPERSEDED,
     # the job failed; a rerun resumes from the newest complete bundle
-    "sc_app.controller_saves.SaveFailed": EXIT_FAILED,
-    "sc_app.controller_saves.InventoryMismatch": EXIT_FAILED,
-    "sc_app.drive.EmergencyTimeout": EXIT_FAILED,
+    "sc_app.controller.saves.SaveFailed": EXIT_FAILED,
+    "sc_app.controller.saves.InventoryMismatch": EXIT_FAILED,
+    "sc_app.attempt.poll.EmergencyTimeout": EXIT_FAILED,
     "sc_app.progress.JobFailed": EXIT_FAILED,  # ActorsDied too; in-job restores spent or impossible
     "sc_app.progress.RecoveryExhausted": EXIT_FAILED,  # in-job recovery spent its bound (retries, restarts)
     "sc_app.rl.hooks.RewardFailed": EXIT_FAILED,  # a reward function failed at run time: one line naming it

@@ -108,7 +108,7 @@ class FaultRecord:
 
 
 class JobFailed(RuntimeError):
-    """A process of the job died (controller actor, worker, node): restored in-job (``sc_app.in_job_restore``) while
+    """A process of the job died (controller actor, worker, node): restored in-job (``attempt.in_job_restore``) while
     ``run.max_in_job_restores`` allows, else the attempt ends and a rerun resumes from the newest complete bundle."""
 
 

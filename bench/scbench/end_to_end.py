@@ -1,5 +1,5 @@
 """Sections 4-5: the real controller (``setup_single_controller`` + ``SingleControllerActor``), driven by
-``sc_app.drive.drive`` like ``sc-app run`` drives it, in the harness's Ray.
+``sc_app.attempt.poll.drive`` like ``sc-app run`` drives it, in the harness's Ray.
 
 * default config: checkpointing off vs on, interleaved (off, on, off, on): steps/s, the in-run cost of saving, and
   where a step's time goes (``StepRecord.phase_seconds``);
@@ -41,7 +41,7 @@ RESUME_TARGET_ROUNDS = 7  # ... of which the target must hold in this many
 
 
 def _cfg(h: Harness, name: str, *, steps: int, enabled: bool, extra: dict[str, Any] | None = None) -> Any:
-    from sc_app.config import AppConfig
+    from sc_app.config.app import AppConfig
 
     ckpt_dir = h.work / name
     tree: dict[str, Any] = {
@@ -59,10 +59,10 @@ def run_controller(h: Harness, cfg: Any) -> dict[str, Any]:
     """Plan, set up (restore if there is a bundle), drive to max_steps; times from the plan to each step."""
     import ray
 
+    from sc_app.attempt.poll import drive
+    from sc_app.attempt.setup import setup_single_controller
     from sc_app.checkpoint import hmac_key_from_env, plan_resume
     from sc_app.checkpoint.compat import compat_of
-    from sc_app.drive import drive
-    from sc_app.driver import setup_single_controller
 
     h.clear_all()
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ def pad_bundle(src: Path, dst_root: Path, data_plane_bytes: int) -> int:
     from sc_app.checkpoint import layout
     from sc_app.checkpoint.manifest import render
     from sc_app.data_plane.streamed_format import PartWriter, iter_groups, merged_metadata, read_metadata
-    from sc_app.hashing import digest_file
+    from sc_app.io.hashing import digest_file
 
     _, bundle = layout.step_dirs(src)[0]
     dst = dst_root / bundle.name

@@ -80,8 +80,8 @@ class OneSize:
     """One data-plane size: the live rows after churn, then its saves, restores and their ceilings."""
 
     def __init__(self, h: Harness, size_mib: int, units: int, before: Any) -> None:
-        from sc_app.barrier import DataPlaneCheckpointBarrier
-        from sc_app.replay_buffer import TQReplayBuffer
+        from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
+        from sc_app.data_plane.replay_buffer import TQReplayBuffer
 
         self.h, self.size_mib, self.units, self.before = h, size_mib, units, before
         self.tq = h.tq
@@ -109,7 +109,7 @@ class OneSize:
         return TensorDict({"x": x, "reward": torch.full((GROUP,), float(seed))}, batch_size=GROUP)
 
     async def commit_new(self, n: int) -> None:
-        from sc_app.replay_buffer import GroupCommit
+        from sc_app.data_plane.replay_buffer import GroupCommit
 
         for _ in range(n):
             c = self.counter
@@ -164,7 +164,7 @@ class OneSize:
     async def save(self, make: Snap, directory: Path, rollouts: bool = True) -> dict[str, Any]:
         """One save the way the controller cuts it, with small rollout groups committing meanwhile (``rollouts``;
         off where the save's own CPU is measured)."""
-        from sc_app.replay_buffer import TQReplayBuffer
+        from sc_app.data_plane.replay_buffer import TQReplayBuffer
 
         buffer, barrier = self.buffer, self.barrier
         waits_before = len(barrier.stats.mutation_waits)

@@ -1,7 +1,7 @@
 """The CPU cost of each stage a save or restore is made of, alone, on one thread: CPU-ms per MiB
 (``time.thread_time``: user + system time of the measuring thread, so kernel copies into the page cache count).
 
-Stages: sha256 and blake3 over a buffer (``sc_app.hashing``); a memory copy (what TransferQueue's packing of rows
+Stages: sha256 and blake3 over a buffer (``sc_app.io.hashing``); a memory copy (what TransferQueue's packing of rows
 into one tensor costs); a write + fsync of the buffer into the page cache; the same write hashed by
 ``hashing.HashingWriter`` in the same pass (chunk written, then hashed while in cache) against written then
 hashed in a second pass over the whole buffer (what ``PartWriter`` did before); a read with the page cache dropped.
@@ -28,7 +28,7 @@ def _cpu_ms(fn: Callable[[], Any]) -> float:
 
 
 def _write(path: Path, data: memoryview, hasher: Any = None, same_pass: bool = False) -> None:
-    from sc_app import hashing
+    from sc_app.io import hashing
 
     with open(path, "wb", buffering=0) as raw:
         if same_pass:

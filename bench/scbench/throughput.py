@@ -111,8 +111,8 @@ async def _adapter_round(
     """The product path: the buffer (barrier slot + index) over the adapter."""
     import torch
 
-    from sc_app.barrier import DataPlaneCheckpointBarrier
-    from sc_app.replay_buffer import GroupCommit, TQReplayBuffer
+    from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
+    from sc_app.data_plane.replay_buffer import GroupCommit, TQReplayBuffer
 
     buffer = TQReplayBuffer(client, DataPlaneCheckpointBarrier(), partition=part, group_size=GROUP)
     batches = [[GroupCommit(f"r{rep}c{c}g{g}", c * groups + g, 0) for g in range(groups)] for c in range(calls)]

@@ -1,7 +1,7 @@
 """BundleFiles: how verification's content checks (and policy-format checkers) read a bundle's files.
 
 Invariants: only files the manifest lists are read; each is a regular file inside the bundle, reached without
-following a link (``sc_app.safe_files.Tree``); no more than a caller's bound is read; and the bytes handed to a
+following a link (``sc_app.io.safe_files.Tree``); no more than a caller's bound is read; and the bytes handed to a
 parser are the very bytes whose digest (by the manifest's algorithm) was just compared with the manifest — a file
 changed after it was hashed is refused, not parsed. Every failure is a ``FileProblem`` whose message names the file.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sc_app import hashing
 from sc_app.checkpoint.manifest import Manifest
-from sc_app.safe_files import FileProblem, Tree
+from sc_app.io import hashing
+from sc_app.io.safe_files import FileProblem, Tree
 
 
 class BundleFiles:
@@ -51,12 +51,12 @@ class BundleFiles:
         return data
 
     def load_pt(self, rel: str, limit: int) -> Any:
-        """``read`` + ``torch_io.load`` (``weights_only``): what a torch file holds, or a ``FileProblem``."""
-        from sc_app import torch_io  # deferred: torch only when a bundle's contents are checked
+        """``read`` + ``torch_files.load`` (``weights_only``): what a torch file holds, or a ``FileProblem``."""
+        from sc_app.io import torch_files  # deferred: torch only when a bundle's contents are checked
 
         data = self.read(rel, limit)
         try:
-            return torch_io.load(data)
+            return torch_files.load(data)
         except Exception as exc:  # a parser fed untrusted bytes: whatever it raises is "does not load"
             first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             raise FileProblem(

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sc_app.config import AppConfig
-from sc_app.config_tree import RENAMED_KEYS
+from sc_app.config.app import AppConfig
+from sc_app.config.tree import RENAMED_KEYS
 
 TINY_MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len")
 # Keys a bundle records only since a later sc-app version: one that does not record such a key was written with

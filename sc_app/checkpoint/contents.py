@@ -6,7 +6,7 @@ the bundle, bounded, re-hashed as read). Every check returns problems, each star
 =========================  =====================================================================================
 ``policy/``                the checker of the policy format the manifest records (``policy_formats``)
 ``train_dataloader.pt``    weights-only load → ``LOADER_CHECK`` (restore: ``PromptLoader.load_state_dict``)
-``replay_buffer_...pt``    weights-only load → ``sc_app.replay_buffer.check_sidecar`` (restore: the index)
+``replay_buffer_...pt``    weights-only load → ``sc_app.data_plane.replay_buffer.check_sidecar`` (restore: the index)
 ``data_plane/``            ``sc_app.data_plane.schema``: ``metadata.json`` and every part header, checked in full
                            (restore: ``streamed_format``); the native format's pickles are digest-checked only
 =========================  =====================================================================================
@@ -24,8 +24,8 @@ from sc_app.checkpoint.bundle_files import BundleFiles
 from sc_app.checkpoint.manifest import Manifest
 from sc_app.checkpoint.policy_formats import PolicyCheck, check_policy, resolve
 from sc_app.data_plane import schema
-from sc_app.replay_index import SidecarError, check_sidecar
-from sc_app.safe_files import FileProblem
+from sc_app.data_plane.replay_index import SidecarError, check_sidecar
+from sc_app.io.safe_files import FileProblem
 
 MAX_LOADER_BYTES = 64 * 1024 * 1024
 # The loader owns its place's schema and sits above checkpoint/ in the layering: its check is registered by name

@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sc_app import strict_json
-from sc_app.config_input import MAX_SECONDS
-from sc_app.durable_io import utc_stamp, write_durable
-from sc_app.safe_files import FileProblem, read_optional
+from sc_app.config.input import MAX_SECONDS
+from sc_app.io import strict_json
+from sc_app.io.durable import utc_stamp, write_durable
+from sc_app.io.safe_files import FileProblem, read_optional
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class LeaseError(ValueError):
 @dataclass(frozen=True)
 class Release:
     """How the holder left: ``outcome`` is done | stopped | unsaved (steps trained that no bundle covers) | failed |
-    refused (``sc_app.job``). A superseded holder writes no release: the lease is no longer its own."""
+    refused (``sc_app.attempt.run``). A superseded holder writes no release: the lease is no longer its own."""
 
     at: str
     outcome: str

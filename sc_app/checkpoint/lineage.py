@@ -11,9 +11,9 @@ import json
 import uuid
 from pathlib import Path
 
-from sc_app import strict_json
-from sc_app.durable_io import utc_stamp, write_durable
-from sc_app.safe_files import FileProblem, read_optional
+from sc_app.io import strict_json
+from sc_app.io.durable import utc_stamp, write_durable
+from sc_app.io.safe_files import FileProblem, read_optional
 
 LINEAGE_FILE = "LINEAGE"
 MAX_LINEAGE_BYTES = 16 * 1024

@@ -1,6 +1,6 @@
 """manifest.json: the last file of a bundle; lists the digest + size of every other file and what the bundle holds.
 
-Schema 2 (written now) names its file hash algorithm (``hash_alg``: blake3 by default, ``sc_app.hashing``) and
+Schema 2 (written now) names its file hash algorithm (``hash_alg``: blake3 by default, ``sc_app.io.hashing``) and
 lists ``{"digest", "size"}`` per file; schema 1 (bundles written before) lists ``{"sha256", "size"}`` and is still
 read: ``Manifest.files`` gives both as ``{"digest", "size"}`` and ``Manifest.hash_alg`` says which algorithm.
 The HMAC signature covers the whole document but the signature itself, so every digest and the algorithm's name.
@@ -23,12 +23,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from sc_app import hashing
 from sc_app.checkpoint.layout import MANIFEST_FILE
-from sc_app.config_input import ConfigError
-from sc_app.digest import canonical_bytes
-from sc_app.safe_files import FileProblem, read_regular
-from sc_app.strict_json import Hex64, Name, NonNegInt, PosInt, Scalar, SchemaError, StrictModel, parse, validate
+from sc_app.config.input import ConfigError
+from sc_app.io import hashing
+from sc_app.io.digest import canonical_bytes
+from sc_app.io.safe_files import FileProblem, read_regular
+from sc_app.io.strict_json import Hex64, Name, NonNegInt, PosInt, Scalar, SchemaError, StrictModel, parse, validate
 
 MANIFEST_FORMAT = "sc-app/bundle"
 SCHEMA_VERSION = 2  # written now: names its file hash algorithm
@@ -93,7 +93,7 @@ class Manifest:
 
     @property
     def hash_alg(self) -> str:
-        """The algorithm of every file digest (``sc_app.hashing``): sha256 for schema 1, which names none."""
+        """The algorithm of every file digest (``sc_app.io.hashing``): sha256 for schema 1, which names none."""
         return str(self.doc.get("hash_alg", hashing.LEGACY))
 
     @cached_property

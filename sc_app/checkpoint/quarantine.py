@@ -15,8 +15,8 @@ import shutil
 import stat
 from pathlib import Path
 
-from sc_app.durable_io import fsync_dir, utc_stamp
-from sc_app.safe_files import kind, show
+from sc_app.io.durable import fsync_dir, utc_stamp
+from sc_app.io.safe_files import kind, show
 
 
 class QuarantineError(OSError):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.verify import lineage_problem, verify_bundle
-from sc_app.durable_io import fsync_dir
+from sc_app.io.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 

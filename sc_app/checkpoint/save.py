@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sc_app import torch_io
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.retention import prune
 from sc_app.checkpoint.writer import BundleWriter, FileRecord
 from sc_app.data_plane.client import DataPlaneSnapshot
-from sc_app.durable_io import utc_stamp
 from sc_app.faults import afault_point
+from sc_app.io import torch_files
+from sc_app.io.durable import utc_stamp
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +147,13 @@ async def write_bundle(
             policy_written = asyncio.ensure_future(write_policy(writer.policy_dir))
             policy_files = await policy_written
             await afault_point("save.policy")
-            loader_file = await in_background(torch_io.save, captured.loader_state, writer.loader_path)
+            loader_file = await in_background(torch_files.save, captured.loader_state, writer.loader_path)
             await afault_point("save.loader")
             data_plane = await snapshot.write(executor=executor)
         finally:
             await thaw()
         await afault_point("save.snapshot")
-        sidecar_file = await in_background(torch_io.save, captured.replay_index, writer.sidecar_path)
+        sidecar_file = await in_background(torch_files.save, captured.replay_index, writer.sidecar_path)
         await afault_point("save.sidecar")
         prehashed = {f"{layout.DATA_PLANE_DIR}/{name}": h for name, h in data_plane.get("files", {}).items()}
         for name, record in (policy_files or {}).items():

@@ -32,7 +32,7 @@ from sc_app.checkpoint.retention import prune
 from sc_app.checkpoint.verify import BundleReport, verify_bundle
 
 if TYPE_CHECKING:
-    from sc_app.config import AppConfig
+    from sc_app.config.app import AppConfig
 
 OnCorrupt = Literal["fallback", "strict"]
 # The task's dataset file as it is now (None: the task has none); raises DatasetUnusable when it cannot be read.

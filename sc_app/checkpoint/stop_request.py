@@ -16,10 +16,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sc_app import strict_json
 from sc_app.checkpoint.lease import LeaseRecord
-from sc_app.durable_io import utc_stamp, write_durable
-from sc_app.safe_files import read_optional
+from sc_app.io import strict_json
+from sc_app.io.durable import utc_stamp, write_durable
+from sc_app.io.safe_files import read_optional
 
 STOP_FILE = "STOP"
 MAX_STOP_BYTES = 16 * 1024

@@ -4,7 +4,7 @@ Order matters: the manifest first (a regular file, bounded, strict schema, signa
 bundle's tree against it (links and special files are named, never followed or opened; sizes; the digest of every
 listed file, by the manifest's ``hash_alg``), then — only when all of that passed — every file's *contents*, parsed
 by the validators the restore uses (``sc_app.checkpoint.contents``). Every path read is a plain relative path
-resolved inside the bundle without following a link (``sc_app.safe_files``). A bundle is *verified* only when every
+resolved inside the bundle without following a link (``sc_app.io.safe_files``). A bundle is *verified* only when every
 check passed; ``problems`` names each failure with its file. ``notes`` say what verification could not check (the
 native data plane's pickles).
 """
@@ -21,8 +21,8 @@ from sc_app.checkpoint.bundle_files import BundleFiles
 from sc_app.checkpoint.contents import MAX_SIDECAR_BYTES, check_contents, limit_for
 from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, parse_manifest
 from sc_app.data_plane import schema
-from sc_app.replay_index import check_sidecar
-from sc_app.safe_files import FileProblem, Inventory, Tree, read_regular, show, unsafe_rel
+from sc_app.data_plane.replay_index import check_sidecar
+from sc_app.io.safe_files import FileProblem, Inventory, Tree, read_regular, show, unsafe_rel
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,9 @@ def data_plane_digest(bundle: Path) -> str | None:
 
 def read_sidecar(path: Path) -> dict[str, Any]:
     """The replay sidecar, loaded ``weights_only`` from a bounded regular file and checked by ``check_sidecar``."""
-    from sc_app import torch_io  # deferred: the rest of this module stays torch-free
+    from sc_app.io import torch_files  # deferred: the rest of this module stays torch-free
 
-    sd = torch_io.load(read_regular(path, MAX_SIDECAR_BYTES))
+    sd = torch_files.load(read_regular(path, MAX_SIDECAR_BYTES))
     check_sidecar(sd)
     return sd
 

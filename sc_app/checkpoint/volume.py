@@ -11,8 +11,8 @@ import os
 import stat
 from pathlib import Path
 
-from sc_app.config_input import NAME_MAX, PATH_MAX
-from sc_app.safe_files import kind
+from sc_app.config.input import NAME_MAX, PATH_MAX
+from sc_app.io.safe_files import kind
 
 PROBE_BYTES = 4096
 PATH_RESERVE = 512  # the longest path sc-app writes under checkpoint.dir (tmp bundle, data plane parts, run log)

@@ -15,13 +15,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sc_app import hashing
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.manifest import render
 from sc_app.checkpoint.quarantine import move_aside
-from sc_app.durable_io import fsync_dir, fsync_tree_dirs, hash_and_fsync, write_durable
 from sc_app.faults import fault_point
+from sc_app.io import hashing
+from sc_app.io.durable import fsync_dir, fsync_tree_dirs, hash_and_fsync, write_durable
 
 if TYPE_CHECKING:
     from sc_app.checkpoint.lease import Lease

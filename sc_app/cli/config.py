@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from sc_app.cli.options import add_config, resolve
-from sc_app.config import dump_config
+from sc_app.config.app import dump_config
 from sc_app.exits import EXIT_OK
 
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sc_app.config import AppConfig, Override, load_config
+from sc_app.config.app import AppConfig, Override, load_config
 from sc_app.exits import EXIT_BAD_INPUT
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from sc_app.checkpoint import ResumePlan
 from sc_app.checkpoint.selection import BundleRules, OnCorrupt, choose_bundle
 from sc_app.cli.options import add_checkpoint_dir, add_config, add_json, checkpoint_root, resolve
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
 from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK
 
 

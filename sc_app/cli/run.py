@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from sc_app import __version__
 from sc_app.cli.options import add_checkpoint_dir, add_config, resolve
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
 from sc_app.exits import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, exit_for, fail
 
 if TYPE_CHECKING:
+    from sc_app.attempt.run import RunResult
     from sc_app.checkpoint import ResumePlan
-    from sc_app.job import RunResult
     from sc_app.observe.observer import JobObserver
 
 
@@ -80,8 +80,8 @@ def print_plan(plan: ResumePlan) -> None:
 
 
 def _run(cfg: AppConfig, observer: JobObserver) -> int:
+    from sc_app.attempt.run import JobCallbacks, run_job
     from sc_app.checkpoint.emergency import progress_notes
-    from sc_app.job import JobCallbacks, run_job
     from sc_app.progress import ProgressRecord, format_line
 
     stop = StopOnSignal()

@@ -101,7 +101,7 @@ class DataPlaneClient(ABC):
 
         Called inside the barrier's exclusive window. Returns a snapshot whose ``write()`` the caller awaits
         *after* the window closes; an adapter may do all the I/O here (then ``write()`` is a no-op) or only
-        record what to copy — then the caller keeps the freeze (``sc_app/replay_buffer.py``) until ``write()``
+        record what to copy — then the caller keeps the freeze (``replay_buffer.py``) until ``write()``
         returns. ``metadata`` (incl. ``digest``) ends up in ``directory/METADATA_FILE`` under ``user_metadata``.
         """
 

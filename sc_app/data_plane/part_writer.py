@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from sc_app import hashing
 from sc_app.data_plane import row_blocks
 from sc_app.data_plane.schema import DTYPE_SIZES, STREAMED_FORMAT
+from sc_app.io import hashing
 
 _ALIGN = 64
 

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from sc_app.strict_json import Name, NonNegInt, Scalar, SchemaError, StrictModel, parse, validate, validate_json
+from sc_app.io.strict_json import Name, NonNegInt, Scalar, SchemaError, StrictModel, parse, validate, validate_json
 
 STREAMED_FORMAT = "sc-app/streamed-v2"  # written now: one stream of parts per storage unit
 STREAMED_FORMAT_V1 = "sc-app/streamed-v1"  # one stream, one segment per group; still read

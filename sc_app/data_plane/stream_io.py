@@ -29,7 +29,7 @@ from tensordict import TensorDict
 
 from sc_app.data_plane import units
 from sc_app.data_plane.streamed_format import PartWriter, RestoredGroup, iter_groups, stream_parts
-from sc_app.safe_files import FileProblem, open_regular
+from sc_app.io.safe_files import FileProblem, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ async def write_stream(
 ) -> PartWriter:
     """Copy ``segments`` into the part files ``<prefix>-*`` under ``directory``, written on a thread of this stream's
     own (so streams write in parallel); the finished writer. On any failure its files are removed first."""
-    from sc_app.background import background_executor, run_blocking
+    from sc_app.io.background import background_executor, run_blocking
 
     writer = PartWriter(directory, part_bytes, prefix)
     pool = background_executor(thread)

@@ -2,7 +2,7 @@
 them with one put per segment. No pickle anywhere.
 
 The format of the files is ``sc_app.data_plane.streamed_format`` (described in ``docs/checkpoint.md``). Writing
-after the window is correct because the caller keeps the freeze (``sc_app/replay_buffer.py``) until it ends.
+after the window is correct because the caller keeps the freeze (``sc_app/data_plane/replay_buffer.py``) until it ends.
 
 Both directions run one stream per storage unit, concurrently (``sc_app.data_plane.stream_io``): a save looks up
 the captured rows' global indexes once, splits them by the unit TransferQueue routes them to, and each stream reads
@@ -26,7 +26,6 @@ from typing import Any
 
 import ray
 
-from sc_app.background import run_blocking
 from sc_app.data_plane import stream_io, units
 from sc_app.data_plane.client import METADATA_FILE, CapturedRows, DataPlaneSnapshot
 from sc_app.data_plane.stream_io import GET_BYTES, GETS_IN_FLIGHT, PUTS_IN_FLIGHT, RowSource, Segment
@@ -39,6 +38,7 @@ from sc_app.data_plane.streamed_format import (
     stream_headers,
     write_metadata,
 )
+from sc_app.io.background import run_blocking
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ _MARKER = ".sc-app-stream-probe"  # written before remote streams start: a worke
 class StreamedSnapshot(DataPlaneSnapshot):
     """Rows captured inside the barrier window; ``write()`` copies them to ``directory`` after it.
 
-    Pre: the freeze (``sc_app/replay_buffer.py``) holds from ``capture`` until ``write()`` returns. ``field_names``
+    Pre: the freeze (``replay_buffer.py``) holds from ``capture`` until ``write()`` returns. ``field_names``
     are the names each group held at capture; a group missing from it, or mapped to ``None``, has every field it
     holds read. Rows added meanwhile are never read.
     Post of ``write()``: ``directory`` holds exactly the captured rows and fields, every file fsynced,

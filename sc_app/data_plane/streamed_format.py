@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from sc_app import hashing
 from sc_app.data_plane.client import METADATA_FILE
 from sc_app.data_plane.part_writer import PartWriter, digest_of, merged_metadata
 from sc_app.data_plane.schema import (
@@ -44,8 +43,9 @@ from sc_app.data_plane.schema import (
     snapshot_format,
     streamed_metadata,
 )
-from sc_app.durable_io import write_durable
-from sc_app.safe_files import FileProblem, open_regular, read_regular
+from sc_app.io import hashing
+from sc_app.io.durable import write_durable
+from sc_app.io.safe_files import FileProblem, open_regular, read_regular
 
 __all__ = [
     "PART_BYTES",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from sc_app import strict_json
+from sc_app.io import strict_json
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # an answer larger than this is refused, not loaded
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sc_app import strict_json
+from sc_app.io import strict_json
 from sc_app.k8s import storage
 from sc_app.k8s.api import K8sError, Kube, Resource, ref, seconds
 from sc_app.k8s.release import Release

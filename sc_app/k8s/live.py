@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from sc_app import strict_json
+from sc_app.io import strict_json
 from sc_app.k8s.api import K8sError, Kube, Response
 from sc_app.k8s.driver_log import DriverProgress, parse
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sc_app import strict_json
+from sc_app.io import strict_json
 from sc_app.k8s.api import DeadlinePassed, K8sError, Kube, Resource, seconds
 from sc_app.k8s.live import LiveStatus, LiveUnavailable, live_status
 from sc_app.k8s.storage import ClaimState, claim_state, mounted_claims

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from sc_app.config import ConfigError, parse_override, set_path
-from sc_app.config_input import MAX_CONFIG_BYTES, too_big
-from sc_app.safe_files import FileProblem, read_regular
+from sc_app.config.app import ConfigError, parse_override, set_path
+from sc_app.config.input import MAX_CONFIG_BYTES, too_big
+from sc_app.io.safe_files import FileProblem, read_regular
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
 from sc_app.progress import FaultRecord, ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
 
 if TYPE_CHECKING:
-    from sc_app.config import AppConfig
+    from sc_app.config.app import AppConfig
 
 log = logging.getLogger(__name__)
 

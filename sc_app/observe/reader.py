@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from sc_app.io.safe_files import FileMissing, open_regular
 from sc_app.observe.records import (
     LOG_FILE,
     SAVE_EVENTS,
@@ -22,7 +23,6 @@ from sc_app.observe.records import (
     RecordError,
     decode,
 )
-from sc_app.safe_files import FileMissing, open_regular
 
 MISSING_LISTED = 1000  # missing steps listed at most (the count is exact)
 MAX_LINE_BYTES = 1 << 20  # a run-log record is well under 1 KiB

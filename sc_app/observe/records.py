@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from sc_app import strict_json
+from sc_app.io import strict_json
 from sc_app.progress import StepRecord
 
 SCHEMA_VERSION = 1

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from sc_app.background import lower_current_thread_priority
+from sc_app.io.background import lower_current_thread_priority
 from sc_app.observe.records import (
     LOG_FILE,
     Event,

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sc_app import strict_json
-from sc_app.safe_files import open_regular
+from sc_app.io import strict_json
+from sc_app.io.safe_files import open_regular
 
 _STEP_RE = re.compile(r'"kind":"step".*?"step":(\d{1,16})(?!\d)')
 MAX_LINE_BYTES = 1 << 20  # a record is well under 1 KiB

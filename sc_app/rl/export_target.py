@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sc_app.config_input import NAME_MAX, PATH_MAX
-from sc_app.safe_files import show
+from sc_app.config.input import NAME_MAX, PATH_MAX
+from sc_app.io.safe_files import show
 
 PARTIAL_SUFFIX_BYTES = 32  # ".<name>.partial-<pid>": the sibling the export is written into before its rename
 PATH_MARGIN = 512  # the longest file the export writes under it (tokenizer files, shards)

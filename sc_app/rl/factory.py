@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from sc_app.config import AppConfig
+    from sc_app.config.app import AppConfig
     from sc_app.rl.backend import GenerationBackend, TrainerBackend
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import ray
 import torch
 
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
 from sc_app.rl.backend import GenerationBackend, Rollout
 from sc_app.rl.factory import make_generation_backend
 

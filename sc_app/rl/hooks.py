@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sc_app.checkpoint.dataset import DatasetRecord, DatasetUnusable
 
 if TYPE_CHECKING:
-    from sc_app.config import AppConfig
+    from sc_app.config.app import AppConfig
 
 # model.backend → check(cfg) -> DatasetRecord | None, raising an InputError
 INPUT_CHECKS: dict[str, str] = {"hf": "sc_app.rl.hf.inputs:checked_dataset"}

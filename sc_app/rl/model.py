@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sc_app.config import ModelConfig
+from sc_app.config.app import ModelConfig
 
 
 class TinyCausalLM(nn.Module):

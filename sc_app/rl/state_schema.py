@@ -19,9 +19,9 @@ import torch
 from pydantic import ValidationError
 
 from sc_app.checkpoint import layout
-from sc_app.config import ModelConfig
+from sc_app.config.app import ModelConfig
+from sc_app.io.safe_files import FileProblem
 from sc_app.rl.model import TinyCausalLM
-from sc_app.safe_files import FileProblem
 
 if TYPE_CHECKING:
     from sc_app.checkpoint.policy_formats import PolicyCheck

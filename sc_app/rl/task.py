@@ -11,7 +11,7 @@ import hashlib
 
 import torch
 
-from sc_app.config import ModelConfig, TaskConfig
+from sc_app.config.app import ModelConfig, TaskConfig
 
 
 def prompt_tokens(seed: int, prompt_index: int, task: TaskConfig, model: ModelConfig) -> torch.Tensor:

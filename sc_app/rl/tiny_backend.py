@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from sc_app import torch_io
 from sc_app.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE
 from sc_app.checkpoint.writer import FileRecord
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
+from sc_app.io import torch_files
 from sc_app.rl.backend import PolicyFingerprint, Rollout, TrainStepResult
 from sc_app.rl.grpo import clipped_pg_loss
 from sc_app.rl.model import TinyCausalLM, response_logprobs
@@ -88,17 +88,17 @@ class TinyTrainerBackend:
             raise RuntimeError("write_captured() before capture()")
         model, optimizer = self._captured
         return {
-            MODEL_FILE: torch_io.save(model, policy_dir / MODEL_FILE),
-            OPTIMIZER_FILE: torch_io.save(optimizer, policy_dir / OPTIMIZER_FILE),
+            MODEL_FILE: torch_files.save(model, policy_dir / MODEL_FILE),
+            OPTIMIZER_FILE: torch_files.save(optimizer, policy_dir / OPTIMIZER_FILE),
         }
 
     def load(self, policy_dir: Path, expected: Mapping[str, str]) -> int:
         """Restore from a *verified* bundle (``weights_only=True``), each file checked by the validator verification
         used (``sc_app.rl.state_schema``); returns the version."""
         template = PolicyTemplate.of(self.model, self.optimizer)
-        state = check_model_state(torch_io.load(policy_dir / MODEL_FILE, map_location=self.device), template)
+        state = check_model_state(torch_files.load(policy_dir / MODEL_FILE, map_location=self.device), template)
         optimizer = check_optimizer_state(
-            torch_io.load(policy_dir / OPTIMIZER_FILE, map_location=self.device), template
+            torch_files.load(policy_dir / OPTIMIZER_FILE, map_location=self.device), template
         )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(optimizer)

@@ -20,10 +20,10 @@ from typing import Any
 import ray
 import torch
 
-from sc_app.background import lower_current_thread_priority
 from sc_app.checkpoint.writer import FileRecord
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
+from sc_app.io.background import lower_current_thread_priority
 from sc_app.rl.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, device_for
 from sc_app.rl.factory import make_trainer_backend
 

@@ -17,8 +17,8 @@ import torch
 from sc_app.checkpoint import hmac_key_from_env, plan_resume, prune, verify_bundle
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.manifest import HMAC_ENV, render
-from sc_app.config import load_config
-from sc_app.hashing import digest_file
+from sc_app.config.app import load_config
+from sc_app.io.hashing import digest_file
 from tests.support.proc import sc_app
 
 pytestmark = pytest.mark.slow
@@ -110,7 +110,7 @@ def test_missing_data_plane(ckpt: Path) -> None:
 def test_sidecar_digest_differs_from_data_plane(ckpt: Path) -> None:
     path = ckpt / "step_4" / "replay_buffer_metadata.pt"
     sidecar = torch.load(path, weights_only=True)
-    from sc_app.digest import sidecar_digest
+    from sc_app.io.digest import sidecar_digest
 
     gid = next(iter(sidecar["groups"]))
     del sidecar["groups"][gid]  # a self-consistent sidecar that describes other rows

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from sc_app.checkpoint.lineage import ensure_lineage
-from sc_app.config import dump_config
+from sc_app.config.app import dump_config
 from tests.support.bundles import CFG, make_bundle, tree
 from tests.support.proc import REPO
 

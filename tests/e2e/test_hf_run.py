@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from sc_app import hashing
+from sc_app.io import hashing
 from sc_app.observe.reader import read_history
 from tests.support.hf import ARITHMETIC, HfWorld, hf_world, make_model_dir, policy_oracle, sets
 from tests.support.proc import (

@@ -7,7 +7,7 @@ longer fits the job, so the attempt ends at once with exit 1 and one line naming
 what the live nodes have — the retry path (a new cluster) — and every bundle still verifies.
 
 The GCS's node health check is shortened (0.5 s x 4) so the test does not wait Ray's default ~15 s to learn a
-node is gone; the restore waits for that verdict whatever its length (``sc_app.job.NODE_DEATH_WAIT_S``).
+node is gone; the restore waits for that verdict whatever its length (``sc_app.attempt.run.NODE_DEATH_WAIT_S``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sc_app import hashing
+from sc_app.io import hashing
 from tests.support.proc import (
     Finished,
     kill_when,

@@ -242,7 +242,7 @@ def test_dev_shm_is_sized_from_the_container_memory_like_kuberay() -> None:
 
 @pytest.mark.parametrize("values", MATRIX)
 def test_mounted_config_is_accepted_by_sc_app(values: dict[str, Any], tmp_path: Path) -> None:
-    from sc_app.config import load_config
+    from sc_app.config.app import load_config
 
     objs = objects(render(values))
     text = _the(objs, "ConfigMap")["data"]["config.yaml"]
@@ -255,7 +255,7 @@ def test_mounted_config_is_accepted_by_sc_app(values: dict[str, Any], tmp_path: 
 
 
 def test_schema_config_sections_match_app_config() -> None:
-    from sc_app.config import AppConfig
+    from sc_app.config.app import AppConfig
 
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     assert set(schema["properties"]["config"]["properties"]) == set(AppConfig.model_fields)

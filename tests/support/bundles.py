@@ -21,11 +21,11 @@ from tensordict import TensorDict
 from sc_app.checkpoint import BundleWriter
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.manifest import render
-from sc_app.config import AppConfig, GRPOConfig, ModelConfig, TaskConfig
+from sc_app.config.app import AppConfig, GRPOConfig, ModelConfig, TaskConfig
+from sc_app.data_plane.replay_index import SIDECAR_SCHEMA_VERSION
 from sc_app.data_plane.streamed_format import PartWriter, write_metadata
-from sc_app.digest import sidecar_digest
-from sc_app.hashing import digest_file
-from sc_app.replay_index import SIDECAR_SCHEMA_VERSION
+from sc_app.io.digest import sidecar_digest
+from sc_app.io.hashing import digest_file
 from sc_app.rl.loader import LOADER_SCHEMA_VERSION
 from sc_app.rl.model import TinyCausalLM
 from sc_app.rl.state_schema import new_optimizer

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from sc_app.barrier import DataPlaneCheckpointBarrier
+from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 
 

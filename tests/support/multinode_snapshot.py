@@ -81,11 +81,11 @@ async def scenario(cluster: Any, tq_nodes: list[str]) -> dict[str, Any]:
     import ray
     import transfer_queue as tq
 
-    from sc_app.barrier import DataPlaneCheckpointBarrier
     from sc_app.data_plane import stream_io, units
+    from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
     from sc_app.data_plane.client import CapturedRows
+    from sc_app.data_plane.replay_buffer import GroupCommit, TQReplayBuffer
     from sc_app.data_plane.transferqueue import TransferQueueDataPlane
-    from sc_app.replay_buffer import GroupCommit, TQReplayBuffer
 
     client = TransferQueueDataPlane(
         bootstrap=True, namespace=f"mn-{uuid.uuid4().hex[:6]}", storage_units=2, storage_node_resource="tq_node"

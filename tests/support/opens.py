@@ -1,6 +1,6 @@
 """Which files a piece of code really opened: every ``os.open`` that succeeded, by the path the kernel opened
 (``/proc/self/fd``), so a link followed anywhere shows up as its target. For tests that prove a reader stays inside
-a directory (sc-app's readers open bundle files only through ``os.open``: ``sc_app.safe_files``)."""
+a directory (sc-app's readers open bundle files only through ``os.open``: ``sc_app.io.safe_files``)."""
 
 from __future__ import annotations
 

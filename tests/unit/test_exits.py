@@ -16,7 +16,7 @@ def test_every_named_error_exists(name: str) -> None:
     module, _, qualname = name.rpartition(".")
     cls = getattr(importlib.import_module(module), qualname)
     assert isinstance(cls, type) and issubclass(cls, Exception), name
-    # exit_for matches the class's own module and qualname: a re-export's name (sc_app.config.ConfigError after the
+    # exit_for matches the class's own module and qualname: a re-export's name (sc_app.config.app.ConfigError after the
     # class moved to config_tree) imports fine but never matches, and the error would end in a traceback
     assert f"{cls.__module__}.{cls.__qualname__}" == name, f"{name} is a re-export; name {cls.__module__}"
 

@@ -19,12 +19,12 @@ import pytest
 from sc_app.checkpoint.lease import LEASE_FILE, LOCK_FILE, LeaseError, dir_lock, read_lease
 from sc_app.checkpoint.lineage import LINEAGE_FILE, LineageError, read_lineage
 from sc_app.checkpoint.stop_request import STOP_FILE, read_stop_request
-from sc_app.config import ConfigError, load_config
+from sc_app.config.app import ConfigError, load_config
+from sc_app.io.safe_files import FileProblem
 from sc_app.observe.reader import read_history
 from sc_app.observe.records import LOG_FILE
 from sc_app.rl.hf.dataset import DatasetError, load_jsonl
 from sc_app.rl.hf.model_dir import ModelDirError, check_model_dir
-from sc_app.safe_files import FileProblem
 
 BOUND_S = 20.0
 

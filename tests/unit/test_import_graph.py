@@ -21,37 +21,14 @@ FLOORS: list[set[str]] = [
     {"sc_app.__main__"},
     {"sc_app.cli"},  # the sc-app command and its families
     {"sc_app.k8s"},  # sc-app k8s
-    {"sc_app.job"},  # one attempt of the job
-    {"sc_app.in_job_restore", "sc_app.drive"},  # rebuilding the job in-job; driving the controller to its end
-    {"sc_app.driver"},  # setup_single_controller, TQPolicy
-    {"sc_app.actor_watch"},  # which of the job's actors died
-    {"sc_app.controller"},  # SingleControllerActor
-    {"sc_app.controller_saves", "sc_app.controller_recovery"},  # its saves (barrier window, write behind), recovery
-    {"sc_app.rl", "sc_app.observe"},  # trainer / generation workers and backends; watching a run
+    {"sc_app.attempt"},  # one attempt: entry, set-up, poll loop, in-job restore, actor watch, cluster fit
+    {"sc_app.controller"},  # SingleControllerActor: pumps, save coordination, recovery
+    {"sc_app.rl", "sc_app.observe"},  # trainer / generation workers, backends, weight sync; watching a run
     {"sc_app.checkpoint"},  # the bundle
-    {"sc_app.replay_buffer"},  # TQReplayBuffer
-    {"sc_app.data_plane"},  # the data-plane client and adapters
-    {  # the ground floor: pure modules (no Ray, no torch) and the shared I/O helpers
-        "sc_app",
-        "sc_app.background",
-        "sc_app.barrier",
-        "sc_app.cluster_fit",
-        "sc_app.config",
-        "sc_app.config_tree",
-        "sc_app.config_input",
-        "sc_app.digest",
-        "sc_app.engine_config",  # generation.engine + vLLM keys mixed into config (pure: pydantic only)
-        "sc_app.durable_io",
-        "sc_app.exits",
-        "sc_app.faults",
-        "sc_app.hashing",
-        "sc_app.phases",
-        "sc_app.progress",
-        "sc_app.replay_index",
-        "sc_app.safe_files",
-        "sc_app.strict_json",
-        "sc_app.torch_io",
-    },
+    {"sc_app.data_plane"},  # the data-plane client and adapters, the barrier, the replay buffer and its index
+    {"sc_app.config"},  # the job's configuration (pure)
+    {"sc_app.io"},  # files: safe reads, durable writes, digests, strict JSON, torch files
+    {"sc_app", "sc_app.exits", "sc_app.faults", "sc_app.phases", "sc_app.progress"},  # ground: pure records, exits
 ]
 GROUND = len(FLOORS) - 1
 

@@ -15,22 +15,22 @@ import pytest
 from tests.support.proc import REPO
 
 PURE = [
-    "sc_app.barrier",
-    "sc_app.config_tree",
-    "sc_app.config_input",
-    "sc_app.replay_index",
-    "sc_app.digest",
-    "sc_app.config",
-    "sc_app.engine_config",
-    "sc_app.durable_io",
+    "sc_app.data_plane.barrier",
+    "sc_app.config.tree",
+    "sc_app.config.input",
+    "sc_app.data_plane.replay_index",
+    "sc_app.io.digest",
+    "sc_app.config.app",
+    "sc_app.config.engine",
+    "sc_app.io.durable",
     "sc_app.exits",
     "sc_app.faults",
     "sc_app.progress",
     "sc_app.phases",
-    "sc_app.cluster_fit",
-    "sc_app.in_job_restore",
-    "sc_app.background",
-    "sc_app.replay_buffer",
+    "sc_app.attempt.cluster_fit",
+    "sc_app.attempt.in_job_restore",
+    "sc_app.io.background",
+    "sc_app.data_plane.replay_buffer",
     "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine
     "sc_app.checkpoint.compat",
     "sc_app.checkpoint.dataset",
@@ -38,8 +38,8 @@ PURE = [
     "sc_app.checkpoint.lease",
     "sc_app.checkpoint.contents",  # the parse half of verify: torch only once a bundle's contents are read
     "sc_app.checkpoint.policy_formats",
-    "sc_app.safe_files",
-    "sc_app.strict_json",
+    "sc_app.io.safe_files",
+    "sc_app.io.strict_json",
     "sc_app.data_plane.schema",
     "sc_app.rl.loader",
     "sc_app.rl.export_target",  # where export --out may write: checked by the CLI before anything heavy
@@ -78,7 +78,7 @@ def test_pure_module_imports_nothing_heavy(module: str) -> None:
 # The generic path reaches a backend or a task only through ``sc_app.rl.hooks``: a third backend adds a module
 # and a line there, never an edit here.
 CLI = sorted(str(p.relative_to(REPO)) for p in (REPO / "sc_app" / "cli").glob("*.py"))
-GENERIC = ["sc_app/job.py", "sc_app/driver.py", *CLI]
+GENERIC = ["sc_app/attempt/run.py", "sc_app/attempt/setup.py", *CLI]
 BACKENDS = ("sc_app.rl.hf", "sc_app.rl.tiny_backend")
 
 
@@ -109,7 +109,7 @@ def test_the_generic_path_imports_no_backend(path: str) -> None:
 def test_loading_the_generic_path_loads_no_backend() -> None:
     code = (
         "import json, sys\n"
-        "import sc_app.job, sc_app.driver, sc_app.cli\n"
+        "import sc_app.attempt.run, sc_app.attempt.setup, sc_app.cli\n"
         "sc_app.cli.build_parser()\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sc_app.rl.hf'))))\n"
     )

@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.checkpoint.writer import FileRecord
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
 from sc_app.rl.backend import PolicyFingerprint, Rollout, TrainStepResult, device_for
 from sc_app.rl.hf.dataset import DatasetError, load_jsonl
 from sc_app.rl.hf.engine import SamplingParams

@@ -13,9 +13,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from sc_app import strict_json
+from sc_app.io import strict_json
+from sc_app.io.safe_files import FileMissing, FileProblem, read_regular
 from sc_app.rl.hf.errors import HFInputError
-from sc_app.safe_files import FileMissing, FileProblem, read_regular
 
 MAX_DATASET_BYTES = 1 << 30  # every worker holds the whole file in memory; larger is refused, not read
 MAX_ROWS = 5_000_000  # ... and every row as an object: a file of a billion tiny lines is refused too

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
 from sc_app.rl.hf.chat import pad_id
 from sc_app.rl.hf.engine import GenerationEngine, HFGenerateEngine, eos_ids
 from sc_app.rl.hf.model_dir import ModelDir, load_model, resolve_dtype

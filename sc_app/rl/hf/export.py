@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from sc_app import hashing
-from sc_app.durable_io import fsync_dir, fsync_file, fsync_tree_dirs
+from sc_app.io import hashing
+from sc_app.io.durable import fsync_dir, fsync_file, fsync_tree_dirs
+from sc_app.io.safe_files import read_regular
 from sc_app.rl.hf import policy_ckpt
 from sc_app.rl.hf.model_dir import MODEL_FILES_MAX_BYTES, check_model_dir
-from sc_app.safe_files import read_regular
 
 
 class ExportError(ValueError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sc_app.checkpoint.dataset import DatasetRecord
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
 from sc_app.rl.hf.dataset import load_jsonl
 from sc_app.rl.hf.model_dir import ModelDir, ModelDirError, check_model_dir, load_tokenizer
 from sc_app.rl.hf.reward_probe import probe_reward

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sc_app import strict_json
+from sc_app.io import strict_json
+from sc_app.io.safe_files import FileProblem, read_regular, show, unsafe_rel
 from sc_app.rl.hf.errors import HFInputError
-from sc_app.safe_files import FileProblem, read_regular, show, unsafe_rel
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sc_app import strict_json
+from sc_app.io import strict_json
+from sc_app.io.safe_files import FileProblem
 from sc_app.rl.hf.policy_ckpt import MODEL_FILES_DIR, POLICY_FORMAT
 from sc_app.rl.hf.verified_read import DCP_METADATA_FILE, PolicyIntegrityError
-from sc_app.safe_files import FileProblem
 
 if TYPE_CHECKING:
     from sc_app.checkpoint.policy_formats import PolicyCheck

@@ -32,9 +32,9 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from sc_app import hashing, torch_io
 from sc_app.checkpoint.writer import FileRecord
-from sc_app.durable_io import write_durable
+from sc_app.io import hashing, torch_files
+from sc_app.io.durable import write_durable
 from sc_app.rl.hf.verified_read import PolicyIntegrityError, SafeLoadPlanner, VerifiedReader
 
 POLICY_META_FORMAT = "sc_app.hf_policy"
@@ -206,7 +206,7 @@ def write(
     writer = FileSystemWriter(out, sync_files=True, overwrite=False)
     fs = _HashingFileSystem()
     writer.fs = fs
-    with _dcp_call(), torch_io.without_zip_crc():  # the files' digests stand behind them, not zip CRCs
+    with _dcp_call(), torch_files.without_zip_crc():  # the files' digests stand behind them, not zip CRCs
         dcp.save(captured.state, storage_writer=writer, process_group=process_group, no_dist=not dist.is_initialized())
     files = dict(fs.records)
     if rank == 0 and model_files:

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from sc_app import hashing
+from sc_app.io import hashing
 
 DCP_METADATA_FILE = ".metadata"  # DCP's global metadata file in policy/ (the data plane's is metadata.json)
 

@@ -15,9 +15,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from sc_app import strict_json
+from sc_app.io import strict_json
+from sc_app.io.safe_files import FileProblem, open_regular
 from sc_app.rl.hf.model_dir import ModelDir, ModelDirError
-from sc_app.safe_files import FileProblem, open_regular
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 DTYPE_BYTES = {

@@ -27,12 +27,12 @@ torch = pytest.importorskip("torch")
 
 from tensordict import TensorDict  # noqa: E402
 
-from sc_app.barrier import DataPlaneCheckpointBarrier  # noqa: E402
 from sc_app.data_plane import units  # noqa: E402
+from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier  # noqa: E402
 from sc_app.data_plane.client import CapturedRows  # noqa: E402
+from sc_app.data_plane.replay_buffer import GroupCommit, TQReplayBuffer  # noqa: E402
 from sc_app.data_plane.streamed_format import read_metadata  # noqa: E402
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane  # noqa: E402
-from sc_app.replay_buffer import GroupCommit, TQReplayBuffer  # noqa: E402
 from tests.support.tq import close_transferqueue  # noqa: E402
 
 G = 4

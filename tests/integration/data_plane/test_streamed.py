@@ -27,9 +27,10 @@ torch = pytest.importorskip("torch")
 
 from tensordict import TensorDict  # noqa: E402
 
-from sc_app.barrier import DataPlaneCheckpointBarrier  # noqa: E402
 from sc_app.checkpoint.verify import data_plane_digest  # noqa: E402
+from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier  # noqa: E402
 from sc_app.data_plane.client import CapturedRows, RestoreRefused  # noqa: E402
+from sc_app.data_plane.replay_buffer import TQReplayBuffer  # noqa: E402
 from sc_app.data_plane.stream_io import RowSource  # noqa: E402
 from sc_app.data_plane.streamed_format import (  # noqa: E402
     STREAMED_FORMAT,
@@ -39,7 +40,6 @@ from sc_app.data_plane.streamed_format import (  # noqa: E402
     read_metadata,
 )
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, dense  # noqa: E402
-from sc_app.replay_buffer import TQReplayBuffer  # noqa: E402
 
 G = 4  # rows per group
 PARTITION = "train"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.verify import compat_problems
-from sc_app.config import load_config
+from sc_app.config.app import load_config
 
 HF = ["model.backend=hf", "model.path=/models/m"]
 JSONL = [*HF, "task.name=jsonl", "task.path=/data/d.jsonl"]

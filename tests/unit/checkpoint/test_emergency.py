@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sc_app.checkpoint.emergency import SAFETY, plan_emergency, slow_save
-from sc_app.config import AppConfig, ConfigError, load_config
+from sc_app.config.app import AppConfig, ConfigError, load_config
 
 
 @pytest.mark.parametrize(("recent", "left", "start"), [

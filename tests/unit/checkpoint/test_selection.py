@@ -10,7 +10,7 @@ import pytest
 from sc_app.checkpoint.dataset import DatasetRecord, DatasetUnusable
 from sc_app.checkpoint.lineage import ensure_lineage
 from sc_app.checkpoint.selection import BundleRules, choose_bundle
-from sc_app.config import AppConfig
+from sc_app.config.app import AppConfig
 from tests.support.bundles import CFG, COMPAT, make_bundle, reseal, tree
 
 OURS, THEIRS = "lin-ours", "lin-theirs"

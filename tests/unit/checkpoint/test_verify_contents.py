@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from sc_app.barrier import DataPlaneCheckpointBarrier
 from sc_app.checkpoint import layout, plan_resume, verify_bundle
 from sc_app.checkpoint.manifest import Manifest
-from sc_app.digest import sidecar_digest
-from sc_app.replay_buffer import TQReplayBuffer
+from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
+from sc_app.data_plane.replay_buffer import TQReplayBuffer
+from sc_app.io.digest import sidecar_digest
 from sc_app.rl.loader import PromptLoader
 from sc_app.rl.model import TinyCausalLM
 from sc_app.rl.state_schema import PolicyTemplate, check_model_state, check_optimizer_state, new_optimizer

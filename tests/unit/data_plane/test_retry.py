@@ -10,12 +10,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from sc_app.data_plane.replay_buffer import GroupCommit, TQReplayBuffer
 from sc_app.data_plane.retry import DataPlaneCallFailed, DataPlaneFault, RetryingClient, RetryPolicy, policy_of
 from sc_app.observe.observer import translate
 from sc_app.progress import format_line
-from sc_app.replay_buffer import GroupCommit, TQReplayBuffer
 from tests.support.fake_data_plane import FakeDataPlane
-from tests.unit.test_replay_buffer import PARTITION, G, rows
+from tests.unit.data_plane.test_replay_buffer import PARTITION, G, rows
 
 
 class Flaky(FakeDataPlane):
@@ -74,7 +74,7 @@ def setup(attempts: int = 3) -> tuple[TQReplayBuffer, Flaky, RetryingClient, lis
     client = RetryingClient(
         fake, RetryPolicy(attempts, backoff_s=0.1, max_backoff_s=0.25), on_fault=faults.append, sleep=no_sleep
     )
-    from sc_app.barrier import DataPlaneCheckpointBarrier
+    from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
 
     barrier = DataPlaneCheckpointBarrier()
     fake.barrier = barrier

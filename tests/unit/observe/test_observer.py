@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sc_app.checkpoint import plan_resume
 from sc_app.checkpoint.lease import Lease
-from sc_app.config import load_config
+from sc_app.config.app import load_config
 from sc_app.observe.observer import JobObserver, ObserveOptions, where_lines
 from sc_app.observe.reader import read_history
 from sc_app.observe.records import LOG_FILE, Event, StepMetrics

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sc_app.checkpoint.dataset import DatasetUnusable
-from sc_app.config import AppConfig, load_config
+from sc_app.config.app import AppConfig, load_config
 from sc_app.rl import hooks
 from sc_app.rl.hf.errors import HFInputError
 

@@ -11,7 +11,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from sc_app.config import load_config  # noqa: E402
+from sc_app.config.app import load_config  # noqa: E402
 from sc_app.progress import FaultRecord  # noqa: E402
 from sc_app.rl.loader import PromptLoader  # noqa: E402
 from sc_app.rl.worker_restart import GenerationSupervisor, GenerationWorkerFailed, RestartBudget  # noqa: E402

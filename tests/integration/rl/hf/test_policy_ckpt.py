@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from sc_app import hashing
+from sc_app.io import hashing
 from sc_app.rl.backend import PolicyFingerprint
 from sc_app.rl.hf import policy_ckpt
 from sc_app.rl.hf.logprobs import sequence_logprobs

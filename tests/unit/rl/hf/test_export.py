@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from sc_app import hashing
+from sc_app.io import hashing
 from sc_app.rl.hf import policy_ckpt
 from sc_app.rl.hf.export import ExportError, export_policy
 from sc_app.rl.hf.logprobs import position_ids

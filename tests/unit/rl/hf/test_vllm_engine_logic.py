@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sc_app.config import ConfigError, load_config
+from sc_app.config.app import ConfigError, load_config
 from sc_app.rl.hf.vllm_engine import _cause, _hint, request_seed
 from sc_app.rl.hf.vllm_nccl import group_world_size, rank_offset, sender_for
 

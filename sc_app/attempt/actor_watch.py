@@ -1,0 +1,127 @@
+"""Which of the job's actors died, and where — what the driver polls to notice a death that shows as a hang.
+
+A dead trainer rank or controller actor surfaces as an error in the next call to it; a dead TransferQueue
+controller does not (TransferQueue's client waits on its socket without a timeout), nor, for 200 s, does a dead
+storage unit. So the driver asks Ray's GCS, once per poll, which of the actors it watches are ``DEAD``
+(``JobActors.dead``), and ends the drive with ``ActorsDied`` naming them. The generation workers are not watched
+here: the controller replaces a dead one itself (``sc_app.rl.worker_restart``).
+
+``JobFailed`` is the family of "a process of the job died": the in-job restore (``sc_app.attempt.in_job_restore``)
+recovers from it on the same cluster; past its bound, the attempt ends with exit 1 and a retry resumes from the
+newest complete bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from sc_app.progress import JobFailed
+
+log = logging.getLogger(__name__)
+
+# what died, as a FaultRecord kind
+TRAINER, STORAGE, TQ_CONTROLLER, CONTROLLER, NODE = (
+    "trainer.worker",
+    "data_plane.storage",
+    "data_plane.controller",
+    "controller",
+    "node",
+)
+
+
+@dataclass(frozen=True)
+class DeadActor:
+    kind: str  # TRAINER | STORAGE | TQ_CONTROLLER | CONTROLLER
+    name: str  # e.g. "trainer rank 1", "TransferQueueStorageUnit#0"
+    node_id: str
+    node_alive: bool
+    died_at: float | None  # time.time() of its death as the GCS recorded it
+
+
+class ActorsDied(JobFailed):
+    """Watched actors of the job are dead (``dead``); ``kind`` is ``node`` when one of their nodes is gone."""
+
+    def __init__(self, dead: list[DeadActor]) -> None:
+        self.dead = dead
+        names = ", ".join(d.name for d in dead)
+        where = " (their node is gone)" if self.kind == NODE else ""
+        super().__init__(f"{names} died{where}")
+
+    @property
+    def kind(self) -> str:
+        return NODE if any(not d.node_alive for d in self.dead) else self.dead[0].kind
+
+
+def is_actor_death(exc: BaseException) -> bool:
+    """``exc`` says an actor the caller used died (itself, or as the cause of a task error)."""
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return True
+    return isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, ray.exceptions.RayActorError)
+
+
+class JobActors:
+    """The actors one setup of the job placed that the driver watches (actor id hex → kind, name)."""
+
+    def __init__(self, watched: dict[str, tuple[str, str]]) -> None:
+        self.watched = watched
+        self._job_id = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+
+    @classmethod
+    def of(cls, trainers: list[Any], controller: Any) -> JobActors:
+        """The trainers, the controller actor and TransferQueue's controller and storage units of this process."""
+        from transfer_queue import interface as tq_interface  # the handles tq.init() made in this process
+
+        watched = {_hex(t): (TRAINER, f"trainer rank {rank}") for rank, t in enumerate(trainers)}
+        watched[_hex(controller)] = (CONTROLLER, "the controller actor")
+        if tq_interface._TQ_CONTROLLER is not None:
+            watched[_hex(tq_interface._TQ_CONTROLLER)] = (TQ_CONTROLLER, "the TransferQueue controller")
+        for name, unit in (tq_interface._TQ_STORAGE or {}).get("SimpleStorage", {}).items():
+            watched[_hex(unit)] = (STORAGE, str(name))
+        return cls(watched)
+
+    def dead(self) -> list[DeadActor]:
+        """The watched actors the GCS lists as dead, in the order they were watched."""
+        from ray._private import state  # the GCS tables without the dashboard (embedded Ray runs without one)
+
+        table = state.actors(job_id=self._job_id, actor_state_name="DEAD")
+        gone = [aid for aid in self.watched if aid in table]
+        if not gone:
+            return []
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        out = []
+        for aid in gone:
+            info, (kind, name) = table[aid], self.watched[aid]
+            node = str(info.get("Address", {}).get("NodeID", ""))
+            end_ms = info.get("EndTime") or 0
+            out.append(DeadActor(kind, name, node, node in alive, end_ms / 1000 if end_ms else None))
+        return out
+
+    def check(self) -> None:
+        """Raise ``ActorsDied`` when a watched actor is dead."""
+        dead = self.dead()
+        if dead:
+            raise ActorsDied(dead)
+
+    def wait_dead(self, seconds: float) -> list[DeadActor]:
+        """The dead watched actors, waiting up to ``seconds`` for the GCS to record a death that surfaced as an
+        error first (a call fails as soon as the worker's connection drops)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            dead = self.dead()
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.1)
+
+
+def live_node_resources() -> list[dict[str, float]]:
+    """The total resources of every live node of the cluster."""
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
+def _hex(handle: Any) -> str:
+    return str(handle._actor_id.hex())

@@ -1,0 +1,356 @@
+"""One attempt of the training job: resume plan → writer lease → tidy → Ray → setup → drive → release.
+
+``run_job`` is what ``sc-app run`` calls; each of its steps is one function here. Which bundle it resumes, and
+whether it may, is ``sc_app.checkpoint.selection``'s decision (the same ``sc-app preflight`` prints); the backend's
+input checks are ``sc_app.rl.hooks``'. Errors leave it typed: ``InputError`` / ``CheckpointDirUnusable`` /
+``LeaseError`` / ``LineageError`` / ``ResumeRefused`` (bad input: exit 2), ``LeaseLost`` (superseded: exit 3),
+``JobFailed`` / ``EmergencyTimeout`` / ``SaveFailed`` / ``InventoryMismatch`` (exit 1) — ``sc_app.exits`` maps
+them to exit codes, the CLI maps ``RunResult.outcome``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import ray
+
+from sc_app.attempt import cluster_fit
+from sc_app.attempt.actor_watch import CONTROLLER, NODE, ActorsDied, JobActors, live_node_resources
+from sc_app.attempt.in_job_restore import Death, drive_restoring
+from sc_app.attempt.poll import drive
+from sc_app.attempt.setup import RestoreFailed, ResumeRefused, Setup, setup_single_controller
+from sc_app.checkpoint import ResumePlan, layout, volume
+from sc_app.checkpoint.dataset import DatasetRecord
+from sc_app.checkpoint.lease import Lease, LeaseKeeper, LeaseLost, read_lease
+from sc_app.checkpoint.lineage import ensure_lineage
+from sc_app.checkpoint.selection import BundleRules, choose_bundle
+from sc_app.checkpoint.stop_request import StopWatch
+from sc_app.config.app import AppConfig
+from sc_app.data_plane.transferqueue import shutdown_transferqueue
+from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
+from sc_app.rl import hooks
+
+log = logging.getLogger(__name__)
+
+class CheckpointDirUnusable(RuntimeError):
+    """The checkpoint directory cannot be used (not a directory, read-only, full); one line naming it."""
+
+
+Outcome = Literal["done", "stopped", "already_done", "unsaved"]
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    """This attempt's identity and how it starts, reported once both the lease and the resume plan are known."""
+
+    run_id: str
+    lease: Lease | None  # None with checkpoint.enabled=false, and for a run refused (or done) before taking it
+    plan: ResumePlan
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How the run ended: ``done`` (max_steps reached, its bundle published), ``stopped`` (on request, the current
+    step's bundle published — or nothing trained yet), ``already_done`` (the newest bundle already reached
+    max_steps: nothing trained), ``unsaved`` (steps were trained that no bundle covers: saves failed)."""
+
+    plan: ResumePlan
+    summary: RunSummary
+    seconds: float
+    outcome: Outcome
+
+
+def _nothing(*_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class JobCallbacks:
+    """How ``run_job`` reports to its caller (``sc-app run`` prints and logs): the plan each time it is decided,
+    every progress record in order, Ray being up (signal handlers to reinstall), and the attempt once it starts;
+    ``stop_requested`` is polled (a signal arrived)."""
+
+    on_plan: Callable[[ResumePlan], None] = _nothing
+    on_progress: Callable[[ProgressRecord], None] = _nothing
+    stop_requested: Callable[[], bool] = lambda: False
+    on_ray_ready: Callable[[], None] = _nothing
+    on_attempt: Callable[[AttemptStarted], None] = _nothing
+
+
+@dataclass
+class Attempt:
+    """What this attempt holds: its id, the rules its bundles are judged by (the directory's lineage once the
+    lease holder knows it), the task's dataset record as checked before the run (recorded in every bundle), and
+    the lease once taken."""
+
+    cfg: AppConfig
+    run_id: str
+    rules: BundleRules
+    dataset: DatasetRecord | None
+    started: float
+    calls: JobCallbacks
+    lease: Lease | None = None
+    keeper: LeaseKeeper | None = None  # renews ``lease``; an in-job restore moves it one epoch on through it
+
+    def announce(self, plan: ResumePlan) -> None:
+        self.calls.on_plan(plan)
+        self.calls.on_attempt(AttemptStarted(self.run_id, self.lease, plan))
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def nothing_trained(self, plan: ResumePlan, outcome: Outcome) -> RunResult:
+        return RunResult(plan, RunSummary(plan.step, 0, last_saved_step=plan.step), self.seconds(), outcome)
+
+
+@contextmanager
+def keep_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` installs a SIGTERM handler that exits the driver at once (exit 15), so a preemption notice that
+    arrives while Ray starts would bypass sc-app's graceful stop. Keep the caller's handler while Ray starts."""
+    utils = ray._private.utils
+    original = getattr(utils, "set_sigterm_handler", None)
+    if original is None:  # another Ray layout: the SystemExit fallback in _train still maps it to a stop
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
+
+
+def init_ray(cfg: AppConfig) -> bool:
+    """Start (embedded) or join (cluster) Ray; returns True when this process started it."""
+    with keep_sigterm_handler():
+        return _init_ray(cfg)
+
+
+def _init_ray(cfg: AppConfig) -> bool:
+    logging.getLogger("transfer_queue").setLevel(logging.ERROR)
+    verbose = cfg.run.log_level == "DEBUG"
+    if cfg.ray.address is None:
+        ray.init(
+            address="local",
+            num_cpus=cfg.ray.num_cpus,
+            include_dashboard=False,
+            namespace=cfg.ray.namespace,
+            log_to_driver=verbose,
+            logging_level=logging.WARNING,
+            _metrics_export_port=cfg.ray.metrics_export_port,
+        )
+        return True
+    # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
+    # (HMAC key, fault injection) to them.
+    env_vars = {k: v for k, v in os.environ.items() if k.startswith("SC_APP_")}
+    ray.init(
+        address=cfg.ray.address,
+        namespace=cfg.ray.namespace,
+        log_to_driver=verbose,
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": env_vars} if env_vars else None,
+    )
+    return False
+
+
+def start_controller(attempt: Attempt, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
+    """``setup_single_controller`` for ``plan``; a bundle that verified but cannot be restored is handled like one
+    that failed verification: with ``on_corrupt=fallback`` it is moved aside (only when an older bundle verifies)
+    and the next one is tried, in this process; otherwise the run is refused and nothing is moved."""
+    unrestorable: dict[str, str] = {}
+    while True:
+        try:
+            setup = setup_single_controller(
+                attempt.cfg,
+                plan,
+                run_id=attempt.run_id,
+                lease=attempt.lease,
+                lineage=attempt.rules.lineage,
+                dataset=attempt.dataset,
+            )
+            return setup, plan
+        except RestoreFailed as exc:
+            log.warning("%s", exc)
+            unrestorable[exc.bundle.name] = str(exc)
+            plan = choose_bundle(attempt.rules, tidy=attempt.lease is not None, unrestorable=unrestorable)
+            attempt.calls.on_plan(plan)
+            if plan.decision != "resume":
+                raise ResumeRefused(plan.reason) from None
+
+
+def run_job(cfg: AppConfig, calls: JobCallbacks | None = None) -> RunResult:
+    """Plan the resume, take the writer lease, tidy, start Ray + TransferQueue, run to ``run.max_steps``, shut down.
+
+    Everything that can refuse the run (bad model/data/reward input, an unusable directory, bundles that must not
+    be resumed, a malformed LEASE, nothing left to train) is decided read-only *before* the lease is taken, so a
+    refused run never supersedes a live one. From the lease on, an older attempt still writing this directory can
+    no longer publish. ``calls.stop_requested`` (a signal) and a ``sc-app stop`` request addressed to this run's
+    lease both stop the run gracefully; the lease is released at the end with how the run ended."""
+    started = time.perf_counter()
+    calls = calls or JobCallbacks()
+    dataset = hooks.check_inputs(cfg)  # bad model, data or reward: one line, before anything is taken or started
+    root = Path(cfg.checkpoint.dir)
+    problem = volume.unwritable(root) if cfg.checkpoint.enabled else volume.unusable_as_dir(root)
+    problem = problem or volume.not_appendable(cfg.run.trace_file, "run.trace_file")
+    if problem:
+        raise CheckpointDirUnusable(problem)
+    read_lease(root)  # a malformed LEASE is refused here (LeaseError), before anything else happens
+    rules = BundleRules.for_run(cfg, dataset=lambda: dataset)
+    attempt = Attempt(cfg, uuid.uuid4().hex[:12], rules, dataset, started, calls)
+    plan = choose_bundle(rules)
+    if plan.decision == "refuse" or (plan.decision == "resume" and plan.step >= cfg.run.max_steps):
+        attempt.announce(plan)
+        if plan.decision == "refuse":
+            raise ResumeRefused(plan.reason)
+        return attempt.nothing_trained(plan, "already_done")
+    if calls.stop_requested():
+        attempt.announce(plan)
+        return attempt.nothing_trained(plan, "stopped")
+    if not cfg.checkpoint.enabled:
+        attempt.announce(plan)
+        return _train(attempt, plan, calls.stop_requested)
+    return _run_as_lease_holder(attempt, plan)
+
+
+def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
+    """Take the lease, decide again as its holder (now leftovers may be moved aside), train, release the lease
+    with how the run ended (unless a newer run took it)."""
+    cfg, root = attempt.cfg, attempt.rules.root
+    try:
+        lease = attempt.lease = Lease.acquire(root, attempt.run_id, ttl_s=cfg.checkpoint.lease_ttl_s)
+    except OSError as exc:
+        raise CheckpointDirUnusable(f"checkpoint dir {root}: cannot take its lease ({exc.strerror or exc})") from None
+    keeper = attempt.keeper = LeaseKeeper(lease, cfg.checkpoint.lease_ttl_s)
+    outcome, final_step = "failed", None
+    try:
+        attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=_recorded_lineage(plan)))
+        plan = choose_bundle(attempt.rules, tidy=True)  # as the holder: now it may move leftovers aside
+        attempt.announce(plan)
+        if plan.decision == "refuse":
+            outcome = "refused"
+            raise ResumeRefused(plan.reason)
+        watch = StopWatch(root, attempt.run_id, lease.fencing_epoch)
+        result = _train(attempt, plan, lambda: attempt.calls.stop_requested() or watch.requested() is not None)
+        outcome, final_step = result.outcome, result.summary.final_step
+        return result
+    except LeaseLost:
+        outcome = "superseded"
+        raise
+    finally:
+        keeper.stop()
+        if outcome != "superseded":
+            newest = layout.step_dirs(root)
+            current = attempt.lease or lease  # an in-job restore moved the epoch on
+            current.release(outcome, final_step=final_step, newest_bundle=newest[0][1].name if newest else None)
+
+
+def _recorded_lineage(plan: ResumePlan) -> str | None:
+    """The lineage the last bundle the plan checked records: what a directory without LINEAGE adopts."""
+    manifest = plan.reports[-1].manifest if plan.reports else None
+    adopt = manifest.doc.get("lineage") if manifest is not None else None
+    return adopt if isinstance(adopt, str) else None
+
+
+def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool]) -> RunResult:
+    """Ray up, the controller set up (falling back past bundles that cannot be restored), driven to its end."""
+    cfg = attempt.cfg
+    try:
+        owns_ray = init_ray(cfg)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler, before ours is back: a stop like any other
+        if exc.code != signal.SIGTERM:
+            raise
+        return attempt.nothing_trained(plan, "stopped")
+    attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
+    try:
+        job = ClusterJob(attempt, stop_requested)
+        summary, plan = drive_restoring(job, plan, cfg.run.max_in_job_restores)
+        return RunResult(plan, summary, attempt.seconds(), _outcome(cfg, summary))
+    finally:
+        shutdown_transferqueue()
+        if owns_ray:
+            ray.shutdown()
+
+
+NODE_DEATH_WAIT_S = 30.0  # how long an in-job restore waits to learn which of the job's actors died, and where
+
+
+class ClusterJob:
+    """``in_job_restore.RestorableJob`` on this process's Ray: set up, drive (watching the job's actors), tear down,
+    fence through the lease keeper, plan again as the lease holder."""
+
+    def __init__(self, attempt: Attempt, stop_requested: Callable[[], bool]) -> None:
+        self.attempt, self.stop_requested = attempt, stop_requested
+        self._step = 0
+        self._watch: JobActors | None = None  # the driven setup's actors (None while a setup is being built)
+
+    def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
+        self._watch = None
+        setup, plan = start_controller(self.attempt, plan)
+        self._step = plan.step if plan.decision == "resume" else 0
+        return setup, plan
+
+    def drive(self, setup: Setup) -> RunSummary:
+        assert setup.policy is not None
+        self._watch = JobActors.of(setup.policy.trainers, setup.actor)
+        return drive(
+            setup.actor,
+            emergency_budget_s=self.attempt.cfg.checkpoint.emergency_budget_s,
+            on_progress=self._progress,
+            stop_requested=self.stop_requested,
+            watch=self._watch.check,
+        )
+
+    def _progress(self, record: ProgressRecord) -> None:
+        if isinstance(record, StepRecord):
+            self._step = max(self._step, record.step)
+        self.attempt.calls.on_progress(record)
+
+    def what_died(self, setup: Setup, exc: JobFailed) -> Death:
+        """From the driven setup's watch; a death while a setup was being built (no watch: that setup tore itself
+        down) is named by its error alone."""
+        if not isinstance(exc, ActorsDied) and self._watch is not None:
+            # the death surfaced as an error first; the GCS records it at once for a dead process, only after its
+            # health check for a lost node (Ray's default: about 15 s) — and the fit check needs the node gone
+            dead = self._watch.wait_dead(NODE_DEATH_WAIT_S)
+            exc = ActorsDied(dead) if dead else exc
+        if isinstance(exc, ActorsDied):
+            known = [d.died_at for d in exc.dead if d.died_at is not None]
+            names = ", ".join(d.name for d in exc.dead) + (" (their node is gone)" if exc.kind == NODE else "")
+            return Death(exc.kind, names, min(known) if known else None)
+        return Death(CONTROLLER, f"a process of the job ({exc})")
+
+    def missing_resources(self) -> str | None:
+        return cluster_fit.unfit_line(cluster_fit.job_demands(self.attempt.cfg), live_node_resources())
+
+    def fence(self) -> None:
+        if self.attempt.keeper is not None:
+            self.attempt.lease = self.attempt.keeper.advance()
+
+    def replan(self) -> ResumePlan:
+        plan = choose_bundle(self.attempt.rules, tidy=self.attempt.lease is not None)
+        self.attempt.calls.on_plan(plan)
+        if plan.decision == "refuse":
+            raise ResumeRefused(plan.reason)
+        return plan
+
+    def step_reached(self) -> int:
+        return self._step
+
+    def on_fault(self, record: FaultRecord) -> None:
+        self.attempt.calls.on_progress(record)
+
+
+def _outcome(cfg: AppConfig, summary: RunSummary) -> Outcome:
+    if summary.stopped_early and summary.emergency_skipped:  # on purpose: the bundle could not have finished
+        return "stopped"
+    if cfg.checkpoint.enabled and summary.unsaved_steps > 0:
+        return "unsaved"
+    return "stopped" if summary.stopped_early else "done"

@@ -1,0 +1,320 @@
+"""The driver: ``setup_single_controller()`` builds every object, restores, then starts the controller.
+
+Restore order (seed), asserted by ``SetupOrder`` here and by the shared ``DataPlaneGuard`` across processes:
+  1. read step_N: trainer state and loader place
+  2. bootstrap client ``load_checkpoint()`` on an untouched TransferQueue
+  3. seal the restore decision (only now may connect-only clients exist)
+  4. ``SingleControllerActor.remote(args + restored metadata)``
+  5. ``actor.restore()``: ``load_state_dict(sidecar)`` (index only) and the inventory check, before any pump
+Step 1 is *issued* first and finishes before step 3; the trainer workers start and read their state while this
+process restores the data plane (they touch no data plane until after the seal), so a resume costs
+max(trainer start + load, data-plane restore) rather than their sum.
+
+A bundle that verified but fails any restore step raises ``RestoreFailed`` after everything this setup built is
+torn down (actors killed, TransferQueue closed, the guard gone), so the caller can fall back to an older bundle
+in the same process, exactly as a failed verification does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from sc_app.attempt.actor_watch import is_actor_death
+from sc_app.checkpoint import ResumePlan, layout
+from sc_app.checkpoint.dataset import DatasetRecord
+from sc_app.checkpoint.lease import Lease
+from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
+from sc_app.controller.actor import SingleControllerActor, SingleControllerActorArgs
+from sc_app.data_plane.guard import GUARD_NAME
+from sc_app.data_plane.transferqueue import TransferQueueDataPlane, shutdown_transferqueue
+from sc_app.io import torch_files
+from sc_app.progress import JobFailed
+from sc_app.rl.backend import PolicyFingerprint
+from sc_app.rl.generation import GenerationWorker
+from sc_app.rl.hooks import InputError
+from sc_app.rl.trainer import TrainerWorker
+
+log = logging.getLogger(__name__)
+
+
+class ResumeRefused(RuntimeError):
+    """The checkpoint directory holds bundles that must not be resumed (or skipped) silently."""
+
+
+class RestoreFailed(RuntimeError):
+    """``bundle`` verified but could not be restored; ``str()`` is one line naming the bundle and the cause."""
+
+    def __init__(self, bundle: Path, why: str) -> None:
+        super().__init__(f"{bundle.name} verified but could not be restored: {why}")
+        self.bundle = bundle
+
+
+def _one_line(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)
+    inner = cause if isinstance(cause, BaseException) else exc
+    text = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class SetupOrder:
+    """Asserts the restore phases happen in the seed's order, each once."""
+
+    PHASES = ("bootstrap_client", "trainer_state", "data_plane_restore", "sealed", "actor")
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def enter(self, phase: str) -> None:
+        """Pre: ``phase`` comes after the last one entered, skipping only the optional restore phases."""
+        at = len(self.done) and self.PHASES.index(self.done[-1]) + 1
+        skippable = {"trainer_state", "data_plane_restore"}
+        while at < len(self.PHASES) and self.PHASES[at] != phase and self.PHASES[at] in skippable:
+            at += 1
+        if at >= len(self.PHASES) or self.PHASES[at] != phase:
+            raise AssertionError(f"setup phase '{phase}' out of order after {self.done}")
+        self.done.append(phase)
+
+
+def worker_results(refs: list[Any]) -> list[Any]:
+    """``ray.get(refs)``; a worker's bad input (model directory, dataset, reward) is raised as itself."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, InputError):
+            raise exc.cause from None
+        raise
+
+
+class TQPolicy:
+    """Owns the trainer workers, the generation workers and the bootstrap data-plane client.
+
+    The trainers' ``setup`` (process group, backend) is issued here and not awaited: calls issued after it run
+    after it on each worker, and ``trainer_state_loaded`` / ``sync_generation_weights`` surface its errors."""
+
+    def __init__(
+        self, cfg: AppConfig, dp_client: TransferQueueDataPlane, *, dataset: DatasetRecord | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.dp_client = dp_client
+        cfg_json = cfg.model_dump_json()
+        tcfg, gcfg = cfg.trainer, cfg.generation
+        self.trainers = [
+            TrainerWorker.options(
+                num_cpus=tcfg.num_cpus, num_gpus=tcfg.num_gpus, resources=tcfg.resources or None
+            ).remote(cfg_json, rank, tcfg.num_workers)
+            for rank in range(tcfg.num_workers)
+        ]
+        self.generators = [
+            GenerationWorker.options(
+                num_cpus=gcfg.num_cpus, num_gpus=gcfg.num_gpus, resources=gcfg.resources or None
+            ).remote(cfg_json, i)
+            for i in range(gcfg.num_workers)
+        ]
+        addr, port = ray.get(self.trainers[0].address.remote()) if tcfg.num_workers > 1 else ("", 0)
+        self._setup = [w.setup.remote(addr, port) for w in self.trainers]
+        self._generators_setup = [w.setup.remote(dataset.sha256 if dataset else None) for w in self.generators]
+
+    def trainers_ready(self) -> None:
+        """Wait for every trainer's setup; its errors are raised here."""
+        if self._setup:
+            used = worker_results(self._setup)
+            if len(used) > 1:
+                log.info("trainer workers joined torch.distributed (%s, world size %d)", used[0], len(used))
+            self._setup = []
+
+    def generators_ready(self) -> None:
+        """Wait for every generation worker's setup; its errors are raised here."""
+        if self._generators_setup:
+            worker_results(self._generators_setup)
+            self._generators_setup = []
+
+    def load_trainer_state(self, policy_dir: Path, expected: dict[str, str]) -> list[Any]:
+        """Start every trainer loading ``policy_dir`` (``expected``: its files' sha256 from the verified manifest);
+        ``trainer_state_loaded`` waits for them."""
+        return [w.load.remote(str(policy_dir), expected) for w in self.trainers]
+
+    def trainer_state_loaded(self, loading: list[Any], policy_dir: Path) -> int:
+        """The restored trainer version; ``RestoreFailed`` if the bundle's policy does not load into this model."""
+        self.trainers_ready()
+        try:
+            versions = ray.get(loading)
+        except ray.exceptions.RayTaskError as exc:
+            raise RestoreFailed(
+                policy_dir.parent,
+                f"{policy_dir} does not load into the configured model ({_one_line(exc)}); it was written for "
+                "another model shape or sc-app version",
+            ) from None
+        return int(versions[0])
+
+    def load_data_plane_checkpoint(self, data_plane_dir: Path) -> dict[str, Any]:
+        """Seed flow 1: restore TransferQueue through the bootstrap client, before anything touched it."""
+        return self.dp_client.load_checkpoint(data_plane_dir)
+
+    def sync_generation_weights(self, version: int) -> None:
+        """One object (rank 0's weights) to every generation worker; every trainer takes part (sharded models)."""
+        self.trainers_ready()
+        self.generators_ready()
+        refs = [t.get_weights.remote() for t in self.trainers]
+        worker_results([w.set_weights.remote(refs[0], version) for w in self.generators] + refs[1:])
+
+    def fingerprint(self) -> PolicyFingerprint | None:
+        """Of the whole trainer state (rank 0's answer; collective where sharded)."""
+        return worker_results([t.fingerprint.remote() for t in self.trainers])[0]
+
+
+@dataclass
+class Setup:
+    """What ``setup_single_controller`` built; ``teardown()`` removes all of it (for a fallback or a retry)."""
+
+    namespace: str
+    actor: Any = None  # the SingleControllerActor handle
+    policy: TQPolicy | None = None
+    handles: list[Any] = field(default_factory=list)
+    # where setup's time went, seconds: "data_plane_restore" (the bootstrap client's load_checkpoint, while the
+    # trainers start and load), "trainer_load_wait" (waiting for the trainers after it); both absent on a fresh start
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def teardown(self) -> None:
+        """Kill every actor this setup created, close TransferQueue and drop the restore guard, so that a new
+        setup in this process starts from an untouched data plane."""
+        for handle in self.handles:
+            try:
+                ray.kill(handle)
+            except Exception:  # already dead: nothing to remove
+                log.debug("kill during teardown failed", exc_info=True)
+        shutdown_transferqueue()
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(GUARD_NAME, namespace=self.namespace))
+        names = [(GUARD_NAME, self.namespace), ("TransferQueueController", "transfer_queue")]
+        deadline = time.monotonic() + 30
+        while names and time.monotonic() < deadline:  # ray.kill is asynchronous: wait until the names are free
+            names = [n for n in names if _named_actor_exists(*n)]
+            time.sleep(0.1 if names else 0)
+
+
+def _named_actor_exists(name: str, namespace: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def setup_single_controller(
+    cfg: AppConfig,
+    plan: ResumePlan,
+    *,
+    run_id: str,
+    lease: Lease | None = None,
+    lineage: str | None = None,
+    dataset: DatasetRecord | None = None,
+) -> Setup:
+    """Build every object on the driver, restore in the seed's order (``SetupOrder``), create the controller and
+    let it rebuild and check its index. ``RestoreFailed`` (everything torn down) when a resumed bundle fails; a
+    worker's bad input (``InputError``: model directory, dataset, reward) is no fault of the bundle and is raised
+    as itself. ``dataset``: the task's dataset file as the driver checked it (recorded in every bundle; every
+    generation worker must read the same bytes)."""
+    setup = Setup(namespace=cfg.ray.namespace)
+    try:
+        _build(setup, cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
+    except BaseException as exc:
+        setup.teardown()
+        if is_actor_death(exc):  # a process died: the job's fault, not the bundle's (an in-job restore's business)
+            raise JobFailed(f"a process of the job died while it was being set up ({_one_line(exc)})") from None
+        if (
+            plan.decision != "resume"
+            or plan.bundle is None
+            or isinstance(exc, RestoreFailed | KeyboardInterrupt | InputError)
+        ):
+            raise
+        raise RestoreFailed(plan.bundle, _one_line(exc)) from None
+    return setup
+
+
+@dataclass
+class Restored:
+    """What a resume hands the controller (all empty on a fresh start)."""
+
+    step: int = 0
+    version: int = 0
+    loader_state: Any = None
+    sidecar: str | None = None
+    data_plane: dict[str, Any] | None = None  # the bootstrap client's load_checkpoint() metadata
+    fingerprint: PolicyFingerprint | None = None  # traced runs only
+
+
+def _restore(setup: Setup, cfg: AppConfig, plan: ResumePlan, order: SetupOrder) -> Restored:
+    """Seed steps 1-2 for a resume: the trainers start loading the bundle's policy, the loader place is read, the
+    data plane is restored through the bootstrap client while they load; then the trainer version is awaited."""
+    assert plan.bundle is not None and setup.policy is not None
+    policy, bundle, manifest = setup.policy, plan.bundle, plan.reports[-1].manifest
+    assert manifest is not None
+    order.enter("trainer_state")
+    policy_dir = bundle / layout.POLICY_DIR
+    loading = policy.load_trainer_state(policy_dir, manifest.hashes_under(layout.POLICY_DIR))  # runs from here on
+    loader_state = torch_files.load(bundle / layout.LOADER_FILE)
+    order.enter("data_plane_restore")
+    t0 = time.perf_counter()
+    restored = policy.load_data_plane_checkpoint(bundle / layout.DATA_PLANE_DIR)
+    setup.seconds["data_plane_restore"] = time.perf_counter() - t0
+    if restored.get("digest") != manifest.replay_digest:
+        raise RestoreFailed(bundle, "the data plane's digest differs from the manifest's replay digest")
+    t0 = time.perf_counter()
+    version = policy.trainer_state_loaded(loading, policy_dir)
+    setup.seconds["trainer_load_wait"] = time.perf_counter() - t0
+    # the trace records what was restored (a gather of the whole state: traced runs only)
+    fingerprint = policy.fingerprint() if cfg.run.trace_file else None
+    return Restored(plan.step, version, loader_state, str(bundle / layout.SIDECAR_FILE), restored, fingerprint)
+
+
+def _build(
+    setup: Setup,
+    cfg: AppConfig,
+    plan: ResumePlan,
+    *,
+    run_id: str,
+    lease: Lease | None,
+    lineage: str | None,
+    dataset: DatasetRecord | None,
+) -> None:
+    order = SetupOrder()
+    dp_client = TransferQueueDataPlane(
+        bootstrap=True,
+        namespace=cfg.ray.namespace,
+        storage_units=cfg.data_plane.storage_units,
+        storage_node_resource=cfg.data_plane.storage_node_resource,
+        snapshot=cfg.data_plane.snapshot,
+    )
+    order.enter("bootstrap_client")
+    policy = setup.policy = TQPolicy(cfg, dp_client, dataset=dataset)
+    setup.handles += [*policy.trainers, *policy.generators]
+    restored = _restore(setup, cfg, plan, order) if plan.decision == "resume" else Restored()
+    dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
+    order.enter("sealed")
+    policy.sync_generation_weights(restored.version)
+    args = SingleControllerActorArgs(
+        cfg_json=cfg.model_dump_json(),
+        run_id=run_id,
+        trainers=policy.trainers,
+        generators=policy.generators,
+        start_step=restored.step,
+        start_version=restored.version,
+        loader_state=restored.loader_state,
+        sidecar_path=restored.sidecar,
+        data_plane_checkpoint_metadata=restored.data_plane,
+        lease=lease,
+        lineage=lineage,
+        dataset=dataset.as_manifest() if dataset is not None else None,
+        restored_fingerprint=restored.fingerprint,
+    )
+    setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
+    setup.handles.append(setup.actor)
+    order.enter("actor")
+    ray.get(setup.actor.restore.remote())  # index from the sidecar + inventory check, before any pump

@@ -1,0 +1,2 @@
+"""The ``SingleControllerActor``: its pumps, its save coordination and its recovery.
+"""

@@ -1,0 +1,64 @@
+"""cluster_fit: after a node is gone, does the job still fit the nodes left — and if not, one line naming what."""
+
+from __future__ import annotations
+
+from sc_app.attempt.cluster_fit import Demand, job_demands, missing, unfit_line
+from sc_app.config.app import AppConfig
+
+
+def cfg(**sections: dict) -> AppConfig:
+    return AppConfig.model_validate({"ray": {"address": "auto"}, **sections})
+
+
+def test_the_demands_are_every_actor_the_setup_places() -> None:
+    c = cfg(
+        trainer={"num_workers": 2, "num_gpus": 1, "resources": {"trainer_node": 1}},
+        generation={"num_workers": 1, "num_cpus": 2},
+        data_plane={"storage_units": 2, "storage_node_resource": "tq_node"},
+    )
+    names = [d.name for d in job_demands(c)]
+    assert names == [
+        "TransferQueue controller",
+        "storage unit 0",
+        "storage unit 1",
+        "controller actor",
+        "trainer rank 0",
+        "trainer rank 1",
+        "generation worker 0",
+    ]
+    by = {d.name: d.resources for d in job_demands(c)}
+    assert by["trainer rank 1"] == {"CPU": 1.0, "GPU": 1.0, "trainer_node": 1}
+    assert by["generation worker 0"] == {"CPU": 2.0}, "zero-valued resources are not asked for"
+    assert "tq_node" in by["storage unit 0"], "a storage unit needs a node with the storage resource"
+    assert sum(d.resources.get("CPU", 0) for d in job_demands(c)) == c.cpus_required()
+
+
+def test_a_job_that_fits_leaves_nothing_missing() -> None:
+    nodes = [{"CPU": 4.0}, {"CPU": 2.0, "GPU": 2.0, "trainer_node": 4.0}]
+    c = cfg(trainer={"num_workers": 2, "num_gpus": 1, "resources": {"trainer_node": 1}})
+    assert missing(job_demands(c), nodes) == []
+    assert unfit_line(job_demands(c), nodes) is None
+
+
+def test_what_a_lost_node_took_is_named_with_what_is_left() -> None:
+    c = cfg(trainer={"num_workers": 2, "num_gpus": 1})
+    left = [{"CPU": 8.0, "GPU": 1.0, "node:10.0.0.1": 1.0, "memory": 1e9}]
+    line = unfit_line(job_demands(c), left)
+    assert line is not None
+    assert "trainer rank" in line and "GPU=1" in line and "live nodes: CPU=8, GPU=1" in line
+    assert "memory" not in line and "node:" not in line, "Ray's built-in resources are noise in the line"
+    assert unfit_line(job_demands(c), []) is not None and "live nodes: none" in unfit_line(job_demands(c), [])  # type: ignore[operator]
+    two = [{"CPU": 8.0}, {"CPU": 3.0, "gen_node": 4.0}]
+    assert unfit_line(job_demands(c), two) == unfit_line(job_demands(c), two[::-1]), "the nodes in a stable order"
+
+
+def test_packing_is_per_node_not_by_cluster_totals() -> None:
+    """Two 1-GPU nodes hold 2 GPUs in all, but not one 2-GPU worker."""
+    big = [Demand("trainer rank 0", {"CPU": 1, "GPU": 2})]
+    assert missing(big, [{"CPU": 4, "GPU": 1}, {"CPU": 4, "GPU": 1}]) == big
+    assert missing(big, [{"CPU": 4, "GPU": 2}]) == []
+
+
+def test_largest_first_does_not_strand_a_big_actor_behind_small_ones() -> None:
+    demands = [Demand("small", {"CPU": 1}), Demand("big", {"CPU": 3})]
+    assert missing(demands, [{"CPU": 3}, {"CPU": 1}]) == [], "small first would take the big node's room"
