@@ -136,7 +136,7 @@ class TQPolicy:
             self._generators_setup = []
 
     def load_trainer_state(self, policy_dir: Path, expected: dict[str, str]) -> list[Any]:
-        """Start every trainer loading ``policy_dir`` (``expected``: its files' sha256 from the verified manifest);
+        """Start every trainer loading ``policy_dir`` (``expected``: its files' digests from the verified manifest);
         ``trainer_state_loaded`` waits for them."""
         return [w.load.remote(str(policy_dir), expected) for w in self.trainers]
 

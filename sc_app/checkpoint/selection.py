@@ -3,7 +3,7 @@
 ``sc-app run`` (``job.run_job``), ``sc-app preflight``, ``sc-app export`` and ``sc-app ckpt list|verify|prune`` judge
 a directory's bundles through one ``BundleRules`` and choose the one to use with ``choose_bundle``. The rules:
 
-* a bundle must verify (``verify_bundle``) with the HMAC key of this process (``SC_APP_HMAC_KEY``);
+* a bundle must verify (``verify_bundle``) with the HMAC key of this process (``SC_APP_CHECKPOINT_HMAC_KEY``);
 * it must belong to the directory's lineage (``LINEAGE``): a bundle copied in from another job is never resumed,
   exported, counted by retention or taken as its anchor, however high its step;
 * for a run, it must have been written by a compatible config (``compat``), and — unless

@@ -15,7 +15,7 @@ restore (``sc_app.data_plane.streamed_format``), so a snapshot that verifies is 
   all; in v2 a group may have one segment per stream, the rows each unit held), each stream's and the directory's
   totals equal to what ``metadata.json`` says;
 * ``parse_native_metadata`` — TransferQueue's own ``metadata.json``. The rest of the native format is pickles, which
-  no reader can check safely: only their sha256 (and, with a key, the manifest's HMAC) stands behind them.
+  no reader can check safely: only their digest (and, with a key, the manifest's HMAC) stands behind them.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def can_export(backend: str) -> bool:
 
 
 def export_policy(backend: str, policy_dir: Path, expected: Mapping[str, str], out: str | Path) -> Exported:
-    """Pre: ``can_export(backend)``; ``expected`` (policy-dir-relative name → sha256) from a verified manifest."""
+    """Pre: ``can_export(backend)``; ``expected`` (policy-dir-relative name → digest) from a verified manifest."""
     export = _resolve(EXPORTERS, backend)
     assert export is not None, backend
     result: Exported = export(policy_dir, expected, out)

@@ -118,7 +118,8 @@ class TrainerWorker:
         return self.backend.write_captured(Path(policy_dir))
 
     def load(self, policy_dir: str, expected: Mapping[str, str]) -> int:
-        """Restore from a *verified* bundle; ``expected``: policy-dir-relative name → sha256 from its manifest."""
+        """Restore from a *verified* bundle; ``expected``: policy-dir-relative name → its digest in the manifest
+        (the manifest's ``hash_alg``: BLAKE3, or sha256 for schema-1 bundles)."""
         d = Path(policy_dir)
         fault_point(f"restore.policy.{d.parent.name}")
         return self.backend.load(d, expected)

@@ -7,7 +7,7 @@ inside a shard file the manifest lists; every entry has storage; the ``model.*``
 the model ``hf/config.json`` describes (names and shapes, built on the ``meta`` device: no memory, no weights); the
 optimizer's per-parameter state is Adam's (``exp_avg``, ``exp_avg_sq`` shaped like the parameter, ``step``) for
 parameters of that model; its param group and the policy meta are there; ``policy/`` holds nothing else. The
-tensor payloads (tens of GB for a large model) are vouched for by their sha256, not decoded here.
+tensor payloads (tens of GB for a large model) are vouched for by their digests, not decoded here.
 """
 
 from __future__ import annotations
