@@ -1,4 +1,4 @@
-"""What a model backend or a task adds to the generic path (``job``, ``driver``, ``cli``): named here, imported on use.
+"""What a model backend or a task adds to the generic path (``attempt``, ``cli``): named here, imported on use.
 
 The generic path never imports a backend's package. It asks this module instead:
 
