@@ -25,8 +25,9 @@ import ray
 
 from sc_app.attempt import cluster_fit
 from sc_app.attempt.actor_watch import CONTROLLER, NODE, ActorsDied, JobActors, live_node_resources
-from sc_app.attempt.in_job_restore import Death, drive_restoring
+from sc_app.attempt.in_job_restore import drive_restoring
 from sc_app.attempt.poll import drive
+from sc_app.attempt.restore_policy import Death
 from sc_app.attempt.setup import RestoreFailed, ResumeRefused, Setup, setup_single_controller
 from sc_app.checkpoint import ResumePlan, layout, volume
 from sc_app.checkpoint.dataset import DatasetRecord
