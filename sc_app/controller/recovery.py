@@ -85,10 +85,9 @@ class ControllerRecovery:
             self._cond.notify_all()
 
     async def _sync_weights(self) -> None:
-        """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
-        them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
-        refs = [t.get_weights.remote() for t in self.args.trainers]
-        await self._generation.set_weights_all(refs[0], self.version, refs[1:])  # a dead worker is skipped
+        """The new version to every generation worker through the weight-sync seam (``sc_app.rl.weight_sync``);
+        a dead worker is skipped."""
+        await self._generation.push_weights(self.version)
 
     async def _rollout_failed(self, worker_index: int, exc: BaseException) -> None:
         """A rollout pump ended with ``exc``: logged (one line for a reward or input error, else with its
