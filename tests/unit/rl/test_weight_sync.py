@@ -1,6 +1,8 @@
 """The weight-sync seam (``sc_app.rl.weight_sync``): the push every caller shares (rank 0's weights to each worker,
-every trainer rank taking part, a dead worker skipped only where asked, the version each worker holds). Fake actor
-handles stand in for Ray's (the real ones: tests/e2e/test_generation_restart.py, test_run.py)."""
+every trainer rank taking part, a dead worker skipped only where asked, the version each worker holds), the one
+choice of transport, and each transport's two ends (a trainer rank's sender, a vLLM engine's receiver) with the
+engine dispatching through its receiver. Fake actor handles and a fake ``LLM`` stand in for Ray and vLLM (the real
+ones: tests/integration/rl/hf/test_vllm_engine.py, tests/e2e/test_generation_restart.py, test_vllm_run.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,20 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from sc_app.config.app import ConfigError, load_config  # noqa: E402
+from sc_app.rl.hf.vllm_engine import VLLMEngine, VLLMSettings  # noqa: E402
+from sc_app.rl.hf.vllm_weights import WeightLoadExtension  # noqa: E402
+from sc_app.rl.weight_sync.factory import transport_for  # noqa: E402
+from sc_app.rl.weight_sync.nccl import (  # noqa: E402
+    RECEIVE_METHOD,
+    NcclReceiver,
+    NcclSender,
+    NcclTransport,
+    NcclWeightsOffer,
+    group_world_size,
+    rank_offset,
+)
+from sc_app.rl.weight_sync.object_store import LOAD_METHOD, StateDictReceiver, StateDictSender  # noqa: E402
 from sc_app.rl.weight_sync.push import PushResult, WeightSync  # noqa: E402
 from tests.support.fake_workers import FakeActor  # noqa: E402
 
@@ -94,3 +110,77 @@ def test_a_blocking_push_waits_on_every_call_with_the_given_get() -> None:
     with pytest.raises(RuntimeError, match="load failed"):
         sync.push_blocking(workers, 4, get=failing)
     assert [sync.held(w) for w in workers] == [3, 3], "nothing recorded for a version that did not land"
+
+
+VLLM = ["model.backend=hf", "model.path=/m", "generation.engine=vllm", "grpo.old_logprobs=engine"]
+GPUS = ["generation.num_gpus=1", "trainer.num_gpus=1"]
+
+
+def test_the_transport_follows_the_engine_and_only_trainer_rank_0_sends_over_nccl() -> None:
+    assert transport_for(load_config(None, [])).name == "object_store"
+    assert transport_for(load_config(None, [*VLLM, *GPUS])).name == "object_store"
+    nccl = transport_for(load_config(None, [*VLLM, *GPUS, "generation.num_workers=2", "generation.weight_sync=nccl"]))
+    assert isinstance(nccl, NcclTransport) and nccl.name == "nccl"
+    assert isinstance(nccl.sender(1), StateDictSender), "ranks other than 0 return their None as ever"
+    sender = nccl.sender(0)
+    assert isinstance(sender, NcclSender) and sender.world_size == 3 and sender.payload(None) is None
+    assert [nccl.receiver(i).rank_offset for i in range(2)] == [1, 2]
+    with pytest.raises(ConfigError, match=r"needs grpo\.old_logprobs=engine"):
+        load_config(None, [*VLLM[:-1], *GPUS, "generation.weight_sync=nccl"])
+
+
+def test_nccl_ranks_place_each_engines_workers_after_trainer_rank_0() -> None:
+    assert group_world_size(num_engines=2, tensor_parallel_size=2) == 5
+    assert [rank_offset(i, 2) for i in range(2)] == [1, 3]  # engine 0: ranks 1, 2; engine 1: ranks 3, 4
+    assert NcclTransport(2, 2).receiver(1).rank_offset == 3
+
+
+class FakeLLM:
+    def __init__(self) -> None:
+        self.rpcs: list[tuple[str, tuple[Any, ...]]] = []
+
+    def collective_rpc(self, method: str, args: tuple[Any, ...]) -> list[int]:
+        self.rpcs.append((method, args))
+        return [7]
+
+
+def test_each_receiver_calls_its_own_method_of_the_worker_extension() -> None:
+    sender = StateDictSender()
+    weights = {"w": torch.zeros(1)}
+    assert sender.payload(weights) is weights and sender.wait() is None
+    llm = FakeLLM()
+    got = StateDictReceiver().receive(llm, weights)
+    assert got.tensors == 7 and dict(got.host_state()) == weights
+    offer = NcclWeightsOffer("10.0.0.1", 1234, 3, (("w", "float32", (1,)),))
+    got = NcclReceiver(3).receive(llm, offer)
+    assert llm.rpcs == [(LOAD_METHOD, (weights,)), (RECEIVE_METHOD, (offer, 3))]
+    assert got.tensors == 7 and got.state is None
+    with pytest.raises(RuntimeError, match=r"grpo\.old_logprobs=engine"):
+        got.host_state()
+    for method in (LOAD_METHOD, RECEIVE_METHOD):  # the names the receivers call exist on the extension
+        assert callable(getattr(WeightLoadExtension, method))
+
+
+def engine(receiver: Any, *, copy: torch.nn.Module | None) -> tuple[VLLMEngine, FakeLLM]:
+    llm = FakeLLM()
+    settings = VLLMSettings(model_path="/m", dtype="float32", seed=0, max_model_len=8, engine_logprobs=copy is None)
+    return VLLMEngine(llm, settings, receiver=receiver, eos=[2], pad=0, logprob_model=copy), llm
+
+
+def test_the_vllm_engine_loads_through_its_receiver_and_serves_the_version() -> None:
+    copy, trained = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    state = {k: v.detach().clone() for k, v in trained.state_dict().items()}
+    eng, llm = engine(StateDictReceiver(), copy=copy)
+    eng.load_weights(state, 4)
+    assert eng.version == 4 and [m for m, _ in llm.rpcs] == [LOAD_METHOD]
+    assert torch.equal(copy.weight, trained.weight), "the log-prob copy gets the same version"
+
+    offer = NcclWeightsOffer("10.0.0.1", 1234, 3, ())
+    eng, llm = engine(NcclReceiver(1), copy=None)
+    eng.load_weights(offer, 5)  # type: ignore[arg-type]
+    assert eng.version == 5 and llm.rpcs == [(RECEIVE_METHOD, (offer, 1))]
+
+    eng, llm = engine(NcclReceiver(1), copy=torch.nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match="host copy"):
+        eng.load_weights(offer, 6)  # type: ignore[arg-type]
+    assert eng.version == 0, "a version whose copy did not load is not served"
