@@ -307,7 +307,7 @@ class SingleControllerActor:
         self.step += 1
         await self._drop(groups)
         clock.lap("clear")
-        await self.recovery._sync_weights()  # its body moves to rl/weight_sync as it is
+        await self.recovery.sync_weights()
         clock.lap("weight_sync")
         return reward, results
 

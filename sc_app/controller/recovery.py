@@ -107,8 +107,7 @@ class InJobRecovery:
             trace=self._trace,
         )
 
-    async def _sync_weights(self) -> None:
-        """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
-        them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
-        refs = [t.get_weights.remote() for t in self.args.trainers]
-        await self._generation.set_weights_all(refs[0], self.version, refs[1:])  # a dead worker is skipped
+    async def sync_weights(self) -> None:
+        """The new version to every generation worker through the weight-sync seam (``sc_app.rl.weight_sync``);
+        a dead worker is skipped (its pump gives its replacement the current weights)."""
+        await self._generation.push_weights(self.version)
