@@ -3,6 +3,7 @@
 ``local_ray``: one real local Ray for every in-process integration test (a start costs ~10 s here); it stays up
 until the session ends. ``fresh_transferqueue``: a real TransferQueue with one storage unit and no rows, started
 anew for the test module (the one before is closed from this process, which initialised it).
+``cli``: ``sc-app``'s ``main(argv)`` in this process, output captured, nothing left behind (``tests.support.cli``).
 Tests that need a cluster of their own (``ray.cluster_utils.Cluster``) or a clean process run sc-app in a
 subprocess instead (``tests.support.proc``).
 """
@@ -51,6 +52,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("pods"):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def cli(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``cli(*argv, env=..., within=...)``: ``sc-app`` run in this process (``tests.support.cli.InProcess``)."""
+    from tests.support.cli import InProcess
+
+    return InProcess(capfd, monkeypatch)
 
 
 @pytest.fixture(scope="session")
