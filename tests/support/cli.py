@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -26,6 +27,7 @@ from sc_app.cli import main
 ERROR = "sc-app: error:"
 # The handlers a command may install (``sc-app run`` takes SIGTERM); restored after every call.
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+TMP = os.path.realpath(tempfile.gettempdir()) + os.sep
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,14 @@ class Ran:
 
 
 def _fds() -> set[str]:
-    """This process's open file descriptors (fd → what it points at), less the package data a library keeps open
-    as a cache of its own (matplotlib's fonts, from its first plot on)."""
+    """This process's descriptors open on files under the temp dir, where every test keeps its checkpoint dirs,
+    logs and configs (``fd -> path``). Not the rest: a library's own caches (matplotlib keeps its fonts open, the
+    kubernetes client its cgroup files) and the sockets an API-server stand-in in the test's process accepts."""
     out = set()
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
             target = os.readlink(f"/proc/self/fd/{fd}")
-            if not target.startswith((sys.prefix, sys.base_prefix)):
+            if target.startswith(TMP):
                 out.add(f"{fd} -> {target}")
     return out
 
@@ -61,8 +64,8 @@ def _fds() -> set[str]:
 @contextlib.contextmanager
 def left_alone(grace: float = 5.0) -> Iterator[None]:
     """Undo what a command may change in its process (cwd, the root logger, signal handlers); fail if it leaves
-    what cannot be undone: a thread (still running ``grace`` s later), an open file descriptor, an initialised
-    Ray."""
+    what cannot be undone: a thread (still running ``grace`` s later), a file it opened and kept open (``_fds``), an
+    initialised Ray."""
     cwd, root = os.getcwd(), logging.getLogger()
     handlers, level = list(root.handlers), root.level
     signals = {s: signal.getsignal(s) for s in SIGNALS}
