@@ -36,12 +36,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(durations.Recorder(Path(record), config.rootpath), "record-durations")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest files first, by their recorded seconds (``tests/durations.json``, ``tests.support.durations``;
     the order inside a file kept): with a file per worker (``--dist loadfile``) a long file started last would run
-    alone at the end. Tests marked ``pods`` run a real job across pod stand-ins (minutes each): ``make test-pods``
-    runs them, the default suite skips them and says so, to stay within its time budget."""
+    alone at the end. A test that uses ``local_ray`` (directly or through ``fresh_transferqueue``) is marked
+    ``slow``, as are the modules that start a real run (``make test-quick`` leaves them out). Tests marked ``pods``
+    run a real job across pod stand-ins (minutes each): ``make test-pods`` runs them, the default suite skips them
+    and says so, to stay within its time budget."""
     items[:] = durations.order(items, durations.load())
+    for item in items:
+        if "local_ray" in getattr(item, "fixturenames", ()):  # a Ray start (~10 s) per worker, then real actors
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--pods"):
         return
     skip = pytest.mark.skip(reason="a real job across pod stand-ins: run by `make test-pods` (see ops/README.md)")

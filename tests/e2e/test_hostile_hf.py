@@ -20,8 +20,6 @@ from tests.support.cli import InProcess, Ran
 from tests.support.hf import ARITHMETIC, make_model_dir, write_jsonl
 from tests.support.proc import Finished, sc_app
 
-pytestmark = pytest.mark.slow
-
 REWARDS = """
 import os, pathlib
 
@@ -141,6 +139,7 @@ def test_bad_weights_and_reward_modules_are_refused_before_ray_and_the_lease(
 
 # One Ray run: the other failures (exit, NaN, a string, None) take the same path from ``score`` on
 # (tests/unit/rl/hf/test_hostile_inputs.py checks each becomes a RewardFailed naming the function).
+@pytest.mark.slow  # the only one here that starts Ray; the refusals above take seconds in-process
 @pytest.mark.parametrize(("fn", "named"), [("raises", "ValueError: boom")])
 def test_a_reward_failing_at_run_time_is_one_line_naming_it_and_loses_nothing(
     base: Path, tmp_path: Path, fn: str, named: str

@@ -9,9 +9,12 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import InProcess
 from tests.support.proc import read_trace, run_args, sc_app
 
+pytestmark = pytest.mark.slow  # a real run: Ray, TransferQueue, training
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bundle_v1_sha256"
 KEY_ENV = {"SC_APP_CHECKPOINT_HMAC_KEY": "old-format-fixture-key"}  # the fixture's key (its README)
 
