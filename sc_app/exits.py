@@ -2,14 +2,17 @@
 (``sc-app ...`` and ``sc-app k8s ...``).
 
 Invariant: a command that fails prints exactly one line ``<prog>: error: <message>`` on stderr, naming the problem
-and what to do, and returns one of these codes; it never prints a traceback. Pure: the errors are named by their
+and what to do, and returns one of these codes; it never prints a traceback, and it returns (``parse``: not even a
+bad flag raises ``SystemExit``), so ``main(argv)`` can run in a caller's process. Pure: the errors are named by their
 import path (``EXIT_OF``), so this module imports none of the modules that raise them.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the job (or the operation it waited for) failed; a rerun may succeed
@@ -62,3 +65,19 @@ def fail(message: str, code: int = EXIT_BAD_INPUT, *, prog: str = "sc-app") -> i
     """Print ``message`` as the command's one error line; returns ``code`` for ``main`` to exit with."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``argparse`` parser whose bad flag is the one error line and exit 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"sc-app: error: {message} (see `{self.prog} --help`)\n")
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """``argv`` parsed, or the exit code argparse ended with (``--help``, ``--version``: 0; a bad flag, its line
+    printed: 2): a command's ``main`` returns it instead of raising ``SystemExit`` into its caller's process."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_BAD_INPUT

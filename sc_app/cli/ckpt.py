@@ -11,8 +11,8 @@ import json
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.selection import BundleRules
-from sc_app.cli.options import Parser, add_checkpoint_dir, add_json, checkpoint_root
-from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK, fail
+from sc_app.cli.options import add_checkpoint_dir, add_json, checkpoint_root
+from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK, Parser, fail
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, fail
+from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, Parser, fail, parse
 from sc_app.k8s import install
 from sc_app.k8s.api import DEFAULT_REQUEST_TIMEOUT, K8sError, Kube, load_client
 from sc_app.k8s.rayjob import RayJobs
@@ -226,13 +226,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m sc_app.k8s.cli``); ``sc-app k8s`` wires :func:`register` the same way."""
-    parser = argparse.ArgumentParser(prog="sc-app")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return int(args.func(args))
+    """Stand-alone entry (``python -m sc_app.k8s.cli k8s VERB ...``), the same parser as ``sc-app k8s``: returns the
+    exit code (a bad flag too: one line, 2) and leaves logging alone, so tests call it in-process."""
+    parser = Parser(prog="sc-app")
+    register(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
+    args = parse(parser, argv)
+    return args if isinstance(args, int) else int(args.func(args))
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     raise SystemExit(main())
