@@ -90,3 +90,14 @@ def fresh_transferqueue(local_ray: Any) -> Any:
     close_transferqueue()
     tq.init(tq_conf(1, None))
     return tq
+
+
+@pytest.fixture(scope="session")
+def interrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The suite's one interrupted run (``tests/support/interrupted.py``: fresh, SIGKILLed after a bundle, stopped
+    by SIGTERM, resumed to the end), built once per session across xdist workers; read-only for its users."""
+    from tests.support import interrupted
+    from tests.support.shared import built_once
+
+    return built_once(tmp_path_factory, "interrupted_run", interrupted.build, interrupted.save, interrupted.load)
+

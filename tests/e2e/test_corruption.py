@@ -1,8 +1,10 @@
 """Corrupted, tampered and foreign bundles: each is named, never resumed, quarantined (not deleted) or refused.
 
-One real run (real Ray + TransferQueue, a subprocess) writes step_2 and step_4; every test damages a copy of that
-directory and checks what ``verify``/``plan_resume``/the CLI make of it: ``preflight``, ``ckpt`` in this process
-(the ``cli`` fixture), the runs that resume as subprocesses of their own (they start Ray).
+The bundles are those of a real run (real Ray + TransferQueue): the first attempt of the suite's shared interrupted
+run (``interrupted_run``, ``tests/support/interrupted.py``: ``--max-steps 4``, a bundle every 2 steps) writes
+step_2 and step_4; every test damages a copy of that directory and checks what ``verify``/``plan_resume``/the CLI
+make of it: ``preflight``, ``ckpt`` in this process (the ``cli`` fixture). Only the tests of a run's fallback start
+Ray (subprocesses of their own).
 """
 
 from __future__ import annotations
@@ -21,16 +23,16 @@ from sc_app.checkpoint.manifest import HMAC_ENV, render
 from sc_app.config.app import load_config
 from sc_app.io.hashing import digest_file
 from tests.support.cli import InProcess
+from tests.support.interrupted import Interrupted
 from tests.support.proc import sc_app
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("corruption") / "ckpt"
-    res = sc_app("run", "--checkpoint-dir", str(root), "--max-steps", "4", "--set", "checkpoint.save_period=2")
-    assert res.rc == 0, res.out[-3000:]
+def pristine(interrupted_run: Interrupted) -> Path:
+    """Shared, read-only: a test that changes it works on ``ckpt``, a copy."""
+    root = interrupted_run.pristine
     assert sorted(p.name for p in root.glob("step_*")) == ["step_2", "step_4"]
     return root
 

@@ -1,6 +1,6 @@
 """policy.worker_restart and PromptLoader.give_back: a dead generation worker's prompts come back exactly once, its
 replacement is bounded per worker and time window, and a dead worker does not fail a weight sync. Pure logic with
-fake actor handles; the real process kill is ``tests/e2e/test_generation_restart.py``."""
+fake actor handles; the real process kill is ``tests/e2e/test_in_job_restore.py``."""
 
 from __future__ import annotations
 
