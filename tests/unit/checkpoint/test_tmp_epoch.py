@@ -44,4 +44,5 @@ def test_tidy_moves_leftovers_of_every_naming(tmp_path: Path, name: str) -> None
     plan = plan_resume(tmp_path, tidy=True)
     assert plan.decision == "resume" and plan.step == 4
     assert not (tmp_path / name).exists()
-    assert [p.name for p in (tmp_path / layout.QUARANTINE_DIR).iterdir() if p.is_dir()][0].startswith(name + ".")
+    moved = [p.name for p in (tmp_path / layout.QUARANTINE_DIR).iterdir() if p.is_dir()]
+    assert len(moved) == 1 and moved[0].startswith(name + ".")
