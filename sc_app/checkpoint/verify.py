@@ -94,7 +94,7 @@ def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any], *, 
             recorded = RECORDED_SINCE.get(key, _UNRECORDED)
         if recorded is _UNRECORDED:
             out.append(f"incompatible: bundle does not record '{key}'")
-        elif recorded != expected[key]:
+        elif recorded != expected[key] or type(recorded) is not type(expected[key]):  # 2.0 and true are not 2, 1
             out.append(f"incompatible: {key} is {recorded!r} in the bundle but {expected[key]!r} in the config")
     return out
 
