@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.manifest import Manifest
-from sc_app.checkpoint.quarantine import QuarantineError, move_aside
+from sc_app.checkpoint.quarantine import QuarantineError, check_quarantine, move_aside
 from sc_app.checkpoint.verify import BundleReport, verify_bundle
 
 Decision = Literal["resume", "fresh", "refuse"]
@@ -141,6 +141,8 @@ def _tidy(root: Path, plan: ResumePlan, bad: list[BundleReport], tidy: bool) -> 
     if not tidy:
         return plan
     quarantine = root / layout.QUARANTINE_DIR
+    if layout.tmp_dirs(root) or bad:
+        check_quarantine(quarantine)  # a file, a link, unwritable: refused before the first move
     for tmp in layout.tmp_dirs(root):
         dest = move_aside(tmp, quarantine, "leftover tmp dir of a save that never completed; never resumable")
         plan.quarantined.append(f"{tmp.name} -> {dest.relative_to(root)}")
