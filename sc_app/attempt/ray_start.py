@@ -90,8 +90,8 @@ def start_ray(
                     "processes to start in time; rerun when it is less busy, or give the job more CPUs"
                 ) from None
             raise RayStartFailed(
-                f"Ray could not start {what} ({type(exc).__name__}: {first[:300]}); see the run log for Ray's "
-                "details, fix the cause and rerun"
+                f"Ray could not start {what} ({type(exc).__name__}: {first[:300]}); fix the cause and rerun "
+                "(run.log_level=DEBUG shows Ray's traceback)"
             ) from None
 
 
