@@ -144,3 +144,16 @@ def test_a_corrupt_newest_bundle_over_an_incompatible_one_is_refused_not_moved(t
     plan = choose_bundle(BundleRules.for_run(cfg), tidy=True)
     assert plan.decision == "refuse" and "run.seed" in plan.reason and "step_2" in plan.reason
     assert _bundles_tree(tmp_path) == before
+
+
+def test_the_reported_case_native_bundles_over_an_older_streamed_one(tmp_path: Path) -> None:
+    """The issue's case: more storage units over native-format bundles used to quarantine them as "incompatible"
+    and resume the older streamed bundle (which re-routes): now refused, nothing moved."""
+    _bundle(tmp_path, 2, _compat(TINY), native=False)
+    for step in (4, 6):
+        _bundle(tmp_path, step, _compat(TINY), native=True)
+    before = _bundles_tree(tmp_path)
+    cfg = load_config(None, [*TINY, "data_plane.storage_units=2", f"checkpoint.dir={tmp_path}"])
+    plan = choose_bundle(BundleRules.for_run(cfg), tidy=True)
+    assert plan.decision == "refuse" and "data_plane.storage_units is 1 in the bundle but 2" in plan.reason
+    assert "step_6" in plan.reason and _bundles_tree(tmp_path) == before
