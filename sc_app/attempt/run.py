@@ -157,28 +157,41 @@ def init_ray(cfg: AppConfig) -> bool:
 
 
 def _init_ray(cfg: AppConfig) -> bool:
+    """One line (``ray_start.RayStartFailed``) instead of Ray's traceback when Ray cannot start; a start-up that
+    timed out is retried once (``ray_start.start_ray``)."""
+    from sc_app.attempt import ray_start
+
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     verbose = cfg.run.log_level == "DEBUG"
     if cfg.ray.address is None:
-        ray.init(
-            address="local",
-            num_cpus=cfg.ray.num_cpus,
-            include_dashboard=False,
-            namespace=cfg.ray.namespace,
-            log_to_driver=verbose,
-            logging_level=logging.WARNING,
-            _metrics_export_port=cfg.ray.metrics_export_port,
+        ray_start.check_ray_tmpdir()  # before Ray writes anything there
+        ray_start.start_ray(
+            lambda: ray.init(
+                address="local",
+                num_cpus=cfg.ray.num_cpus,
+                include_dashboard=False,
+                namespace=cfg.ray.namespace,
+                log_to_driver=verbose,
+                logging_level=logging.WARNING,
+                _metrics_export_port=cfg.ray.metrics_export_port,
+            ),
+            ray.shutdown,
+            what="its embedded node",
         )
         return True
     # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
     # (HMAC key, fault injection) to them.
     env_vars = {k: v for k, v in os.environ.items() if k.startswith("SC_APP_")}
-    ray.init(
-        address=cfg.ray.address,
-        namespace=cfg.ray.namespace,
-        log_to_driver=verbose,
-        logging_level=logging.WARNING,
-        runtime_env={"env_vars": env_vars} if env_vars else None,
+    ray_start.start_ray(
+        lambda: ray.init(
+            address=cfg.ray.address,
+            namespace=cfg.ray.namespace,
+            log_to_driver=verbose,
+            logging_level=logging.WARNING,
+            runtime_env={"env_vars": env_vars} if env_vars else None,
+        ),
+        ray.shutdown,
+        what=f"a connection to the cluster at ray.address={cfg.ray.address}",
     )
     return False
 

@@ -129,6 +129,8 @@ def cmd_ckpt_rollback(args: argparse.Namespace) -> int:
         done = rollback(BundleRules.of_dir(root), args.to, dry_run=args.dry_run)
     except RollbackRefused as exc:
         return fail(str(exc))
+    except OSError as exc:  # the directory lock or a listing failed: nothing was moved by this command
+        return fail(f"cannot roll back {root}: {exc.strerror or exc}")
     verb = "would move" if args.dry_run else "moved"
     print(f"resume point: {done.target}; {verb} " + (", ".join(done.moved) if done.moved else "nothing"))
     return EXIT_OK
