@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sc_app.io import strict_json
+from sc_app.k8s import kueue
 from sc_app.k8s.api import DeadlinePassed, K8sError, Kube, Resource, seconds
 from sc_app.k8s.live import LiveStatus, LiveUnavailable, live_status
 from sc_app.k8s.storage import ClaimState, claim_state, mounted_claims
@@ -53,6 +54,8 @@ class JobStatus:
     live: LiveStatus | None = None
     live_error: str | None = None
     claims: list[ClaimState] = field(default_factory=list)
+    pods_left: list[str] | None = None  # pods of a suspended/suspending job, found by its labels (None: not asked)
+    kueue: list[str] = field(default_factory=list)  # one line per Kueue Workload of a queued job
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> JobStatus:
@@ -99,6 +102,8 @@ class JobStatus:
             "resumeDecision": self.resume_decision,
             "live": self.live.as_dict() if self.live else None,
             "liveError": self.live_error,
+            "podsLeft": self.pods_left,
+            "kueue": self.kueue,
         }
 
     def lines(self) -> list[str]:
@@ -117,6 +122,11 @@ class JobStatus:
         ]
         out += [f"message: {self.message}"] if self.message else []
         out += self.kuberay_lines()
+        out += self.kueue
+        if self.pods_left is not None:
+            out.append(f"pods of the job still there: {len(self.pods_left)} ({', '.join(self.pods_left[:3])}); a "
+                       "terminating one still runs its preStop hook and may publish a bundle" if self.pods_left
+                       else "pods of the job: none left (no writer on the PVC)")
         out += [c.line() for c in self.claims if c.pending]
         if self.live is not None:
             out += self.live.lines()
@@ -138,6 +148,18 @@ class JobStatus:
         return [f"reason: {self.reason}"] if self.reason else []
 
 
+def job_pod_selector(rayjob: dict[str, Any]) -> str:
+    """A label selector for every Ray pod of the job whatever its cluster: the labels all its pod templates share
+    (the chart's release labels); "" when they share none (then only ``ray.io/cluster`` finds its pods)."""
+    spec = (rayjob.get("spec") or {}).get("rayClusterSpec") or {}
+    groups = [spec.get("headGroupSpec") or {}, *(spec.get("workerGroupSpecs") or [])]
+    common: dict[str, str] | None = None
+    for group in groups:
+        labels = ((group.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        common = dict(labels) if common is None else {k: v for k, v in common.items() if labels.get(k) == v}
+    return ",".join(f"{k}={v}" for k, v in sorted((common or {}).items()))
+
+
 class RayJobs:
     """RayJob verbs in ``kube``'s namespace."""
 
@@ -157,24 +179,29 @@ class RayJobs:
     def set_suspend(self, name: str, suspend: bool) -> None:
         self.kube.merge_patch(self.res, name, {"spec": {"suspend": suspend}})
 
-    def cluster_pods(self, clusters: set[str]) -> list[str]:
-        """Names of the pods (terminating ones included) of ``clusters``."""
+    def cluster_pods(self, clusters: set[str], selector: str = "") -> list[str]:
+        """Names of the pods (terminating ones included) of ``clusters`` and of those ``selector`` matches (the
+        job's own labels, which every pod of every cluster of the job carries: ``status.rayClusterName`` is cleared
+        while a suspended cluster's pods still run)."""
         pods = self.kube.resource("v1", "Pod")
-        return sorted(p["metadata"]["name"] for c in sorted(clusters)
-                      for p in self.kube.list(pods, selector=f"ray.io/cluster={c}"))
+        selectors = [f"ray.io/cluster={c}" for c in sorted(clusters)] + ([selector] if selector else [])
+        return sorted({p["metadata"]["name"] for s in selectors for p in self.kube.list(pods, selector=s)})
 
-    def wait_suspended(self, name: str, clusters: set[str], timeout: float, poll: float) -> JobStatus:
-        """Until KubeRay says Suspended and every pod of ``clusters`` (and of any cluster seen meanwhile) is gone:
-        a pod that is still terminating runs its preStop hook and may still publish a bundle. ``TimeoutError``
-        after ``timeout`` s."""
+    def wait_suspended(self, name: str, clusters: set[str], timeout: float, poll: float,
+                       selector: str = "") -> JobStatus:
+        """Until KubeRay says Suspended and every pod of ``clusters`` (and of any cluster seen meanwhile) and every
+        pod ``selector`` matches is gone: a pod that is still terminating runs its preStop hook and may still
+        publish a bundle. ``TimeoutError`` after ``timeout`` s."""
         self.kube.deadline = time.monotonic() + timeout
         what = "no answer yet"
         while True:
             try:
                 st = JobStatus.of(self.get(name))
                 clusters |= {st.cluster} - {""}
-                left = self.cluster_pods(clusters) if st.deployment_status == "Suspended" else None
-            except DeadlinePassed:
+                left = self.cluster_pods(clusters, selector) if st.deployment_status == "Suspended" else None
+            except K8sError as exc:  # out of time (DeadlinePassed, a request cut at the deadline) or transient
+                if not (exc.transient or isinstance(exc, DeadlinePassed)):
+                    raise
                 left = None
             else:
                 if left == []:
@@ -269,12 +296,28 @@ class RayJobs:
         st = JobStatus.of(obj)
         st.claims = self.claims(obj)
         self._add_head(st)
+        self._add_suspension(obj, st)
         if live:
             try:
                 st.live = live_status(self.kube, obj, last_events=last_events)
             except LiveUnavailable as exc:
                 st.live_error = str(exc)
         return st
+
+    def _add_suspension(self, obj: dict[str, Any], st: JobStatus) -> None:
+        """The pods a suspended job still has (by its labels: rayClusterName is already cleared) and its Kueue
+        Workload; a part that cannot be read is left out."""
+        try:
+            if st.suspended or st.deployment_status in ("Suspending", "Suspended"):
+                st.pods_left = self.cluster_pods({st.cluster} - {""}, job_pod_selector(obj))
+            if kueue.queue_of(obj):
+                st.kueue = [kueue.admission_line(w) for w in kueue.workloads_of(self.kube, obj)[1]] or [
+                    f"kueue: queue {kueue.queue_of(obj)}: no Workload owned by the job (yet)"]
+        except DeadlinePassed:
+            raise
+        except K8sError as exc:
+            log.debug("suspension details unavailable: %s", exc)
+            st.kueue = st.kueue or ([f"kueue: {exc}"] if kueue.queue_of(obj) else [])
 
     def wait(self, name: str, timeout: float, poll: float = 5.0, *, started: float | None = None) -> JobStatus:
         """Poll until the job reaches a terminal deployment status; ``TimeoutError`` once ``timeout`` s have passed
