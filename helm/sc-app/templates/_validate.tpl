@@ -241,6 +241,9 @@ EKS: an EFS class of efs.csi.aws.com, e.g. efs-sc; GKE: Filestore standard-rwx; 
 {{- if and (not $v.rayAuth.enabled) (not $v.networkPolicy.enabled) (not $v.rayAuth.acceptOpenCluster) -}}
 {{- fail "rayAuth.enabled=false with networkPolicy.enabled=false: any pod in the cluster could submit code that runs with the checkpoint volume and the HMAC key; enable one of them, or set rayAuth.acceptOpenCluster=true if something else (a service mesh) guards the head" -}}
 {{- end -}}
+{{- if and $v.rayAuth.enabled $v.rayAuth.gitops (not $v.rayAuth.existingSecret) -}}
+{{- fail "rayAuth.gitops=true without rayAuth.existingSecret: rendered without cluster access the chart would make a new Ray token at every render while the running pods keep the old one (KubeRay's status checks get 401 and fail the job for good after 300 s, JobStatusCheckTimeoutExceeded); create the Secret once (key auth_token) and name it in rayAuth.existingSecret" -}}
+{{- end -}}
 {{- if and (eq $v.mode "RayJob") (eq $v.job.submissionMode "SidecarMode") (eq $v.podSecurityStandard "restricted") -}}
 {{- fail "job.submissionMode=SidecarMode with podSecurityStandard=restricted: KubeRay adds its submitter container to the head pod without a securityContext, so a namespace enforcing the restricted Pod Security Standard rejects the head pod; use K8sJobMode or HTTPMode, or set podSecurityStandard=baseline if the namespace does not enforce restricted" -}}
 {{- end -}}
