@@ -197,7 +197,7 @@ def test_every_ray_container_stops_the_run_inside_its_grace_period(values: dict[
     templates = _ray_templates(obj)
     assert len(templates) == 1 + len(full["workerGroups"])
     for template in templates:
-        (ray,) = template["spec"]["containers"]
+        ray = template["spec"]["containers"][0]  # KubeRay's Ray container; extraContainers follow it
         assert ray["lifecycle"]["preStop"]["exec"]["command"] == [
             "sc-app", "stop", "--checkpoint-dir", mount, "--wait", str(wait)
         ], ray["name"]

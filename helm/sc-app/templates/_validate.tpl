@@ -26,6 +26,7 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- include "sc-app.validateGroups" . -}}
 {{- include "sc-app.validateStop" . -}}
 {{- include "sc-app.validateConfig" . -}}
+{{- include "sc-app.validateExtraContainers" . -}}
 {{- end -}}
 
 {{/* RayJob fields KubeRay's ValidateRayJobSpec refuses (checked only with mode RayJob). */}}
@@ -292,4 +293,38 @@ EKS: an EFS class of efs.csi.aws.com, e.g. efs-sc; GKE: Filestore standard-rwx; 
 {{- end -}}
 {{- if not $done -}}{{- $n = float64 $q -}}{{- end -}}
 {{- $n -}}
+{{- end -}}
+
+{{/*
+extraContainers of the head and every worker group: what the API server or Pod Security admission would refuse
+(a container name twice in a pod, a mount of a volume the pod does not have, privilege under "restricted").
+*/}}
+{{- define "sc-app.validateExtraContainers" -}}
+{{- $v := .Values -}}
+{{- $groups := list (dict "where" "head" "g" $v.head "names" (list "ray-head" "preflight")) -}}
+{{- range $i, $g := $v.workerGroups -}}
+{{- $groups = append $groups (dict "where" (printf "workerGroups[%d] (%s)" $i $g.name) "g" $g "names" (list "ray-worker")) -}}
+{{- end -}}
+{{- range $groups -}}
+{{- $where := .where -}}
+{{- $names := .names -}}
+{{- $volumes := list "checkpoints" "config" "model" "ray-tmp" "dshm" "tmp" "home" -}}
+{{- range concat (default (list) $v.extraVolumes) (default (list) .g.extraVolumes) -}}{{- $volumes = append $volumes .name -}}{{- end -}}
+{{- range concat (default (list) $v.extraContainers) (default (list) .g.extraContainers) -}}
+{{- if has .name $names -}}
+{{- fail (printf "extraContainers name %q appears twice in the %s pod (or names a container the chart makes: %s); Kubernetes refuses duplicate container names" .name $where (join ", " $names)) -}}
+{{- end -}}
+{{- $names = append $names .name -}}
+{{- $cname := .name -}}
+{{- range .volumeMounts -}}
+{{- if not (has .name $volumes) -}}
+{{- fail (printf "extraContainers %q mounts volume %q, which the %s pod does not have; add it to extraVolumes (Ray's logs: volume ray-tmp)" $cname .name $where) -}}
+{{- end -}}
+{{- end -}}
+{{- $sc := default (dict) .securityContext -}}
+{{- if and (eq $v.podSecurityStandard "restricted") (or $sc.privileged $sc.allowPrivilegeEscalation (eq (toString (default "" $sc.runAsUser)) "0")) -}}
+{{- fail (printf "extraContainers %q in the %s pod asks for privileges (privileged, allowPrivilegeEscalation or runAsUser 0) that podSecurityStandard=restricted refuses; drop them" .name $where) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
