@@ -13,8 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sc_app.io import strict_json
-from sc_app.k8s import kueue
+from sc_app.k8s import kueue, preflight_state
 from sc_app.k8s.api import DeadlinePassed, K8sError, Kube, Resource, seconds
 from sc_app.k8s.live import LiveStatus, LiveUnavailable, live_status
 from sc_app.k8s.storage import ClaimState, claim_state, mounted_claims
@@ -56,6 +55,8 @@ class JobStatus:
     claims: list[ClaimState] = field(default_factory=list)
     pods_left: list[str] | None = None  # pods of a suspended/suspending job, found by its labels (None: not asked)
     kueue: list[str] = field(default_factory=list)  # one line per Kueue Workload of a queued job
+    pre_running_deadline: int | None = None  # spec.preRunningDeadlineSeconds
+    preflight: preflight_state.PreflightState | None = None
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> JobStatus:
@@ -73,6 +74,7 @@ class JobStatus:
             message=st.get("message", ""),
             reason=str(st.get("reason") or ""),
             status_checks_failing_since=str(st.get("jobStatusCheckFailureStartTime") or ""),
+            pre_running_deadline=spec.get("preRunningDeadlineSeconds"),
         )
 
     @property
@@ -104,12 +106,15 @@ class JobStatus:
             "liveError": self.live_error,
             "podsLeft": self.pods_left,
             "kueue": self.kueue,
+            "preflightRefusal": self.preflight.reason if self.preflight and self.preflight.refusing else None,
         }
 
     def lines(self) -> list[str]:
         step = (
             "unknown (no preflight log yet)"
             if self.resume_decision is None
+            else "none: preflight refuses to resume (below)"
+            if self.resume_decision == "refuse"
             else (f"step {self.resume_step}" if self.resume_step is not None else "none (fresh start)")
         )
         out = [
@@ -145,7 +150,15 @@ class JobStatus:
             return [f"warning: KubeRay's status checks of the head fail since {since}; after "
                     f"RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (default 300) it fails the job with {STATUS_CHECK_TIMEOUT}, "
                     "not retried"]
-        return [f"reason: {self.reason}"] if self.reason else []
+        out = []
+        if self.reason == preflight_state.PRE_RUNNING_DEADLINE:
+            out.append(f"reason: {self.reason}: an attempt did not reach Running within preRunningDeadlineSeconds "
+                       f"({self.pre_running_deadline or '?'} s; KubeRay retries it, up to backoffLimit): a refusing "
+                       "preflight, a pod that cannot be scheduled or an image that cannot be pulled")
+        elif self.reason:
+            out.append(f"reason: {self.reason}")
+        refusal = self.preflight.refusal_line(self.pre_running_deadline) if self.preflight else None
+        return out + ([refusal] if refusal else [])
 
 
 def job_pod_selector(rayjob: dict[str, Any]) -> str:
@@ -231,24 +244,6 @@ class RayJobs:
         alive.sort(key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
         return alive[-1] if alive else None
 
-    def resume_point(self, pod: str) -> tuple[int | None, str | None]:
-        """(step, decision) from the head's preflight initContainer log (JSON); (None, None) when unavailable."""
-        try:
-            text = self.kube.pod_log(pod, "preflight")
-        except K8sError as exc:  # status must still answer when logs are not readable
-            log.debug("preflight log unavailable: %s", exc)
-            return None, None
-        start = text.find("{")
-        try:
-            doc = strict_json.parse(text[start:]) if start >= 0 else None
-        except ValueError:
-            doc = None
-        if not isinstance(doc, dict):
-            return None, None
-        decision = str(doc.get("decision"))
-        step = doc.get("step") if decision == "resume" else None  # a fresh start reports step 0: no bundle
-        return (int(step) if step is not None else None), decision
-
     def _add_head(self, st: JobStatus) -> None:
         if not st.cluster:
             return
@@ -259,7 +254,8 @@ class RayJobs:
             return
         if pod is not None:
             st.head_pod = pod["metadata"]["name"]
-            st.resume_step, st.resume_decision = self.resume_point(st.head_pod)
+            st.preflight = preflight_state.read(self.kube, pod)
+            st.resume_step, st.resume_decision = st.preflight.step, st.preflight.decision
 
     def claims(self, rayjob: dict[str, Any]) -> list[ClaimState]:
         """The claims the job's pods mount, with what a Pending one waits for; unreadable ones are left out."""

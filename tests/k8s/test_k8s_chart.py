@@ -109,7 +109,7 @@ def test_default_rayjob_contract() -> None:
     assert spec["shutdownAfterJobFinishes"] is True
     assert "activeDeadlineSeconds" not in spec
     # An attempt that cannot start gives its GPUs back; the submitter retries a bounded number of times.
-    assert spec["preRunningDeadlineSeconds"] == 3600
+    assert spec["preRunningDeadlineSeconds"] == 900
     assert spec["submitterConfig"] == {"backoffLimit": 2}
     assert "deletionStrategy" not in spec
     rc = spec["rayClusterSpec"]
