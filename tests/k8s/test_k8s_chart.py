@@ -49,7 +49,8 @@ MATRIX = [pytest.param(BASE_VALUES, id="defaults")] + [
 
 
 # A PodMonitor needs the namespace Prometheus scrapes from (the chart refuses it otherwise).
-MONITORED = {"metrics": {"podMonitor": {"enabled": True}}, "networkPolicy": {"monitoringNamespace": "monitoring"}}
+MONITORED = {"metrics": {"podMonitor": {"enabled": True, "flavor": "prometheus-operator"}},
+             "networkPolicy": {"monitoringNamespace": "monitoring"}}
 
 
 def _the(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- include "sc-app.validateStop" . -}}
 {{- include "sc-app.validateConfig" . -}}
 {{- include "sc-app.validateExtraContainers" . -}}
+{{- include "sc-app.validateExtendedResources" . -}}
 {{- end -}}
 
 {{/* RayJob fields KubeRay's ValidateRayJobSpec refuses (checked only with mode RayJob). */}}
@@ -325,6 +326,38 @@ extraContainers of the head and every worker group: what the API server or Pod S
 {{- if and (eq $v.podSecurityStandard "restricted") (or $sc.privileged $sc.allowPrivilegeEscalation (eq (toString (default "" $sc.runAsUser)) "0")) -}}
 {{- fail (printf "extraContainers %q in the %s pod asks for privileges (privileged, allowPrivilegeEscalation or runAsUser 0) that podSecurityStandard=restricted refuses; drop them" .name $where) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Resources the kubelet cannot overcommit (extended resources such as nvidia.com/gpu or vpc.amazonaws.com/efa, and
+hugepages-*): the API server refuses a pod whose request differs from its limit or that requests one without a limit.
+*/}}
+{{- define "sc-app.validateExtendedResources" -}}
+{{- $groups := list (dict "where" "head" "g" .Values.head) -}}
+{{- range $i, $g := .Values.workerGroups -}}
+{{- $groups = append $groups (dict "where" (printf "workerGroups[%d] (%s)" $i $g.name) "g" $g) -}}
+{{- end -}}
+{{- range $groups -}}
+{{- $res := default (dict) .g.resources -}}
+{{- $req := default (dict) $res.requests -}}
+{{- $lim := default (dict) $res.limits -}}
+{{- $where := .where -}}
+{{- range $name := keys $req | sortAlpha -}}
+{{- if or (contains "/" $name) (hasPrefix "hugepages-" $name) -}}
+{{- if not (hasKey $lim $name) -}}
+{{- fail (printf "%s resources.requests.%s has no limit: Kubernetes cannot overcommit %s and refuses the pod; set resources.limits.%s to the same value" $where $name $name $name) -}}
+{{- end -}}
+{{- $a := include "sc-app.bytes" (index $req $name) -}}
+{{- $b := include "sc-app.bytes" (index $lim $name) -}}
+{{- if ne $a $b -}}
+{{- fail (printf "%s resources.requests.%s=%v differs from its limit %v: Kubernetes refuses a pod whose request and limit of %s differ; make them equal" $where $name (index $req $name) (index $lim $name) $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (gt (len (pick $lim "hugepages-2Mi" "hugepages-1Gi")) 0) (not (or $lim.memory $req.memory $lim.cpu $req.cpu)) -}}
+{{- fail (printf "%s resources ask for hugepages without a cpu or memory request: Kubernetes refuses such a pod; add memory" $where) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
