@@ -1,4 +1,4 @@
-"""``sc-app k8s submit|status|wait|suspend|resume|delete``: a RayJob from the chart's values, without Helm.
+"""``sc-app k8s submit|name|status|wait|suspend|resume|delete``: a RayJob from the chart's values, without Helm.
 
 Exit codes (``sc_app/exits.py``): 0 ok; 1 the job failed, ``wait``/``delete`` ran out of ``--timeout``, or the API
 server did not answer / could not be reached (a rerun may succeed); 2 bad input (values, flags, kubeconfig, context)
@@ -90,6 +90,13 @@ def _release(args: argparse.Namespace, *, installable: bool = False) -> Release:
 def _name(args: argparse.Namespace) -> str:
     """The RayJob's name: RELEASE itself with --raw-name, else what the chart names it for these values."""
     return args.release if args.raw_name else _release(args).ray_object["metadata"]["name"]
+
+
+@_command
+def cmd_name(args: argparse.Namespace) -> int:
+    """The RayJob's name as the chart's fullname helper makes it (not always ``<release>-sc-app``): for scripts."""
+    print(_name(args))
+    return EXIT_OK
 
 
 @_command
@@ -199,13 +206,18 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``k8s`` with its verbs to the ``sc-app`` parser; each verb's ``func(args) -> int``."""
     k8s = subparsers.add_parser("k8s", help="submit and manage the RayJob on Kubernetes (no Helm needed)")
-    verbs = k8s.add_subparsers(dest="k8s_command", metavar="{submit,status,wait,suspend,resume,delete}")
+    verbs = k8s.add_subparsers(dest="k8s_command", metavar="{submit,name,status,wait,suspend,resume,delete}")
     verbs.required = True
 
     sub = verbs.add_parser("submit", help="render the chart's objects from values and create them")
     _common(sub)
     sub.add_argument("--dry-run", action="store_true", help="print the objects as YAML, create nothing")
     sub.set_defaults(func=cmd_submit)
+
+    nm = verbs.add_parser("name", help="print the RayJob's name as the chart makes it for these values (no cluster "
+                          "needed): `export JOB=$(sc-app k8s name RELEASE -f my-values.yaml)`")
+    _common(nm)
+    nm.set_defaults(func=cmd_name)
 
     st = verbs.add_parser(
         "status", help="deployment status, retries, resume step, and the running driver's step, bundle and events"
