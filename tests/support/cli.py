@@ -65,7 +65,8 @@ def _fds() -> set[str]:
 def left_alone(grace: float = 5.0) -> Iterator[None]:
     """Undo what a command may change in its process (cwd, the root logger, signal handlers); fail if it leaves
     what cannot be undone: a thread (still running ``grace`` s later), a file it opened and kept open (``_fds``), an
-    initialised Ray."""
+    initialised Ray (one the test process had before, such as the suite's ``local_ray``, is not the command's)."""
+    ray_before = _ray_initialised()
     cwd, root = os.getcwd(), logging.getLogger()
     handlers, level = list(root.handlers), root.level
     signals = {s: signal.getsignal(s) for s in SIGNALS}
@@ -83,8 +84,12 @@ def left_alone(grace: float = 5.0) -> Iterator[None]:
         time.sleep(0.05)
     assert not extra, f"the command left threads running: {sorted(t.name for t in extra)}"
     assert _fds() <= fds, f"the command left file descriptors open: {sorted(_fds() - fds)}"
+    assert ray_before or not _ray_initialised(), "the command started Ray in the test process"
+
+
+def _ray_initialised() -> bool:
     ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized(), "the command started Ray in the test process"
+    return ray is not None and ray.is_initialized()
 
 
 @dataclass
