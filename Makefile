@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-pods lint bench test-sysdeps
+.PHONY: run test test-quick test-durations test-pods lint bench test-sysdeps
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,19 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP) test-sysdeps
 	$(VENV)/bin/ruff check sc_app tests bench
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The local loop: the same suite less the tests marked slow (a Ray start, a real run): ruff, then minutes, not 20.
+# CI runs `make test`, which runs everything.
+test-quick: $(STAMP)
+	$(VENV)/bin/ruff check sc_app tests bench
+	$(VENV)/bin/pytest $(PYTEST_ARGS) -m "not slow and not pods"
+
+# Re-record tests/durations.json (seconds per test file; `make test` hands files to the workers longest first by
+# it) from a whole run like `make test`'s. Commit the file when the order it gives changes. DURATIONS_ARGS= picks
+# whole files to record (their entries are replaced, the others kept).
+DURATIONS_ARGS ?=
+test-durations: $(STAMP) test-sysdeps
+	$(VENV)/bin/pytest $(PYTEST_ARGS) --record-durations tests/durations.json $(DURATIONS_ARGS)
 
 # Real jobs across pod stand-ins (NetworkPolicy enforced, the kubelet's preStop/SIGTERM/SIGKILL): ~5 min, root.
 test-pods: $(STAMP) test-sysdeps

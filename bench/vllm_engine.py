@@ -75,6 +75,7 @@ def _engines(model_dir: Path, max_len: int) -> dict[str, Any]:
     from sc_app.rl.hf.engine import HFGenerateEngine, eos_ids
     from sc_app.rl.hf.model_dir import check_model_dir, load_model, load_tokenizer
     from sc_app.rl.hf.vllm_engine import VLLMEngine, VLLMSettings, start_llm
+    from sc_app.rl.weight_sync.object_store import StateDictReceiver
 
     md = check_model_dir(model_dir)
     tok, model = load_tokenizer(md), load_model(md, torch.float32)
@@ -87,8 +88,12 @@ def _engines(model_dir: Path, max_len: int) -> dict[str, Any]:
 
     return {
         "hf": HFGenerateEngine(load_model(md, torch.float32), eos=eos, pad=pad, device=torch.device("cpu")),
-        "vllm": VLLMEngine(llm, replace(settings, engine_logprobs=True), eos=eos, pad=pad),
-        "vllm+trainer-lp": VLLMEngine(llm, settings, eos=eos, pad=pad, logprob_model=model),
+        "vllm": VLLMEngine(
+            llm, replace(settings, engine_logprobs=True), receiver=StateDictReceiver(), eos=eos, pad=pad
+        ),
+        "vllm+trainer-lp": VLLMEngine(
+            llm, settings, receiver=StateDictReceiver(), eos=eos, pad=pad, logprob_model=model
+        ),
         "_start_s": start_s,
         "_state": {k: v.detach().clone() for k, v in model.state_dict().items()},
     }

@@ -2,14 +2,17 @@
 (``sc-app ...`` and ``sc-app k8s ...``).
 
 Invariant: a command that fails prints exactly one line ``<prog>: error: <message>`` on stderr, naming the problem
-and what to do, and returns one of these codes; it never prints a traceback. Pure: the errors are named by their
+and what to do, and returns one of these codes; it never prints a traceback, and it returns (``parse``: not even a
+bad flag raises ``SystemExit``), so ``main(argv)`` can run in a caller's process. Pure: the errors are named by their
 import path (``EXIT_OF``), so this module imports none of the modules that raise them.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the job (or the operation it waited for) failed; a rerun may succeed
@@ -27,6 +30,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.rl.hooks.InputError": EXIT_BAD_INPUT,
     "sc_app.attempt.run.CheckpointDirUnusable": EXIT_BAD_INPUT,
     "sc_app.attempt.setup.ResumeRefused": EXIT_BAD_INPUT,
+    "sc_app.attempt.ray_start.RayTmpdirUnusable": EXIT_BAD_INPUT,  # RAY_TMPDIR missing, a file, unwritable
     # a newer run took the lease (fencing)
     "sc_app.checkpoint.lease.LeaseLost": EXIT_SUPERSEDED,
     # the job failed; a rerun resumes from the newest complete bundle
@@ -35,6 +39,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.attempt.poll.EmergencyTimeout": EXIT_FAILED,
     "sc_app.progress.JobFailed": EXIT_FAILED,  # ActorsDied too; in-job restores spent or impossible
     "sc_app.progress.RecoveryExhausted": EXIT_FAILED,  # in-job recovery spent its bound (retries, restarts)
+    "sc_app.attempt.ray_start.RayStartFailed": EXIT_FAILED,  # ray.init failed (timed out twice): rerun later
     "sc_app.rl.hooks.RewardFailed": EXIT_FAILED,  # a reward function failed at run time: one line naming it
 }
 _PREFIX = {EXIT_SUPERSEDED: "superseded: "}
@@ -62,3 +67,19 @@ def fail(message: str, code: int = EXIT_BAD_INPUT, *, prog: str = "sc-app") -> i
     """Print ``message`` as the command's one error line; returns ``code`` for ``main`` to exit with."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``argparse`` parser whose bad flag is the one error line and exit 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"sc-app: error: {message} (see `{self.prog} --help`)\n")
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """``argv`` parsed, or the exit code argparse ended with (``--help``, ``--version``: 0; a bad flag, its line
+    printed: 2): a command's ``main`` returns it instead of raising ``SystemExit`` into its caller's process."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_BAD_INPUT

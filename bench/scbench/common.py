@@ -7,6 +7,7 @@ import importlib.util
 import logging
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -120,6 +121,20 @@ def load_avg() -> float:
     return os.getloadavg()[0]
 
 
+# Top-level modules that moved into packages by concern since older BEFORE_COMMITs (old name -> today's path).
+MOVED = {
+    "job": "attempt.run", "driver": "attempt.setup", "drive": "attempt.poll",
+    "in_job_restore": "attempt.in_job_restore", "actor_watch": "attempt.actor_watch",
+    "cluster_fit": "attempt.cluster_fit", "controller": "controller.actor", "controller_saves": "controller.saves",
+    "controller_recovery": "controller.recovery", "barrier": "data_plane.barrier",
+    "replay_buffer": "data_plane.replay_buffer", "replay_index": "data_plane.replay_index", "config": "config.app",
+    "config_tree": "config.tree", "config_input": "config.input", "engine_config": "config.engine",
+    "safe_files": "io.safe_files", "durable_io": "io.durable", "hashing": "io.hashing", "digest": "io.digest",
+    "strict_json": "io.strict_json", "torch_io": "io.torch_files", "background": "io.background",
+}  # fmt: skip
+MOVED_RE = re.compile(r"\bsc_app\.(" + "|".join(sorted(MOVED, key=len, reverse=True)) + r")\b")
+
+
 def before_module(path: str) -> ModuleType | None:
     """``path`` (a module of this repo) as it was at ``BEFORE_COMMIT``, imported under a private name; None when
     the checkout has no git history to read it from (the before/after columns are then left out)."""
@@ -132,6 +147,7 @@ def before_module(path: str) -> ModuleType | None:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    source = MOVED_RE.sub(lambda m: "sc_app." + MOVED[m.group(1)], source)  # its imports, in today's layout
     name = "sc_bench_before_" + path.replace("/", "_").removesuffix(".py")
     file = Path(tempfile.mkdtemp(prefix="sc-bench-before-")) / f"{name}.py"
     file.write_text(source)

@@ -6,9 +6,10 @@ When driving the job fails because a process of it died (``JobFailed``; ``Actors
 
 1. names what died (``RestorableJob.what_died``) and tears the whole job down (every actor killed, TransferQueue
    closed, the restore guard gone: ``Setup.teardown``);
-2. ends the attempt (``JobFailed``, one line, exit 1: the usual retry path) when the restores are spent
-   (``run.max_in_job_restores`` per attempt), a stop was requested, or the cluster no longer fits the job (the
-   line names what is missing: a node gone for good);
+2. asks the named policy (``restore_policy.InJobRestorePolicy``) and ends the attempt when it says END
+   (``JobFailed``, its one line, exit 1: the usual retry path): in-job restore off, the restores spent
+   (``run.max_in_job_restores`` per attempt), a stop requested, or the cluster no longer fits the job (the line
+   names what is missing: a node gone for good);
 3. fences the torn-down job: the lease moves one epoch on (``Lease.advance``), so a zombie of it (a process on a
    partitioned node that outlived ``ray.kill``) fails its next lease check and can never publish a bundle; it
    cannot write rows either — the data plane it knew was closed and its actors killed;
@@ -26,22 +27,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sc_app.attempt.restore_policy import Action, Death, InJobRestorePolicy
 from sc_app.checkpoint import ResumePlan
 from sc_app.progress import FaultRecord, JobFailed, RunSummary
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Death:
-    """What died: a ``FaultRecord`` kind, the processes by name, when (``time.time()``; None when unknown)."""
-
-    kind: str
-    names: str
-    died_at: float | None = None
 
 
 class RestorableJob(Protocol):
@@ -59,6 +51,7 @@ class RestorableJob(Protocol):
 def drive_restoring(job: RestorableJob, plan: ResumePlan, max_restores: int) -> tuple[RunSummary, ResumePlan]:
     """Set the job up from ``plan`` and drive it to its end, restoring it in-job after each death (at most
     ``max_restores``). Returns the summary and the plan the last setup used."""
+    policy = InJobRestorePolicy(max_restores)
     restores = 0
     setup, plan = job.start(plan)
     while True:
@@ -72,7 +65,13 @@ def drive_restoring(job: RestorableJob, plan: ResumePlan, max_restores: int) -> 
             setup.teardown()
             torn_down = time.time()
             reached = job.step_reached()
-            _refuse(job, death, failure, restores, max_restores)
+            decision = policy.decide(
+                death, restores, stop_requested=job.stop_requested, missing_resources=job.missing_resources
+            )
+            if decision.action is Action.END:
+                if decision.line is None:  # in-job restore is off: the death's own error ends the attempt
+                    raise failure
+                raise JobFailed(decision.line) from None
             restores += 1
             log.warning("%s died (%s); restoring in-job (%d of %d)", death.names, death.kind, restores, max_restores)
             job.fence()
@@ -98,24 +97,6 @@ def drive_restoring(job: RestorableJob, plan: ResumePlan, max_restores: int) -> 
                 error=f"{death.names} died",
             )
         )
-
-
-def _refuse(job: RestorableJob, death: Death, failure: JobFailed, restores: int, max_restores: int) -> None:
-    """Raise ``JobFailed`` (one line) when this death ends the attempt instead of a restore."""
-    if max_restores == 0:
-        raise failure
-    if restores >= max_restores:
-        raise JobFailed(
-            f"{death.names} died after {restores} in-job restores (run.max_in_job_restores={max_restores}); "
-            "a rerun resumes from the newest complete bundle"
-        ) from None
-    if job.stop_requested():
-        raise JobFailed(f"{death.names} died while stopping; a rerun resumes from the newest complete bundle") from None
-    missing = job.missing_resources()
-    if missing:
-        raise JobFailed(
-            f"{death.names} died and {missing}; a retry on a new cluster resumes from the newest complete bundle"
-        ) from None
 
 
 class _Nothing:

@@ -1,11 +1,12 @@
 """One attempt of the training job: resume plan → writer lease → tidy → Ray → setup → drive → release.
 
 ``run_job`` is what ``sc-app run`` calls; each of its steps is one function here. Which bundle it resumes, and
-whether it may, is ``sc_app.checkpoint.selection``'s decision (the same ``sc-app preflight`` prints); the backend's
-input checks are ``sc_app.rl.hooks``'. Errors leave it typed: ``InputError`` / ``CheckpointDirUnusable`` /
-``LeaseError`` / ``LineageError`` / ``ResumeRefused`` (bad input: exit 2), ``LeaseLost`` (superseded: exit 3),
-``JobFailed`` / ``EmergencyTimeout`` / ``SaveFailed`` / ``InventoryMismatch`` (exit 1) — ``sc_app.exits`` maps
-them to exit codes, the CLI maps ``RunResult.outcome``.
+whether it may, is ``sc_app.checkpoint.choose_bundle``'s decision (the same ``sc-app preflight`` prints), asked in
+one place, ``Attempt.plan``, at each moment the attempt plans; the backend's input checks are
+``sc_app.rl.hooks``'. Errors leave it typed: ``InputError`` / ``CheckpointDirUnusable`` / ``LeaseError`` /
+``LineageError`` / ``ResumeRefused`` (bad input: exit 2), ``LeaseLost`` (superseded: exit 3), ``JobFailed`` /
+``EmergencyTimeout`` / ``SaveFailed`` / ``InventoryMismatch`` (exit 1) — ``sc_app.exits`` maps them to exit codes,
+the CLI maps ``RunResult.outcome``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +26,14 @@ import ray
 
 from sc_app.attempt import cluster_fit
 from sc_app.attempt.actor_watch import CONTROLLER, NODE, ActorsDied, JobActors, live_node_resources
-from sc_app.attempt.in_job_restore import Death, drive_restoring
+from sc_app.attempt.in_job_restore import drive_restoring
 from sc_app.attempt.poll import drive
+from sc_app.attempt.restore_policy import Death
 from sc_app.attempt.setup import RestoreFailed, ResumeRefused, Setup, setup_single_controller
-from sc_app.checkpoint import ResumePlan, layout, volume
+from sc_app.checkpoint import BundleRules, ResumePlan, choose_bundle, layout, volume
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease, LeaseKeeper, LeaseLost, read_lease
 from sc_app.checkpoint.lineage import ensure_lineage
-from sc_app.checkpoint.selection import BundleRules, choose_bundle
 from sc_app.checkpoint.stop_request import StopWatch
 from sc_app.config.app import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
@@ -46,6 +47,9 @@ class CheckpointDirUnusable(RuntimeError):
 
 
 Outcome = Literal["done", "stopped", "already_done", "unsaved"]
+# When an attempt plans: ``look`` before the lease (read-only), ``start`` as the lease holder (or without a lease),
+# ``fallback`` after a bundle failed to restore, ``restore`` after an in-job restore tore the job down.
+Moment = Literal["look", "start", "fallback", "restore"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,24 @@ class Attempt:
     lease: Lease | None = None
     keeper: LeaseKeeper | None = None  # renews ``lease``; an in-job restore moves it one epoch on through it
 
+    def plan(self, moment: Moment, *, unrestorable: Mapping[str, str] | None = None) -> ResumePlan:
+        """The one place this attempt decides which bundle it resumes (``choose_bundle`` with its rules).
+
+        Invariants: a plan tidies (moves leftovers and bad bundles aside) only once the attempt holds the lease; a
+        ``start`` plan is announced (``on_plan`` and ``on_attempt``), a ``fallback`` or ``restore`` plan reported
+        (``on_plan``), a ``look`` only when it refuses (the caller announces the one it acts on); a refused plan
+        raises ``ResumeRefused`` after it was reported, and so does a ``fallback`` that finds no bundle to resume
+        (``unrestorable``: bundle name → why it verified but could not be restored)."""
+        plan = choose_bundle(self.rules, tidy=self.lease is not None, unrestorable=unrestorable)
+        refused = plan.decision == "refuse" or (moment == "fallback" and plan.decision != "resume")
+        if moment == "start" or (moment == "look" and refused):
+            self.announce(plan)
+        elif moment != "look":
+            self.calls.on_plan(plan)
+        if refused:
+            raise ResumeRefused(plan.reason)
+        return plan
+
     def announce(self, plan: ResumePlan) -> None:
         self.calls.on_plan(plan)
         self.calls.on_attempt(AttemptStarted(self.run_id, self.lease, plan))
@@ -135,28 +157,41 @@ def init_ray(cfg: AppConfig) -> bool:
 
 
 def _init_ray(cfg: AppConfig) -> bool:
+    """One line (``ray_start.RayStartFailed``) instead of Ray's traceback when Ray cannot start; a start-up that
+    timed out is retried once (``ray_start.start_ray``)."""
+    from sc_app.attempt import ray_start
+
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     verbose = cfg.run.log_level == "DEBUG"
     if cfg.ray.address is None:
-        ray.init(
-            address="local",
-            num_cpus=cfg.ray.num_cpus,
-            include_dashboard=False,
-            namespace=cfg.ray.namespace,
-            log_to_driver=verbose,
-            logging_level=logging.WARNING,
-            _metrics_export_port=cfg.ray.metrics_export_port,
+        ray_start.check_ray_tmpdir()  # before Ray writes anything there
+        ray_start.start_ray(
+            lambda: ray.init(
+                address="local",
+                num_cpus=cfg.ray.num_cpus,
+                include_dashboard=False,
+                namespace=cfg.ray.namespace,
+                log_to_driver=verbose,
+                logging_level=logging.WARNING,
+                _metrics_export_port=cfg.ray.metrics_export_port,
+            ),
+            ray.shutdown,
+            what="its embedded node",
         )
         return True
     # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
     # (HMAC key, fault injection) to them.
     env_vars = {k: v for k, v in os.environ.items() if k.startswith("SC_APP_")}
-    ray.init(
-        address=cfg.ray.address,
-        namespace=cfg.ray.namespace,
-        log_to_driver=verbose,
-        logging_level=logging.WARNING,
-        runtime_env={"env_vars": env_vars} if env_vars else None,
+    ray_start.start_ray(
+        lambda: ray.init(
+            address=cfg.ray.address,
+            namespace=cfg.ray.namespace,
+            log_to_driver=verbose,
+            logging_level=logging.WARNING,
+            runtime_env={"env_vars": env_vars} if env_vars else None,
+        ),
+        ray.shutdown,
+        what=f"a connection to the cluster at ray.address={cfg.ray.address}",
     )
     return False
 
@@ -180,10 +215,7 @@ def start_controller(attempt: Attempt, plan: ResumePlan) -> tuple[Setup, ResumeP
         except RestoreFailed as exc:
             log.warning("%s", exc)
             unrestorable[exc.bundle.name] = str(exc)
-            plan = choose_bundle(attempt.rules, tidy=attempt.lease is not None, unrestorable=unrestorable)
-            attempt.calls.on_plan(plan)
-            if plan.decision != "resume":
-                raise ResumeRefused(plan.reason) from None
+        plan = attempt.plan("fallback", unrestorable=unrestorable)
 
 
 def run_job(cfg: AppConfig, calls: JobCallbacks | None = None) -> RunResult:
@@ -205,11 +237,9 @@ def run_job(cfg: AppConfig, calls: JobCallbacks | None = None) -> RunResult:
     read_lease(root)  # a malformed LEASE is refused here (LeaseError), before anything else happens
     rules = BundleRules.for_run(cfg, dataset=lambda: dataset)
     attempt = Attempt(cfg, uuid.uuid4().hex[:12], rules, dataset, started, calls)
-    plan = choose_bundle(rules)
-    if plan.decision == "refuse" or (plan.decision == "resume" and plan.step >= cfg.run.max_steps):
+    plan = attempt.plan("look")  # before the lease: moves nothing; a refusal is announced and raised
+    if plan.decision == "resume" and plan.step >= cfg.run.max_steps:
         attempt.announce(plan)
-        if plan.decision == "refuse":
-            raise ResumeRefused(plan.reason)
         return attempt.nothing_trained(plan, "already_done")
     if calls.stop_requested():
         attempt.announce(plan)
@@ -232,11 +262,11 @@ def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
     outcome, final_step = "failed", None
     try:
         attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=_recorded_lineage(plan)))
-        plan = choose_bundle(attempt.rules, tidy=True)  # as the holder: now it may move leftovers aside
-        attempt.announce(plan)
-        if plan.decision == "refuse":
+        try:
+            plan = attempt.plan("start")  # as the holder: now it may move leftovers aside
+        except ResumeRefused:
             outcome = "refused"
-            raise ResumeRefused(plan.reason)
+            raise
         watch = StopWatch(root, attempt.run_id, lease.fencing_epoch)
         result = _train(attempt, plan, lambda: attempt.calls.stop_requested() or watch.requested() is not None)
         outcome, final_step = result.outcome, result.summary.final_step
@@ -335,11 +365,7 @@ class ClusterJob:
             self.attempt.lease = self.attempt.keeper.advance()
 
     def replan(self) -> ResumePlan:
-        plan = choose_bundle(self.attempt.rules, tidy=self.attempt.lease is not None)
-        self.attempt.calls.on_plan(plan)
-        if plan.decision == "refuse":
-            raise ResumeRefused(plan.reason)
-        return plan
+        return self.attempt.plan("restore")
 
     def step_reached(self) -> int:
         return self._step

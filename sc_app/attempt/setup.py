@@ -40,6 +40,7 @@ from sc_app.rl.backend import PolicyFingerprint
 from sc_app.rl.generation import GenerationWorker
 from sc_app.rl.hooks import InputError
 from sc_app.rl.trainer import TrainerWorker
+from sc_app.rl.weight_sync.push import WeightSync
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class TQPolicy:
             ).remote(cfg_json, i)
             for i in range(gcfg.num_workers)
         ]
+        self.weights = WeightSync(self.trainers)
         addr, port = ray.get(self.trainers[0].address.remote()) if tcfg.num_workers > 1 else ("", 0)
         self._setup = [w.setup.remote(addr, port) for w in self.trainers]
         self._generators_setup = [w.setup.remote(dataset.sha256 if dataset else None) for w in self.generators]
@@ -161,8 +163,7 @@ class TQPolicy:
         """One object (rank 0's weights) to every generation worker; every trainer takes part (sharded models)."""
         self.trainers_ready()
         self.generators_ready()
-        refs = [t.get_weights.remote() for t in self.trainers]
-        worker_results([w.set_weights.remote(refs[0], version) for w in self.generators] + refs[1:])
+        self.weights.push_blocking(self.generators, version, get=worker_results)
 
     def fingerprint(self) -> PolicyFingerprint | None:
         """Of the whole trainer state (rank 0's answer; collective where sharded)."""

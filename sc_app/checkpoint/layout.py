@@ -1,5 +1,5 @@
 """Names and paths of the bundle layout, drawn in docs/checkpoint.md ("The bundle"): ``step_<N>/`` (complete,
-only ever created by renaming ``tmp_step_<N>[.<run>]/``), ``quarantine/``, ``pins/``, and inside a bundle
+only ever created by renaming ``tmp_step_<N>[.<run>.e<epoch>]/``), ``quarantine/``, ``pins/``, and inside a bundle
 ``policy/``, ``train_dataloader.pt``, ``data_plane/``, ``replay_buffer_metadata.pt`` and ``manifest.json``. Pure.
 """
 
@@ -27,17 +27,22 @@ OPTIMIZER_FILE = "optimizer.pt"  # inside policy/
 DATA_PLANE_METADATA = METADATA_FILE  # inside data_plane/: the data-plane client's contract, whichever format wrote it
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
-_TMP_RE = re.compile(r"^tmp_step_(\d+)(?:\.[0-9A-Za-z_-]+)?$")
+# tmp_step_N, tmp_step_N.<run> (written before the epoch was part of the name), tmp_step_N.<run>.e<epoch>
+_TMP_RE = re.compile(r"^tmp_step_(\d+)(?:\.[0-9A-Za-z_-]+(?:\.e\d+)?)?$")
 
 
 def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step}"
 
 
-def tmp_name(step: int, owner: str | None = None) -> str:
-    """``tmp_step_N``, or ``tmp_step_N.<owner>`` for a writer holding a lease: a fenced-off writer's stale paths
-    can then never land in the tmp dir of the run that superseded it, even for the same step."""
-    return f"{TMP_PREFIX}{step}" + (f".{owner}" if owner else "")
+def tmp_name(step: int, owner: str | None = None, epoch: int | None = None) -> str:
+    """``tmp_step_N``, or ``tmp_step_N.<owner>.e<epoch>`` for a writer holding a lease (``owner``: its run id,
+    ``epoch``: the lease's fencing epoch): a fenced-off writer's stale paths can then never land in the tmp dir of
+    the writer that superseded it, even for the same step — also when the successor is the same run one epoch on
+    (an in-job restore advances the epoch, ``Lease.advance``). ``tmp_step_N.<owner>`` alone is the name writers
+    used before the epoch was part of it: still recognised (``parse_tmp``) so tidying moves such leftovers aside."""
+    name = f"{TMP_PREFIX}{step}" + (f".{owner}" if owner else "")
+    return name + (f".e{epoch}" if owner and epoch is not None else "")
 
 
 def parse_step(name: str) -> int | None:

@@ -114,8 +114,8 @@ class LeaseRecord:
             raise bad(f"{len(raw)} bytes, a lease is under {MAX_LEASE_BYTES}")
         try:
             doc = strict_json.parse(raw)
-        except ValueError:
-            raise bad("not JSON") from None
+        except ValueError as exc:  # not JSON, or a key twice (which epoch would count?)
+            raise bad(str(exc)) from None
         if not isinstance(doc, dict):
             raise bad("not a JSON object")
         try:

@@ -3,7 +3,12 @@
 Schema 2 (written now) names its file hash algorithm (``hash_alg``: blake3 by default, ``sc_app.io.hashing``) and
 lists ``{"digest", "size"}`` per file; schema 1 (bundles written before) lists ``{"sha256", "size"}`` and is still
 read: ``Manifest.files`` gives both as ``{"digest", "size"}`` and ``Manifest.hash_alg`` says which algorithm.
-The HMAC signature covers the whole document but the signature itself, so every digest and the algorithm's name.
+The HMAC signature (``hmac-sha256-bytes``, written now) covers the file's *bytes*: everything before the
+signature, which ``render`` appends as the document's last member in one fixed form, so what is signed is exactly
+what every reader parses. Manifests signed before (``hmac-sha256``: the canonical form of the parsed document) still
+verify — no valid bundle on disk becomes unverifiable — and a document with a key twice is refused before any
+signature is looked at (``strict_json.parse``), so neither form can be read two ways. ``schema_version`` must be
+the integer itself (``2.0``, ``2e0`` and ``true`` are refused: no numeric coercion where the schema says int).
 
 Invariants: a manifest is written only after every file it lists is fsynced; a file is handed to any
 deserialiser only after its digest matches the manifest; when an HMAC key is configured
@@ -61,6 +66,16 @@ def hmac_key_from_env() -> bytes | None:
     return key
 
 
+SIG_BYTES = "hmac-sha256-bytes"  # signs the manifest file's bytes (written now)
+SIG_DOC = "hmac-sha256"  # signed the canonical form of the parsed document (bundles written before: still read)
+_SIG_TAIL = ',\n  "signature": {{"alg": "{alg}", "value": "{value}"}}\n}}\n'
+
+
+def _signed_tail(value: str) -> bytes:
+    """The exact bytes ``render`` ends a signed manifest with (the signature member and the closing brace)."""
+    return _SIG_TAIL.format(alg=SIG_BYTES, value=value).encode()
+
+
 def _signable(doc: dict[str, Any]) -> bytes:
     body = {k: v for k, v in doc.items() if k != "signature"}
     return canonical_bytes(_ints_only(body))
@@ -78,8 +93,10 @@ def _ints_only(obj: Any) -> Any:
 
 
 def sign(doc: dict[str, Any], key: bytes) -> dict[str, Any]:
+    """``doc`` signed the way bundles were before ``render`` signed bytes (``SIG_DOC``): no longer written by
+    sc-app; kept so the tests can make such manifests and prove they still verify."""
     out = dict(doc)
-    out["signature"] = {"alg": "hmac-sha256", "value": hmac.new(key, _signable(doc), hashlib.sha256).hexdigest()}
+    out["signature"] = {"alg": SIG_DOC, "value": hmac.new(key, _signable(doc), hashlib.sha256).hexdigest()}
     return out
 
 
@@ -189,7 +206,7 @@ class DatasetEntry(StrictModel):
 
 
 class Signature(StrictModel):
-    alg: Literal["hmac-sha256"]
+    alg: Literal["hmac-sha256-bytes", "hmac-sha256"]
     value: str
 
 
@@ -254,7 +271,7 @@ def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> 
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{path}: not an sc-app bundle manifest")
     version = doc.get("schema_version")
-    if version not in READABLE_VERSIONS or isinstance(version, bool):
+    if type(version) is not int or version not in READABLE_VERSIONS:  # not 2.0, 2e0 or true
         raise ManifestError(
             f"{path}: unknown schema_version {version!r} (this sc-app reads {', '.join(map(str, READABLE_VERSIONS))}); "
             "resume it with the sc-app version that wrote it"
@@ -267,18 +284,35 @@ def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> 
     except SchemaError as exc:
         raise ManifestError(f"{path}: manifest does not have the schema of an sc-app bundle ({exc})") from None
     if hmac_key is not None:
-        sig = doc.get("signature")
-        if not isinstance(sig, dict) or sig.get("alg") != "hmac-sha256":
-            raise ManifestError(f"{path}: unsigned manifest but an HMAC key is configured ({HMAC_ENV}); refusing")
-        want = hmac.new(hmac_key, _signable(doc), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(want, str(sig.get("value", ""))):
-            raise ManifestError(f"{path}: manifest signature does not match the configured key; refusing")
+        _check_signature(raw, doc, path, hmac_key)
     return Manifest(doc)
 
 
+def _check_signature(raw: bytes, doc: dict[str, Any], path: Path, hmac_key: bytes) -> None:
+    sig = doc.get("signature")
+    if not isinstance(sig, dict) or sig.get("alg") not in (SIG_BYTES, SIG_DOC):
+        raise ManifestError(f"{path}: unsigned manifest but an HMAC key is configured ({HMAC_ENV}); refusing")
+    value = str(sig.get("value", ""))
+    if sig["alg"] == SIG_BYTES:
+        tail = _signed_tail(value)
+        # the signature must be the last member in render's exact form; everything before it is what was signed
+        signed = raw[: -len(tail)] + b"\n}" if raw.endswith(tail) else None
+    else:
+        signed = _signable(doc)
+    want = hmac.new(hmac_key, signed, hashlib.sha256).hexdigest() if signed is not None else ""
+    if not (signed is not None and hmac.compare_digest(want, value)):
+        raise ManifestError(
+            f"{path}: manifest signature does not match the configured key (or the signed bytes were changed); refusing"
+        )
+
+
 def render(doc: dict[str, Any], hmac_key: bytes | None) -> bytes:
-    """The manifest file's bytes; ``doc`` holds ``hash_alg`` and ``files`` as ``{"digest", "size"}``."""
+    """The manifest file's bytes; ``doc`` holds ``hash_alg`` and ``files`` as ``{"digest", "size"}``. With a key,
+    the HMAC of the unsigned rendering (up to its closing brace) is appended as the last member, ``signature``."""
     full = {"format": MANIFEST_FORMAT, "schema_version": SCHEMA_VERSION, **doc}
-    if hmac_key is not None:
-        full = sign(full, hmac_key)
-    return (json.dumps(full, indent=2, sort_keys=True) + "\n").encode()
+    full.pop("signature", None)
+    body = json.dumps(full, indent=2, sort_keys=True)  # ends with "\n}"
+    if hmac_key is None:
+        return (body + "\n").encode()
+    value = hmac.new(hmac_key, body.encode(), hashlib.sha256).hexdigest()
+    return body[: -len("\n}")].encode() + _signed_tail(value)

@@ -8,6 +8,10 @@ Invariants:
 * ``strict`` stops at the first bad newest bundle and moves nothing;
 * a bundle of another lineage (``expected_lineage``) is a bad bundle like any other: never resumed;
 * a ``step_N`` that is a link (or not a directory) is reported and left alone: never followed, never moved;
+* a bundle that verifies but was written by an incompatible config (``expected_compat``, ``compat.py``) is no
+  defect of the bundle: the walk stops there and refuses with one line naming the key, moving nothing — neither
+  that bundle nor an older one is resumed in its place, so a config change can never roll training back;
+* the decision is made reading only; a refusal moves nothing (no leftover either);
 * if ``quarantine/`` cannot take what must be moved (not a directory, say), the plan is a refusal naming it.
 """
 
@@ -21,7 +25,7 @@ from typing import Any, Literal
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.manifest import Manifest
-from sc_app.checkpoint.quarantine import QuarantineError, move_aside
+from sc_app.checkpoint.quarantine import QuarantineError, check_quarantine, move_aside
 from sc_app.checkpoint.verify import BundleReport, verify_bundle
 
 Decision = Literal["resume", "fresh", "refuse"]
@@ -88,25 +92,23 @@ def _plan(
     unrestorable: Mapping[str, str],
     expected_lineage: str | None,
 ) -> ResumePlan:
-    quarantine = root / layout.QUARANTINE_DIR
-    moved: list[str] = []
-    if tidy:
-        for tmp in layout.tmp_dirs(root):
-            dest = move_aside(tmp, quarantine, "leftover tmp dir of a save that never completed; never resumable")
-            moved.append(f"{tmp.name} -> {dest.relative_to(root)}")
+    """Decide first (reading only), then — only when the decision is not a refusal — move what must go."""
     bundles = layout.step_entries(root)
     if not bundles:
-        return ResumePlan("fresh", f"no step_N bundle in {root}: fresh start", quarantined=moved)
+        plan = ResumePlan("fresh", f"no step_N bundle in {root}: fresh start")
+        return _tidy(root, plan, [], tidy)
     reports: list[BundleReport] = []
     for _, path in bundles:
         report = verify_bundle(
             path, hmac_key=hmac_key, expected_compat=expected_compat, expected_lineage=expected_lineage
         )
-        if not report.ok and not os.path.lexists(path):
+        if not report.verified and not os.path.lexists(path):
             continue  # pruned by the live writer while it was being checked: not a bad bundle, just gone
         if path.name in unrestorable:
             report.problems.append(f"{path}: {unrestorable[path.name]}")
         reports.append(report)
+        if report.verified and report.incompatible:  # a config the user can change back: refuse, move nothing
+            return ResumePlan("refuse", incompatible_line(report), reports=reports)
         if report.ok:
             break
         if on_corrupt == "strict":
@@ -114,11 +116,10 @@ def _plan(
                 "refuse",
                 f"newest bundle {path.name} failed verification and checkpoint.on_corrupt=strict: {report.problems[0]}",
                 reports=reports,
-                quarantined=moved,
             )
     if not reports:  # every bundle listed was pruned while being checked: a live writer moved on; look again
         again = {"on_corrupt": on_corrupt, "hmac_key": hmac_key, "expected_compat": expected_compat}
-        return plan_resume(root, **again, tidy=False, unrestorable=unrestorable, expected_lineage=expected_lineage)
+        return plan_resume(root, **again, tidy=tidy, unrestorable=unrestorable, expected_lineage=expected_lineage)
     good = reports[-1] if reports[-1].ok else None
     if good is None:
         return ResumePlan(
@@ -126,16 +127,38 @@ def _plan(
             f"none of the {len(reports)} bundles in {root} verified (first problem: {reports[0].problems[0]}); "
             "nothing moved — inspect with `sc-app ckpt verify`, fix or move them aside, then retry",
             reports=reports,
-            quarantined=moved,
         )
     bad = reports[:-1]
-    if tidy:
-        for r in bad:
-            if not layout.is_real_dir(r.path):  # a link or a non-directory: reported, left alone
-                continue
-            dest = move_aside(r.path, quarantine, "failed verification:\n" + "\n".join(r.problems))
-            moved.append(f"{r.name} -> {dest.relative_to(root)}")
     why = f"newest complete bundle, verified ({len(good.manifest.files) if good.manifest else 0} files)"
     if bad:
         why = f"newest verified bundle; skipped {', '.join(r.name for r in bad)} ({bad[0].problems[0]})"
-    return ResumePlan("resume", why, bundle=good.path, step=good.step, reports=reports, quarantined=moved)
+    plan = ResumePlan("resume", why, bundle=good.path, step=good.step, reports=reports)
+    return _tidy(root, plan, bad, tidy)
+
+
+def _tidy(root: Path, plan: ResumePlan, bad: list[BundleReport], tidy: bool) -> ResumePlan:
+    """Move the leftover tmp dirs and the ``bad`` bundles (each failed verification) into quarantine."""
+    if not tidy:
+        return plan
+    quarantine = root / layout.QUARANTINE_DIR
+    if layout.tmp_dirs(root) or bad:
+        check_quarantine(quarantine)  # a file, a link, unwritable: refused before the first move
+    for tmp in layout.tmp_dirs(root):
+        dest = move_aside(tmp, quarantine, "leftover tmp dir of a save that never completed; never resumable")
+        plan.quarantined.append(f"{tmp.name} -> {dest.relative_to(root)}")
+    for r in bad:
+        if not layout.is_real_dir(r.path):  # a link or a non-directory: reported, left alone
+            continue
+        dest = move_aside(r.path, quarantine, "failed verification:\n" + "\n".join(r.problems))
+        plan.quarantined.append(f"{r.name} -> {dest.relative_to(root)}")
+    return plan
+
+
+def incompatible_line(report: BundleReport) -> str:
+    """One line: which config keys differ from the ones that wrote ``report``'s bundle, and what to do."""
+    keys = "; ".join(p.removeprefix("incompatible: ") for p in report.incompatible)
+    return (
+        f"incompatible config: newest verified bundle {report.name}: {keys}; a bundle resumes only under the "
+        "config that wrote it — set the key(s) back, or give the new config its own checkpoint.dir; nothing moved "
+        "(bundles are quarantined only when they fail verification)"
+    )

@@ -1,6 +1,6 @@
 """The write of a save behind training: everything after the barrier window.
 
-The whole save order (seed), with the window's part in ``SingleControllerActor._capture``:
+The whole save order (seed), with the window's part in ``SaveCoordinator.capture`` (``sc_app.controller.saves``):
   policy → loader place → [barrier window: index → ``list_samples()`` == index → data-plane capture, freeze]
   → tmp_step_N/ (lease check) → policy files → loader file → data-plane bytes → thaw → sidecar → manifest
   → fsync → rename → prune.

@@ -6,7 +6,8 @@ a directory's bundles through one ``BundleRules`` and choose the one to use with
 * a bundle must verify (``verify_bundle``) with the HMAC key of this process (``SC_APP_CHECKPOINT_HMAC_KEY``);
 * it must belong to the directory's lineage (``LINEAGE``): a bundle copied in from another job is never resumed,
   exported, counted by retention or taken as its anchor, however high its step;
-* for a run, it must have been written by a compatible config (``compat``), and — unless
+* for a run, it must have been written by a compatible config (``compat``) — a newest verified bundle that was
+  not refuses the run (one line, nothing moved: no older bundle is resumed in its place) —, and — unless
   ``task.allow_changed_dataset`` — with the same dataset file the task reads now;
 * the newest bundle that passes is chosen (``on_corrupt``: ``fallback`` skips bad newer ones, ``strict`` refuses),
   or the one a command names (``step``); ``resume.plan_resume`` owns the walk over the bundles and the tidying.
@@ -27,7 +28,7 @@ from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.dataset import DatasetRecord, DatasetUnusable, changed_dataset_problem
 from sc_app.checkpoint.lineage import read_lineage
 from sc_app.checkpoint.manifest import hmac_key_from_env
-from sc_app.checkpoint.resume import ResumePlan, plan_resume
+from sc_app.checkpoint.resume import ResumePlan, incompatible_line, plan_resume
 from sc_app.checkpoint.retention import prune
 from sc_app.checkpoint.verify import BundleReport, verify_bundle
 
@@ -130,8 +131,10 @@ def _named(rules: BundleRules, step: int) -> ResumePlan:
             step=step,
         )
     report = rules.verify(bundle)
-    if not report.ok:
+    if not report.verified:
         return ResumePlan("refuse", f"{bundle} does not verify ({report.problems[0]})", step=step, reports=[report])
+    if report.incompatible:
+        return ResumePlan("refuse", incompatible_line(report), step=step, reports=[report])
     return ResumePlan("resume", "the bundle asked for, verified", bundle=bundle, step=report.step, reports=[report])
 
 

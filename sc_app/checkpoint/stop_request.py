@@ -55,7 +55,10 @@ def read_stop_request(root: Path) -> StopRequest | None:
         if raw is None:
             return None
         doc = strict_json.parse(raw)
-        return StopRequest(str(doc["run_id"]), int(doc["epoch"]), str(doc["requested_at"]), str(doc["by"]))
+        epoch = doc["epoch"]
+        if type(epoch) is not int:  # no coercion: 2.0, "2" or true address no lease
+            return None
+        return StopRequest(str(doc["run_id"]), epoch, str(doc["requested_at"]), str(doc["by"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -38,12 +38,21 @@ _REQUIRED_KIND = {
 class BundleReport:
     path: Path
     step: int
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # why it does not verify (never the config's fault)
     manifest: Manifest | None = None
     notes: list[str] = field(default_factory=list)
+    # where the running config differs from the one that wrote it (``compat_problems``): not a defect of the
+    # bundle — it stays usable under that config — so never a reason to move it; a resume is refused instead
+    incompatible: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
+        """Verified and, when a config was given, written by a compatible one: usable now."""
+        return not self.problems and not self.incompatible
+
+    @property
+    def verified(self) -> bool:
+        """Every check of the bundle itself passed (whatever the running config says)."""
         return not self.problems
 
     @property
@@ -57,6 +66,7 @@ class BundleReport:
             "step": self.step,
             "ok": self.ok,
             "problems": list(self.problems),
+            "incompatible": list(self.incompatible),
             "notes": list(self.notes),
             "replay_digest": m.get("replay", {}).get("digest"),
             "groups": m.get("replay", {}).get("groups"),
@@ -84,7 +94,7 @@ def compat_problems(bundle_compat: dict[str, Any], expected: dict[str, Any], *, 
             recorded = RECORDED_SINCE.get(key, _UNRECORDED)
         if recorded is _UNRECORDED:
             out.append(f"incompatible: bundle does not record '{key}'")
-        elif recorded != expected[key]:
+        elif recorded != expected[key] or type(recorded) is not type(expected[key]):  # 2.0 and true are not 2, 1
             out.append(f"incompatible: {key} is {recorded!r} in the bundle but {expected[key]!r} in the config")
     return out
 
@@ -177,7 +187,7 @@ def _verify(
     problems.extend(_tree_problems(tree, inv))
     _check_listed(tree, inv, manifest, deep, problems)
     if expected_compat is not None:
-        problems.extend(compat_problems(manifest.compat, expected_compat, reroutes=_reroutes(tree)))
+        report.incompatible.extend(compat_problems(manifest.compat, expected_compat, reroutes=_reroutes(tree)))
     if not deep or problems:
         return
     findings = check_contents(BundleFiles(tree, manifest), manifest)

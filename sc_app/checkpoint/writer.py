@@ -51,7 +51,8 @@ class BundleWriter:
         self.root = Path(root)
         self.step = step
         self.lease = lease
-        self.tmp = self.root / layout.tmp_name(step, lease.run_id if lease is not None else None)
+        owner, epoch = (lease.run_id, lease.fencing_epoch) if lease is not None else (None, None)
+        self.tmp = self.root / layout.tmp_name(step, owner, epoch)  # keyed by run and epoch: never a successor's
         self.final = self.root / layout.step_name(step)
         self._hmac_key = hmac_key
         self.hash_alg = hashing.check_alg(hash_alg)  # of every file digest the manifest lists

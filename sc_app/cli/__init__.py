@@ -14,16 +14,16 @@ from __future__ import annotations
 import argparse
 
 from sc_app import __version__
-from sc_app.cli import ckpt, config, export, options, preflight, report, run, stop
-from sc_app.exits import EXIT_FAILED, exit_for, fail
+from sc_app.cli import ckpt, config, export, preflight, report, run, stop
+from sc_app.exits import EXIT_FAILED, Parser, exit_for, fail, parse
 
 FAMILIES = (run, preflight, stop, ckpt, export, report, config)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = options.Parser(prog="sc-app", description=(__doc__ or "sc-app").splitlines()[0])
+    p = Parser(prog="sc-app", description=(__doc__ or "sc-app").splitlines()[0])
     p.add_argument("--version", action="version", version=f"sc-app {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=options.Parser)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for family in FAMILIES:
         family.register(sub)
     try:
@@ -36,7 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command (``argv``, else ``sys.argv[1:]``) in this process and return its exit code; the
+    ``sc-app`` script and ``python -m sc_app`` exit with it. Every error is one line on stderr (``sc_app.exits``)."""
+    args = parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -11,8 +11,8 @@ import json
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.selection import BundleRules
-from sc_app.cli.options import Parser, add_checkpoint_dir, add_json, checkpoint_root
-from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK, fail
+from sc_app.cli.options import add_checkpoint_dir, add_json, checkpoint_root
+from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK, Parser, fail
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -129,6 +129,8 @@ def cmd_ckpt_rollback(args: argparse.Namespace) -> int:
         done = rollback(BundleRules.of_dir(root), args.to, dry_run=args.dry_run)
     except RollbackRefused as exc:
         return fail(str(exc))
+    except OSError as exc:  # the directory lock or a listing failed: nothing was moved by this command
+        return fail(f"cannot roll back {root}: {exc.strerror or exc}")
     verb = "would move" if args.dry_run else "moved"
     print(f"resume point: {done.target}; {verb} " + (", ".join(done.moved) if done.moved else "nothing"))
     return EXIT_OK

@@ -1,5 +1,5 @@
-"""What every ``sc-app`` command shares: the parser that reports a bad flag as one line, the options more than one
-command takes (``--checkpoint-dir``, ``--json``, ``--config``/``--set``), and reading them."""
+"""What every ``sc-app`` command shares: the options more than one command takes (``--checkpoint-dir``, ``--json``,
+``--config``/``--set``), and reading them. The parser that reports a bad flag as one line is ``sc_app.exits.Parser``."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from sc_app.config.app import AppConfig, Override, load_config
-from sc_app.exits import EXIT_BAD_INPUT
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        self.exit(EXIT_BAD_INPUT, f"sc-app: error: {message} (see `{self.prog} --help`)\n")
 
 
 class BadDir(Exception):

@@ -77,7 +77,7 @@ def _why_read_only(root: Path, *, dry_run: bool) -> str | None:
 
 def _print_plan(plan: ResumePlan, why_read_only: str | None) -> None:
     for r in plan.reports:
-        state = "ok" if r.ok else "BAD: " + "; ".join(r.problems)
+        state = "ok" if r.ok else "BAD: " + "; ".join(r.problems or r.incompatible)
         print(f"checked {r.name}: {state}")
     for moved in plan.quarantined:
         print(f"quarantined {moved}")

@@ -1,8 +1,9 @@
 """SingleControllerActor: one Ray actor, one asyncio loop — rollout pumps, sampler, train pump, save.
 
 A plain class: the driver makes it a Ray actor (``ray.remote(SingleControllerActor)``), and unit tests run it in
-process with fake workers and a fake data plane (``connect=``). The save half is ``controller_saves``, in-job
-recovery ``controller_recovery``.
+process with fake workers and a fake data plane (``connect=``). It holds two collaborators and hands them what they
+need explicitly: ``saves`` (``SaveCoordinator``: every piece of save state, the barrier window) and ``recovery``
+(``InJobRecovery``: the retrying data-plane client, the generation supervisor).
 
 ``__init__`` does no construction of other objects: everything arrives built in one ``SingleControllerActorArgs``
 (seed flow 2). Only the connect-only data-plane client is built in ``restore()`` (a live client cannot be
@@ -13,9 +14,9 @@ starts the pumps.
 Invariants:
 * commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage (read
   rows back, write advantages onto the same rows) takes no barrier slot and never changes which rows exist;
-* a save pauses training only while its content is fixed (``_capture``, in ``controller_saves``); the rest follows
-  behind training in ``sc_app.checkpoint.save.write_bundle``, which states the whole save order. At most one save
-  is in flight: the next save, the end of the run and a stop request each await it first;
+* a save pauses training only while its content is fixed (``SaveCoordinator.capture``); the rest follows behind
+  training in ``sc_app.checkpoint.save.write_bundle``, which states the whole save order. At most one save is in
+  flight: the next save, the end of the run and a stop request each await it first;
 * a group trains only while ``version - group.version <= grpo.max_staleness`` (the sampler drops older ones);
 * the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before
   ``run``).
@@ -27,74 +28,43 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import TensorDict
 
-from sc_app.checkpoint.lease import Lease
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config.app import AppConfig
-from sc_app.controller.recovery import ControllerRecovery, rollout_failure
-from sc_app.controller.saves import ControllerSaves, InventoryMismatch
+from sc_app.controller.args import Connect, SingleControllerActorArgs, connect_transferqueue
+from sc_app.controller.recovery import InJobRecovery, log_rollout_failure, rollout_failure
+from sc_app.controller.saves import InventoryMismatch, SaveCoordinator
 from sc_app.controller.saves import SaveFailed as SaveFailed  # what a run's end maps to an exit code
 from sc_app.data_plane import stream_io
 from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import DataPlaneClient
 from sc_app.data_plane.replay_buffer import BufferTimes, Group, GroupCommit, TQReplayBuffer
-from sc_app.io.background import background_executor
 from sc_app.phases import StepClock
-from sc_app.progress import ProgressRecord, RunSummary, SaveFailedRecord, SaveRecord, StepRecord
-from sc_app.rl.backend import PolicyFingerprint, Rollout, TrainStepResult
+from sc_app.progress import ProgressRecord, RunSummary, StepRecord
+from sc_app.rl.backend import Rollout, TrainStepResult
 from sc_app.rl.grpo import group_advantages
 from sc_app.rl.loader import PromptLoader
 
 log = logging.getLogger(__name__)
-
-Connect = Callable[[AppConfig], DataPlaneClient]  # builds the controller's connect-only data-plane client
-
-
-def connect_transferqueue(cfg: AppConfig) -> DataPlaneClient:
-    """The connect-only TransferQueue client (refused by the guard until the driver sealed the restore)."""
-    from sc_app.data_plane.transferqueue import TransferQueueDataPlane
-
-    return TransferQueueDataPlane(bootstrap=False, namespace=cfg.ray.namespace, snapshot=cfg.data_plane.snapshot)
 
 
 class _StopNow(Exception):
     """The driver asked to stop while the train pump was waiting for rollouts."""
 
 
-@dataclass
-class SingleControllerActorArgs:
-    """Everything the controller needs, built on the driver, pickled once."""
-
-    cfg_json: str
-    run_id: str
-    trainers: list[Any]
-    generators: list[Any]
-    start_step: int = 0
-    start_version: int = 0
-    loader_state: dict[str, Any] | None = None
-    sidecar_path: str | None = None
-    data_plane_checkpoint_metadata: dict[str, Any] | None = None  # what the driver restored (flow 1 → 2)
-    lease: Lease | None = None
-    lineage: str | None = None  # the checkpoint directory's lineage, recorded in every manifest
-    dataset: dict[str, Any] | None = None  # the task's dataset file (path, sha256, rows): recorded in every bundle
-    restored_fingerprint: PolicyFingerprint | None = None  # of the state the trainers restored (traced at start)
-
-
 def group_id_for(prompt_index: int) -> str:
     return f"p{prompt_index}"
 
 
-class SingleControllerActor(ControllerSaves, ControllerRecovery):
-    args: SingleControllerActorArgs  # type: ignore[assignment]  # the saves read a part of it (SaveArgs)
+class SingleControllerActor:
     client: DataPlaneClient  # connect-only, built by restore()
     buffer: TQReplayBuffer  # built by restore() on the client
+    saves: SaveCoordinator  # built by restore() on the client and the buffer
 
     def __init__(self, args: SingleControllerActorArgs, connect: Connect = connect_transferqueue) -> None:
         self.args = args
@@ -107,21 +77,22 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
         self._progress: list[ProgressRecord] = []
         self._stop_requested = False
         self._stop_deadline: float | None = None  # time.time() by which an emergency bundle must be done
-        self._save_seconds: list[float] = []  # the newest saves' durations (emergency.plan_emergency)
         self._cond = asyncio.Condition()  # wakes pumps and the sampler: buffer space, new groups, stop
         self._inflight = 0  # prompts taken by a rollout pump whose groups are not committed yet
         self._rollout_error: BaseException | None = None
         self._stopping = False
-        self._pending_save: tuple[int, asyncio.Task[SaveRecord | SaveFailedRecord]] | None = None
-        self._save_io = background_executor("save-io")
-        self._captured_version = -1  # the trainer version whose state the trainer holds a copy of
-        self._last_saved = self.step
-        self._failed_saves_in_a_row = 0
-        self._unsaved_steps: list[StepRecord] = []  # steps since the newest published bundle: the next one keeps them
         self._restored = False
         self._trace_fh: Any = None
         self._rollout_seconds = {"generation": 0.0}  # summed over rollout pumps; read and reset per step record
-        self._generation = self._supervise_generation()  # replaces a dead generation worker in-job
+        self.recovery = InJobRecovery(  # replaces a dead generation worker in-job, retries failed data-plane calls
+            self.cfg,
+            args,
+            step=lambda: self.step,
+            version=lambda: self.version,
+            give_back=self._give_back,
+            report=self._progress.append,
+            trace=self._trace,
+        )
 
     # ------------------------------------------------------------------ control surface for the driver
     def progress(self, since: int) -> list[ProgressRecord]:
@@ -140,12 +111,23 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
         against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
         the bundle cannot be resumed: the driver then falls back to an older bundle."""
         cfg = self.cfg
-        self.client = self._with_retries(self._connect(cfg))  # failed data-plane calls retried in-job
+        self.client = self.recovery.with_retries(self._connect(cfg))  # failed data-plane calls retried in-job
         self.buffer = TQReplayBuffer(
             self.client,
             self.barrier,
             partition=cfg.data_plane.partition,
             group_size=cfg.grpo.group_size,
+        )
+        self.saves = SaveCoordinator(
+            cfg,
+            self.args,
+            barrier=self.barrier,
+            buffer=self.buffer,
+            client=self.client,
+            loader=self.loader,
+            last_saved=self.step,
+            report=self._progress.append,
+            trace=self._trace,
         )
         restored_rows = 0
         if self.args.sidecar_path is not None:
@@ -190,12 +172,7 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
             for t in pumps:
                 t.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
-            if self._pending_save is not None:  # the train pump failed: let the save in flight end on its own
-                # (cancelling it could race its commit thread; an unfinished bundle is never renamed anyway)
-                (outcome,) = await asyncio.gather(self._pending_save[1], return_exceptions=True)
-                if isinstance(outcome, BaseException):
-                    log.warning("save of step %d failed while the run was failing: %r", self._pending_save[0], outcome)
-            self._save_io.shutdown(wait=False)
+            await self.saves.settle()  # a failed train pump leaves a save in flight: it ends on its own
             stream_io.shutdown_workers()  # snapshot streams this actor placed on other nodes, if any
             if self._trace_fh:
                 self._trace_fh.close()
@@ -224,7 +201,7 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
                 self._trace(ev="issue", prompts=idxs, worker=worker_index)
                 try:
                     generating = time.perf_counter()
-                    out: Rollout | None = await self._generation.generate(worker_index, idxs)
+                    out: Rollout | None = await self.recovery.generation.generate(worker_index, idxs)
                     if out is None:  # the worker died: its prompts went back to the loader, a new one took over
                         continue
                     self._rollout_seconds["generation"] += time.perf_counter() - generating
@@ -304,9 +281,9 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
             clock.add("barrier_wait", self.buffer.times.clear_wait - clear_mark.clear_wait)
             rollout_mark = self._rollout_phases(clock, rollout_mark)
             self._record_step(self._step_record(clock, reward, results, staleness))
-            if cfg.checkpoint.enabled and self._save_due(self.step):
-                await self._start_save()
-            await self._collect_save(wait=False)
+            if cfg.checkpoint.enabled and self.saves.due(self.step):
+                await self.saves.start(self.step, self.version)
+            await self.saves.collect(wait=False)
         return await self._end_run(rewards)
 
     async def _train_step(self, groups: list[Group], clock: StepClock) -> tuple[torch.Tensor, list[TrainStepResult]]:
@@ -316,21 +293,21 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
         reward = await self._advantage_stage(groups, ids, clock)
         next_version = self.version + 1
         # the step a bundle will be cut at: the trainer copies its state right after it (no extra call then)
-        capture = self.cfg.checkpoint.enabled and self._save_due(self.step + 1)
+        capture = self.cfg.checkpoint.enabled and self.saves.due(self.step + 1)
         if capture:  # the new copy replaces the one a save still in flight may not have written yet
-            await self._before_new_capture()
+            await self.saves.before_capture()
         results: list[TrainStepResult] = await asyncio.gather(
             *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
         )
         clock.lap("trainer")
         clock.add("trainer_get", max(r.get_seconds for r in results))
         if capture:
-            self._captured_version = next_version
+            self.saves.captured(next_version)
         self.version = next_version
         self.step += 1
         await self._drop(groups)
         clock.lap("clear")
-        await self._sync_weights()
+        await self.recovery.sync_weights()
         clock.lap("weight_sync")
         return reward, results
 
@@ -368,17 +345,17 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
     async def _end_run(self, rewards: list[float]) -> RunSummary:
         """The save in flight reported; on a stop request, a bundle of the step reached (unless it has one)."""
         cfg = self.cfg
-        await self._collect_save(wait=True)
+        await self.saves.collect(wait=True)
         skipped = False  # the emergency bundle left out on purpose: it could not have finished in time
-        if self._stop_requested and cfg.checkpoint.enabled and self._last_saved != self.step:
-            skipped = await self._emergency_save(self._stop_deadline)
+        if self._stop_requested and cfg.checkpoint.enabled and self.saves.last_saved != self.step:
+            skipped = await self.saves.emergency(self.step, self.version, self._stop_deadline)
         return RunSummary(
             final_step=self.step,
             weights_version=self.version,
             first_rewards=rewards[:5],
             last_rewards=rewards[-5:],
             stopped_early=self._stop_requested and self.step < cfg.run.max_steps,
-            last_saved_step=self._last_saved,
+            last_saved_step=self.saves.last_saved,
             emergency_skipped=skipped,
         )
 
@@ -392,4 +369,20 @@ class SingleControllerActor(ControllerSaves, ControllerRecovery):
 
     def _record_step(self, record: StepRecord) -> None:
         self._progress.append(record)
-        self._unsaved_steps.append(record)
+        self.saves.note_step(record)
+
+    # ------------------------------------------------------------------ the pumps' side of in-job recovery
+    async def _give_back(self, idxs: list[int]) -> None:
+        """A dead worker's prompts: back to the loader (re-issued first, once), out of the in-flight count."""
+        back = self.loader.give_back(idxs)
+        async with self._cond:
+            self._inflight = max(0, self._inflight - len(back))
+            self._cond.notify_all()
+
+    async def _rollout_failed(self, worker_index: int, exc: BaseException) -> None:
+        """A rollout pump ended with ``exc``: logged and kept for the sampler, which ends the run with
+        ``rollout_failure(exc)``."""
+        log_rollout_failure(worker_index, exc)
+        self._rollout_error = exc
+        async with self._cond:
+            self._cond.notify_all()

@@ -1,25 +1,26 @@
-"""The in-job recovery half of the controller (issue 18; ``docs/recovery.md``).
+"""The controller's in-job recovery (issue 18; ``docs/recovery.md``): ``InJobRecovery``.
 
-``ControllerRecovery`` is a mixin of ``SingleControllerActor`` (like ``controller_saves``): it wraps the controller's
-data-plane client in ``RetryingClient`` (failed calls retried with bounded backoff, a failed put's rows removed,
-every fault a ``FaultRecord``), builds the ``GenerationSupervisor`` the rollout pumps generate through (a dead
-generation worker is replaced in-job), sends each weights version through it (a dead worker is skipped) and takes a
-dead worker's prompts back. ``rollout_failure`` is what the sampler raises when a rollout pump stopped: a spent
-recovery (``RecoveryExhausted``) keeps its own one line.
+It wraps the controller's data-plane client in ``RetryingClient`` (failed calls retried with bounded backoff, a
+failed put's rows removed, every fault a ``FaultRecord``), owns the ``GenerationSupervisor`` the rollout pumps
+generate through (a dead generation worker is replaced in-job, its prompts handed back through the controller's
+``give_back``) and sends each weights version through it (a dead worker is skipped). ``rollout_failure`` is what
+the sampler raises when a rollout pump stopped: a spent recovery (``RecoveryExhausted``) keeps its own one line.
+
+The controller's moving state (its step and weights version) is read through the callables it passes; nothing
+here writes controller state.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from sc_app.config.app import AppConfig
 from sc_app.data_plane.client import DataPlaneClient
 from sc_app.data_plane.retry import DataPlaneFault, RetryingClient, policy_of
 from sc_app.progress import ProgressRecord, RecoveryExhausted
 from sc_app.rl.hooks import typed_failure
-from sc_app.rl.loader import PromptLoader
 from sc_app.rl.worker_restart import GenerationSupervisor
 
 log = logging.getLogger(__name__)
@@ -37,30 +38,59 @@ def rollout_failure(exc: BaseException) -> BaseException:
     return failure
 
 
-class ControllerRecovery:
-    """The recovery half of ``SingleControllerActor``; these attributes are the controller's."""
+def log_rollout_failure(worker_index: int, exc: BaseException) -> None:
+    """A rollout pump ended with ``exc``: one line for a reward or input error, else with its traceback."""
+    if (typed := typed_failure(exc)) is not None:
+        log.error("rollout pump %d: %s", worker_index, typed)
+    else:
+        log.error("rollout pump %d failed", worker_index, exc_info=exc)
 
-    args: Any  # SingleControllerActorArgs
-    cfg: AppConfig
-    loader: PromptLoader
-    step: int
-    version: int
-    _progress: list[ProgressRecord]
-    _cond: asyncio.Condition
-    _inflight: int
-    _rollout_error: BaseException | None
-    _generation: GenerationSupervisor
 
-    def _trace(self, **event: Any) -> None:
-        raise NotImplementedError  # the controller's
+class RecoveryArgs(Protocol):
+    """What recovery reads of ``SingleControllerActorArgs`` (``generators`` is replaced in place)."""
 
-    def _with_retries(self, client: DataPlaneClient) -> RetryingClient:
+    cfg_json: str
+    dataset: dict[str, Any] | None
+    generators: list[Any]
+    trainers: list[Any]
+
+
+class InJobRecovery:
+    """The controller's in-job recovery (the module docstring). ``report`` receives every fault record in order."""
+
+    def __init__(
+        self,
+        cfg: AppConfig,
+        args: RecoveryArgs,
+        *,
+        step: Callable[[], int],
+        version: Callable[[], int],
+        give_back: Callable[[list[int]], Awaitable[None]],
+        report: Callable[[ProgressRecord], None],
+        trace: Callable[..., None],
+    ) -> None:
+        self.cfg, self.args = cfg, args
+        self._step, self._version = step, version
+        self._give_back, self._report, self._trace = give_back, report, trace
+        self._generation = self._supervise_generation()
+
+    @property
+    def version(self) -> int:
+        """The controller's weights version now."""
+        return self._version()
+
+    @property
+    def generation(self) -> GenerationSupervisor:
+        """What the rollout pumps generate through (a dead worker is replaced in place)."""
+        return self._generation
+
+    def with_retries(self, client: DataPlaneClient) -> RetryingClient:
         """``client`` with in-job recovery of failed calls (``data_plane.retries``, ``retry_backoff_s``)."""
         dp = self.cfg.data_plane
         return RetryingClient(client, policy_of(dp.retries, dp.retry_backoff_s), on_fault=self._data_plane_fault)
 
     def _data_plane_fault(self, fault: DataPlaneFault) -> None:
-        self._progress.append(fault.record(self.step))
+        self._report(fault.record(self._step()))
 
     def _supervise_generation(self) -> GenerationSupervisor:
         """The supervisor of ``args.generators`` (replaced in place in that list when a worker dies)."""
@@ -70,33 +100,14 @@ class ControllerRecovery:
             dataset_sha256=(self.args.dataset or {}).get("sha256"),
             generators=self.args.generators,
             trainers=self.args.trainers,
-            version=lambda: self.version,
-            step=lambda: self.step,
+            version=self._version,
+            step=self._step,
             give_back=self._give_back,
-            on_fault=self._progress.append,
+            on_fault=self._report,
             trace=self._trace,
         )
 
-    async def _give_back(self, idxs: list[int]) -> None:
-        """A dead worker's prompts: back to the loader (re-issued first, once), out of the in-flight count."""
-        back = self.loader.give_back(idxs)
-        async with self._cond:
-            self._inflight = max(0, self._inflight - len(back))
-            self._cond.notify_all()
-
-    async def _sync_weights(self) -> None:
-        """The new version to every generation worker: one object (rank 0's ``get_weights`` result) for all of
-        them. Every trainer takes part, as gathering a sharded model is collective; the others return None."""
-        refs = [t.get_weights.remote() for t in self.args.trainers]
-        await self._generation.set_weights_all(refs[0], self.version, refs[1:])  # a dead worker is skipped
-
-    async def _rollout_failed(self, worker_index: int, exc: BaseException) -> None:
-        """A rollout pump ended with ``exc``: logged (one line for a reward or input error, else with its
-        traceback) and kept for the sampler, which ends the run with ``rollout_failure(exc)``."""
-        if (typed := typed_failure(exc)) is not None:
-            log.error("rollout pump %d: %s", worker_index, typed)
-        else:
-            log.error("rollout pump %d failed", worker_index, exc_info=exc)
-        self._rollout_error = exc
-        async with self._cond:
-            self._cond.notify_all()
+    async def sync_weights(self) -> None:
+        """The new version to every generation worker through the weight-sync seam (``sc_app.rl.weight_sync``);
+        a dead worker is skipped (its pump gives its replacement the current weights)."""
+        await self._generation.push_weights(self.version)

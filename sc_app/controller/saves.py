@@ -1,16 +1,20 @@
-"""The saves of ``SingleControllerActor`` (seed flows 5 and 6): at most one in flight, its content fixed in the
-barrier window (``_capture``), the rest written behind training (``sc_app.checkpoint.save.write_bundle``).
+"""The controller's saves (seed flows 5 and 6): ``SaveCoordinator`` owns every piece of save state — the save in
+flight, its I/O thread, the trainers' captured version, the newest published step, the recent durations, the steps
+no bundle covers yet — and the controller drives it through five calls from its train pump:
 
-``ControllerSaves`` is the save half of the controller class (a mixin: ``SingleControllerActor`` derives from it and
-the two share the attributes declared below). The train pump calls ``_start_save`` when a save is due and
-``_collect_save`` after every step; nothing else starts or reports a save.
+* ``due(step)``: whether a bundle is cut at ``step``;
+* ``before_capture()`` then ``captured(version)``: around a train step that copies the trainers' state;
+* ``start(step, version)``: cut a bundle of the step reached (returns once its content is fixed);
+* ``collect(wait=...)``: report the save in flight once it is done;
+* ``emergency(...)`` on a stop request and ``settle()`` when the run ends.
 
 Invariants:
-* a save pauses training only while its content is fixed (``_capture``: trainer state copy, loader place, the
-  barrier window); ``_start_save`` returns once the window closed (or the save already ended);
-* the next save, the end of the run and a stop request each await the save in flight first; a train step that
-  copies the trainers' state for the next bundle first awaits the in-flight save's policy write
-  (``_policy_written``), so that write never reads the newer copy;
+* a save pauses training only while its content is fixed (``capture``: trainer state copy, loader place, the
+  barrier window); ``start`` returns once the window closed (or the save already ended); the rest is written
+  behind training (``sc_app.checkpoint.save.write_bundle``);
+* at most one save is in flight: the next save, the end of the run and a stop request each await it first; a train
+  step that copies the trainers' state for the next bundle first awaits the in-flight save's policy write
+  (``before_capture``), so that write never reads the newer copy;
 * a failed save's I/O error is reported per ``checkpoint.on_save_error``; ``LeaseLost`` always stops the run.
 """
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,7 +42,7 @@ from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.data_plane.replay_buffer import TQReplayBuffer
 from sc_app.faults import afault_point
-from sc_app.io.background import run_blocking
+from sc_app.io.background import background_executor, run_blocking
 from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord, step_summary
 from sc_app.rl.factory import policy_format
 from sc_app.rl.loader import PromptLoader
@@ -75,102 +79,117 @@ class SaveArgs(Protocol):
     dataset: dict[str, Any] | None
 
 
-class ControllerSaves:
-    """The save half of ``SingleControllerActor``; these attributes are the controller's."""
+class SaveCoordinator:
+    """The controller's saves (the module docstring). Built by the controller's ``restore()`` on its data-plane
+    client and replay buffer; ``report`` receives every save's record in order, ``trace`` the save events."""
 
-    args: SaveArgs
-    cfg: AppConfig
-    barrier: DataPlaneCheckpointBarrier
-    buffer: TQReplayBuffer
-    client: DataPlaneClient
-    loader: PromptLoader
-    step: int
-    version: int
-    _progress: list[ProgressRecord]
-    _pending_save: tuple[int, asyncio.Task[SaveRecord | SaveFailedRecord]] | None
-    _save_io: ThreadPoolExecutor
-    _captured_version: int  # the trainer version whose state the trainers hold a copy of
-    _last_saved: int
-    _save_seconds: list[float]  # the newest saves' durations (checkpoint.emergency.plan_emergency)
-    _failed_saves_in_a_row: int
-    _unsaved_steps: list[StepRecord]  # steps since the newest published bundle: the next one keeps them
-    _policy_written: asyncio.Event  # set once the save in flight's trainers wrote their copy
+    def __init__(
+        self,
+        cfg: AppConfig,
+        args: SaveArgs,
+        *,
+        barrier: DataPlaneCheckpointBarrier,
+        buffer: TQReplayBuffer,
+        client: DataPlaneClient,
+        loader: PromptLoader,
+        last_saved: int,
+        report: Callable[[ProgressRecord], None],
+        trace: Callable[..., None],
+    ) -> None:
+        self.cfg, self.args = cfg, args
+        self.barrier, self.buffer, self.client, self.loader = barrier, buffer, client, loader
+        self._report, self._trace = report, trace
+        self.last_saved = last_saved  # the step of the newest published bundle (the start step before any)
+        self.captured_version = -1  # the trainer version whose state the trainers hold a copy of
+        self._pending: tuple[int, asyncio.Task[SaveRecord | SaveFailedRecord]] | None = None
+        self._io = background_executor("save-io")
+        self._seconds: list[float] = []  # the newest saves' durations (checkpoint.emergency.plan_emergency)
+        self._failed_in_a_row = 0
+        self._unsaved_steps: list[StepRecord] = []  # steps since the newest published bundle: the next one keeps them
+        self._policy_written = asyncio.Event()  # set once the save in flight's trainers wrote their copy
 
-    def _trace(self, **event: Any) -> None:
-        raise NotImplementedError  # the controller's
-
-    def _save_due(self, step: int) -> bool:
+    # ------------------------------------------------------------------ what the train pump calls
+    def due(self, step: int) -> bool:
         return step % self.cfg.checkpoint.save_period == 0 or step == self.cfg.run.max_steps
 
-    async def _start_save(self, *, emergency: bool = False) -> None:
-        """Cut a bundle of the current step (``emergency``: on a stop request); returns once its window closed (or
-        the save already ended).
+    def note_step(self, record: StepRecord) -> None:
+        """A step trained: the next bundle records it (and every other step since the newest published one)."""
+        self._unsaved_steps.append(record)
+
+    def captured(self, version: int) -> None:
+        """The trainers copied their state at ``version`` inside the step (the next save writes that copy)."""
+        self.captured_version = version
+
+    async def before_capture(self) -> None:
+        """Before the trainers replace their state copy: the save in flight wrote the copy it captured (or ended)."""
+        if self._pending is not None:
+            await _until(self._policy_written, self._pending[1])
+
+    async def start(self, step: int, version: int, *, emergency: bool = False) -> None:
+        """Cut a bundle of ``step`` at weights ``version`` (``emergency``: on a stop request); returns once its
+        window closed (or the save already ended).
 
         Pre: called from the train pump only. Post: the previous save has finished and been reported; the new
-        one's policy, loader place and captured rows are fixed, the rest runs in ``self._pending_save``."""
-        await self._collect_save(wait=True)
+        one's policy, loader place and captured rows are fixed, the rest runs in the background."""
+        await self.collect(wait=True)
         released = asyncio.Event()
         self._policy_written = asyncio.Event()
-        task = asyncio.create_task(self._save_or_report(self.step, released, emergency))
-        self._pending_save = (self.step, task)
-        await self._until(released, task)
+        task = asyncio.create_task(self._save_or_report(step, version, released, emergency))
+        self._pending = (step, task)
+        await _until(released, task)
 
-    async def _emergency_save(self, deadline: float | None) -> bool:
-        """On a stop request: a bundle of the step reached, started only when the recent saves say it finishes
-        before ``deadline`` (``time.time()``; ``sc_app.checkpoint.emergency``). Returns True when it was skipped."""
-        left = float("inf") if deadline is None else deadline - time.time()
-        newest = f"step_{self._last_saved}" if self._last_saved else None
-        plan = plan_emergency(self._save_seconds, left, newest_bundle=newest)
-        self._progress.append(StopRecord(self.step, plan.line))
-        if plan.start:
-            await self._start_save(emergency=True)
-            await self._collect_save(wait=True)
-        return not plan.start
-
-    async def _before_new_capture(self) -> None:
-        """Before the trainers replace their state copy: the save in flight wrote the copy it captured (or ended)."""
-        if self._pending_save is not None:
-            await self._until(self._policy_written, self._pending_save[1])
-
-    @staticmethod
-    async def _until(event: asyncio.Event, task: asyncio.Task[Any]) -> None:
-        """Until ``event`` is set or ``task`` ended, whichever comes first."""
-        waiter = asyncio.ensure_future(event.wait())
-        try:
-            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-
-    async def _collect_save(self, *, wait: bool) -> None:
+    async def collect(self, *, wait: bool) -> None:
         """Report the save in flight once it is done (``wait``: await it first). Re-raises what must stop the
         run (``LeaseLost``, ``SaveFailed``, a bug); a reported I/O failure lets training continue."""
-        if self._pending_save is None:
+        if self._pending is None:
             return
-        step, task = self._pending_save
+        step, task = self._pending
         if not wait and not task.done():
             return
-        self._pending_save = None
+        self._pending = None
         outcome = await task
-        self._progress.append(outcome)
+        self._report(outcome)
         if isinstance(outcome, SaveRecord):
-            self._save_seconds = [*self._save_seconds, outcome.seconds][-8:]
-            self._last_saved = step
-            self._failed_saves_in_a_row = 0
+            self._seconds = [*self._seconds, outcome.seconds][-8:]
+            self.last_saved = step
+            self._failed_in_a_row = 0
             self._unsaved_steps = [r for r in self._unsaved_steps if r.step > step]
 
+    async def emergency(self, step: int, version: int, deadline: float | None) -> bool:
+        """On a stop request: a bundle of ``step``, started only when the recent saves say it finishes before
+        ``deadline`` (``time.time()``; ``sc_app.checkpoint.emergency``). Returns True when it was skipped."""
+        left = float("inf") if deadline is None else deadline - time.time()
+        newest = f"step_{self.last_saved}" if self.last_saved else None
+        plan = plan_emergency(self._seconds, left, newest_bundle=newest)
+        self._report(StopRecord(step, plan.line))
+        if plan.start:
+            await self.start(step, version, emergency=True)
+            await self.collect(wait=True)
+        return not plan.start
+
+    async def settle(self) -> None:
+        """The run is over (or failing): the save in flight ends on its own (cancelling it could race its commit
+        thread; an unfinished bundle is never renamed anyway), then the I/O thread goes."""
+        if self._pending is not None:
+            (outcome,) = await asyncio.gather(self._pending[1], return_exceptions=True)
+            if isinstance(outcome, BaseException):
+                log.warning("save of step %d failed while the run was failing: %r", self._pending[0], outcome)
+        self._io.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ one save
     async def _in_background(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run blocking save I/O on the low-priority save thread (training threads get the CPU first)."""
-        return await run_blocking(self._save_io, fn, *args, **kwargs)
+        return await run_blocking(self._io, fn, *args, **kwargs)
 
     async def _save_or_report(
-        self, step: int, released: asyncio.Event, emergency: bool = False
+        self, step: int, version: int, released: asyncio.Event, emergency: bool = False
     ) -> SaveRecord | SaveFailedRecord:
         """Save; a failed save (full disk, I/O error) is reported per ``checkpoint.on_save_error``.
 
         ``LeaseLost`` always propagates: a superseded run must stop, not keep training.
         """
         try:
-            return await self._save(released, emergency)
+            return await self._save(step, version, released, emergency)
         except LeaseLost:
             raise
         except OSError as exc:
@@ -178,28 +197,28 @@ class ControllerSaves:
                 f"save of step {step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
                 "its tmp dir was removed and every older bundle is intact"
             )
-            self._failed_saves_in_a_row += 1
+            self._failed_in_a_row += 1
             log.error(msg)
-            if self._failed_saves_in_a_row >= 2:
+            if self._failed_in_a_row >= 2:
                 log.warning(
                     "%d saves in a row failed; the newest bundle is step_%d, %d steps behind",
-                    self._failed_saves_in_a_row,
-                    self._last_saved,
-                    step - self._last_saved,
+                    self._failed_in_a_row,
+                    self.last_saved,
+                    step - self.last_saved,
                 )
             self._trace(ev="save_failed", step=step, error=str(exc))
             if self.cfg.checkpoint.on_save_error == "stop":
                 raise SaveFailed(msg + " (checkpoint.on_save_error=stop)") from None
-            return SaveFailedRecord(step, msg, in_a_row=self._failed_saves_in_a_row, last_saved_step=self._last_saved)
+            return SaveFailedRecord(step, msg, in_a_row=self._failed_in_a_row, last_saved_step=self.last_saved)
 
-    async def _save(self, released: asyncio.Event, emergency: bool = False) -> SaveRecord:
+    async def _save(self, step: int, version: int, released: asyncio.Event, emergency: bool = False) -> SaveRecord:
         """Capture (training paused until ``released`` is set), then write behind training."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        writer = BundleWriter(cfg.checkpoint.dir, self.step, hmac_key=hmac_key_from_env(), lease=self.args.lease)
+        writer = BundleWriter(cfg.checkpoint.dir, step, hmac_key=hmac_key_from_env(), lease=self.args.lease)
         if cfg.data_plane.snapshot == "native":  # TransferQueue's own save writes into tmp_step_N/ in the window
             await self._in_background(writer.begin)
-        captured, snapshot, window = await self._capture(writer)
+        captured, snapshot, window = await self.capture(writer, step=step, version=version)
         paused = time.perf_counter() - t0
         released.set()  # the train pump goes on; drops of captured groups wait for thaw()
         published = await write_bundle(
@@ -218,7 +237,7 @@ class ControllerSaves:
             ),
             keep=cfg.checkpoint.keep,
             in_background=self._in_background,
-            executor=self._save_io,
+            executor=self._io,
         )
         self._trace(ev="save", step=captured.step, digest=captured.digest, groups=captured.groups)
         return SaveRecord(
@@ -233,18 +252,21 @@ class ControllerSaves:
             emergency=emergency,
         )
 
-    async def _capture(self, writer: BundleWriter) -> tuple[CapturedSave, DataPlaneSnapshot, float]:
-        """Fix the bundle's content in the seed's order: the trainer's state copy (already taken inside the step a
-        save is due at; taken now for a stop request), the loader place, then the barrier window — the index,
-        ``list_samples()`` must equal it, the data-plane capture, and the freeze of the captured rows.
-        Returns the capture, the data plane's snapshot of the captured rows and the window's seconds."""
+    async def capture(
+        self, writer: BundleWriter, *, step: int, version: int
+    ) -> tuple[CapturedSave, DataPlaneSnapshot, float]:
+        """Fix the content of the bundle of ``step`` in the seed's order: the trainer's state copy at ``version``
+        (already taken inside the step a save is due at; taken now for a stop request), the loader place, then the
+        barrier window — the index, ``list_samples()`` must equal it, the data-plane capture, and the freeze of the
+        captured rows. Returns the capture, the data plane's snapshot of the captured rows and the window's
+        seconds."""
         cfg = self.cfg
-        captured_version = self._captured_version
-        if captured_version != self.version:  # e.g. a stop request: copy now, on every rank
+        captured_version = self.captured_version
+        if captured_version != version:  # e.g. a stop request: copy now, on every rank
             versions = await asyncio.gather(*[t.capture_state.remote() for t in self.args.trainers])
             captured_version = min(versions)
-        if captured_version != self.version:
-            raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {self.version}")
+        if captured_version != version:
+            raise RuntimeError(f"trainer captured version {captured_version}, the controller is at {version}")
         loader_state = self.loader.state_dict()  # a fresh dict of plain ints and lists
         lease = self.args.lease
         async with self.barrier.checkpoint():
@@ -255,17 +277,17 @@ class ControllerSaves:
             stored = set(listed)
             if stored != self.buffer.sample_ids():
                 raise InventoryMismatch(
-                    f"step {self.step}: data plane holds {len(stored)} rows, index lists {self.buffer.rows}"
+                    f"step {step}: data plane holds {len(stored)} rows, index lists {self.buffer.rows}"
                 )
             captured = CapturedSave(
-                step=self.step,
+                step=step,
                 run_id=self.args.run_id,
                 lineage=self.args.lineage,
                 fencing_epoch=lease.fencing_epoch if lease is not None else 0,
-                weights_version=self.version,
+                weights_version=version,
                 loader_state=loader_state,
                 replay_index=replay_index,
-                steps=tuple(step_summary(r) for r in self._unsaved_steps if r.step <= self.step),
+                steps=tuple(step_summary(r) for r in self._unsaved_steps if r.step <= step),
             )
             snapshot = await self.client.save_checkpoint(
                 writer.data_plane_dir,
@@ -287,5 +309,14 @@ class ControllerSaves:
                 raise exc.cause from None
             raise
         finally:
-            self._policy_written.set()  # the trainers may take a new copy (``_before_new_capture``)
+            self._policy_written.set()  # the trainers may take a new copy (``before_capture``)
         return {name: record for files in written for name, record in files.items()}
+
+
+async def _until(event: asyncio.Event, task: asyncio.Task[Any]) -> None:
+    """Until ``event`` is set or ``task`` ended, whichever comes first."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()

@@ -41,6 +41,7 @@ TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 # API group → what to do when the cluster does not serve it.
 SERVED_BY = {
     "ray.io": "install the KubeRay operator and its CRDs first (ops/README.md, Install)",
+    "kueue.x-k8s.io": "install Kueue, or remove its queue label from the release's `labels`",
     "monitoring.coreos.com": "install the Prometheus Operator's CRDs, or turn the monitor off in the values",
 }
 

@@ -1,4 +1,4 @@
-"""``sc-app k8s submit|status|wait|suspend|resume|delete``: a RayJob from the chart's values, without Helm.
+"""``sc-app k8s submit|name|status|wait|suspend|resume|delete``: a RayJob from the chart's values, without Helm.
 
 Exit codes (``sc_app/exits.py``): 0 ok; 1 the job failed, ``wait``/``delete`` ran out of ``--timeout``, or the API
 server did not answer / could not be reached (a rerun may succeed); 2 bad input (values, flags, kubeconfig, context)
@@ -18,10 +18,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, fail
-from sc_app.k8s import install
+from sc_app.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, Parser, fail, parse
+from sc_app.k8s import install, kueue
 from sc_app.k8s.api import DEFAULT_REQUEST_TIMEOUT, K8sError, Kube, load_client
-from sc_app.k8s.rayjob import RayJobs
+from sc_app.k8s.rayjob import JobStatus, RayJobs, job_pod_selector
 from sc_app.k8s.release import Release, ReleaseError, deep_merge, load_values, render_release
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,13 @@ def _name(args: argparse.Namespace) -> str:
 
 
 @_command
+def cmd_name(args: argparse.Namespace) -> int:
+    """The RayJob's name as the chart's fullname helper makes it (not always ``<release>-sc-app``): for scripts."""
+    print(_name(args))
+    return EXIT_OK
+
+
+@_command
 def cmd_submit(args: argparse.Namespace) -> int:
     release = _release(args, installable=True)
     if args.dry_run:
@@ -127,14 +134,24 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_suspend(args: argparse.Namespace) -> int:
     name = _name(args)
     jobs = RayJobs(_kube(args))
-    clusters = {jobs.get(name).get("status", {}).get("rayClusterName") or ""} - {""}
+    obj = jobs.get(name)
+    st = JobStatus.of(obj)
+    if st.finished:  # KubeRay never acts on suspend once the job is terminal: --wait would wait for nothing
+        return fail(f"rayjob/{name} is {st.deployment_status}: nothing runs to suspend (KubeRay ignores suspend on a "
+                    "finished job); nothing written", EXIT_BAD_INPUT, prog=PROG)
+    clusters = {st.cluster} - {""}
+    queue = kueue.queue_of(obj)
+    # With Kueue, deactivate the Workload first (else Kueue unsuspends the still-admitted job), then suspend the
+    # RayJob too, so KubeRay starts stopping the cluster now and not only after Kueue's eviction round trip.
+    workloads = kueue.set_active(jobs.kube, obj, False) if queue else []
     jobs.set_suspend(name, True)
+    via = f" (Kueue workload {', '.join(workloads)} deactivated: Kueue keeps it suspended)" if workloads else ""
     if not args.wait:
-        print(f"rayjob/{name}: suspend requested (KubeRay deletes the cluster; the PVC is kept); "
+        print(f"rayjob/{name}: suspend requested{via}; KubeRay deletes the cluster, the PVC is kept; "
               "--wait waits until it is Suspended and its pods are gone")
         return EXIT_OK
-    jobs.wait_suspended(name, clusters, timeout=args.timeout, poll=args.poll)
-    print(f"rayjob/{name}: suspended (Suspended, every pod gone: no writer left on the PVC)")
+    jobs.wait_suspended(name, clusters, timeout=args.timeout, poll=args.poll, selector=job_pod_selector(obj))
+    print(f"rayjob/{name}: suspended{via} (Suspended, every pod gone: no writer left on the PVC)")
     return EXIT_OK
 
 
@@ -143,6 +160,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     name = _name(args)
     jobs = RayJobs(_kube(args))
     jobs.wait_not_suspending(name, timeout=args.timeout, poll=args.poll)
+    obj = jobs.get(name)
+    if kueue.queue_of(obj):  # Kueue unsuspends the job once it admits the Workload again; writing suspend=false
+        # ourselves would start pods on quota Kueue has not granted (and Kueue would suspend them again)
+        workloads = kueue.set_active(jobs.kube, obj, True)
+        print(f"rayjob/{name}: resume requested: Kueue workload {', '.join(workloads)} reactivated; Kueue unsuspends "
+              f"the job when queue {kueue.queue_of(obj)} admits it, then a new cluster resumes from the newest bundle")
+        return EXIT_OK
     jobs.set_suspend(name, False)
     print(f"rayjob/{name}: resumed (new cluster, resumes from the newest bundle)")
     return EXIT_OK
@@ -182,13 +206,18 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``k8s`` with its verbs to the ``sc-app`` parser; each verb's ``func(args) -> int``."""
     k8s = subparsers.add_parser("k8s", help="submit and manage the RayJob on Kubernetes (no Helm needed)")
-    verbs = k8s.add_subparsers(dest="k8s_command", metavar="{submit,status,wait,suspend,resume,delete}")
+    verbs = k8s.add_subparsers(dest="k8s_command", metavar="{submit,name,status,wait,suspend,resume,delete}")
     verbs.required = True
 
     sub = verbs.add_parser("submit", help="render the chart's objects from values and create them")
     _common(sub)
     sub.add_argument("--dry-run", action="store_true", help="print the objects as YAML, create nothing")
     sub.set_defaults(func=cmd_submit)
+
+    nm = verbs.add_parser("name", help="print the RayJob's name as the chart makes it for these values (no cluster "
+                          "needed): `export JOB=$(sc-app k8s name RELEASE -f my-values.yaml)`")
+    _common(nm)
+    nm.set_defaults(func=cmd_name)
 
     st = verbs.add_parser(
         "status", help="deployment status, retries, resume step, and the running driver's step, bundle and events"
@@ -206,9 +235,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     wt.set_defaults(func=cmd_wait)
 
     for verb, fn, text in [
-        ("suspend", cmd_suspend, "suspend: KubeRay deletes the cluster, the PVC stays"),
+        ("suspend", cmd_suspend, "suspend: KubeRay deletes the cluster, the PVC stays (a job queued by Kueue: its "
+         "Workload is deactivated, else Kueue would unsuspend it)"),
         ("resume", cmd_resume, "un-suspend (after a suspension in progress ended): a new cluster resumes from the "
-         "newest bundle"),
+         "newest bundle (Kueue: the Workload is reactivated and Kueue unsuspends the job on admission)"),
     ]:
         p = verbs.add_parser(verb, help=text)
         _common(p)
@@ -226,13 +256,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m sc_app.k8s.cli``); ``sc-app k8s`` wires :func:`register` the same way."""
-    parser = argparse.ArgumentParser(prog="sc-app")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return int(args.func(args))
+    """Stand-alone entry (``python -m sc_app.k8s.cli k8s VERB ...``), the same parser as ``sc-app k8s``: returns the
+    exit code (a bad flag too: one line, 2) and leaves logging alone, so tests call it in-process."""
+    parser = Parser(prog="sc-app")
+    register(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
+    args = parse(parser, argv)
+    return args if isinstance(args, int) else int(args.func(args))
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     raise SystemExit(main())

@@ -204,4 +204,10 @@ def _admits_addresses(rule: dict[str, Any], port: str) -> bool:
     if ports and not any(str(p.get("port")) in (port, "dashboard") or p.get("port") is None for p in ports):
         return False
     peers = rule.get("from") or []
-    return not peers or any("ipBlock" in peer for peer in peers)
+    return not peers or any("ipBlock" in peer or _konnectivity(peer) for peer in peers)
+
+
+def _konnectivity(peer: dict[str, Any]) -> bool:
+    """A peer selecting the konnectivity-agent pods, through which GKE's and AKS's API servers reach pods."""
+    labels = ((peer.get("podSelector") or {}).get("matchLabels") or {}).values()
+    return "konnectivity-agent" in labels

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sc_app.io import strict_json
+from sc_app.k8s import kueue, preflight_state
 from sc_app.k8s.api import DeadlinePassed, K8sError, Kube, Resource, seconds
 from sc_app.k8s.live import LiveStatus, LiveUnavailable, live_status
 from sc_app.k8s.storage import ClaimState, claim_state, mounted_claims
@@ -53,6 +53,10 @@ class JobStatus:
     live: LiveStatus | None = None
     live_error: str | None = None
     claims: list[ClaimState] = field(default_factory=list)
+    pods_left: list[str] | None = None  # pods of a suspended/suspending job, found by its labels (None: not asked)
+    kueue: list[str] = field(default_factory=list)  # one line per Kueue Workload of a queued job
+    pre_running_deadline: int | None = None  # spec.preRunningDeadlineSeconds
+    preflight: preflight_state.PreflightState | None = None
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> JobStatus:
@@ -70,6 +74,7 @@ class JobStatus:
             message=st.get("message", ""),
             reason=str(st.get("reason") or ""),
             status_checks_failing_since=str(st.get("jobStatusCheckFailureStartTime") or ""),
+            pre_running_deadline=spec.get("preRunningDeadlineSeconds"),
         )
 
     @property
@@ -99,12 +104,17 @@ class JobStatus:
             "resumeDecision": self.resume_decision,
             "live": self.live.as_dict() if self.live else None,
             "liveError": self.live_error,
+            "podsLeft": self.pods_left,
+            "kueue": self.kueue,
+            "preflightRefusal": self.preflight.reason if self.preflight and self.preflight.refusing else None,
         }
 
     def lines(self) -> list[str]:
         step = (
             "unknown (no preflight log yet)"
             if self.resume_decision is None
+            else "none: preflight refuses to resume (below)"
+            if self.resume_decision == "refuse"
             else (f"step {self.resume_step}" if self.resume_step is not None else "none (fresh start)")
         )
         out = [
@@ -117,6 +127,11 @@ class JobStatus:
         ]
         out += [f"message: {self.message}"] if self.message else []
         out += self.kuberay_lines()
+        out += self.kueue
+        if self.pods_left is not None:
+            out.append(f"pods of the job still there: {len(self.pods_left)} ({', '.join(self.pods_left[:3])}); a "
+                       "terminating one still runs its preStop hook and may publish a bundle" if self.pods_left
+                       else "pods of the job: none left (no writer on the PVC)")
         out += [c.line() for c in self.claims if c.pending]
         if self.live is not None:
             out += self.live.lines()
@@ -135,7 +150,27 @@ class JobStatus:
             return [f"warning: KubeRay's status checks of the head fail since {since}; after "
                     f"RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (default 300) it fails the job with {STATUS_CHECK_TIMEOUT}, "
                     "not retried"]
-        return [f"reason: {self.reason}"] if self.reason else []
+        out = []
+        if self.reason == preflight_state.PRE_RUNNING_DEADLINE:
+            out.append(f"reason: {self.reason}: an attempt did not reach Running within preRunningDeadlineSeconds "
+                       f"({self.pre_running_deadline or '?'} s; KubeRay retries it, up to backoffLimit): a refusing "
+                       "preflight, a pod that cannot be scheduled or an image that cannot be pulled")
+        elif self.reason:
+            out.append(f"reason: {self.reason}")
+        refusal = self.preflight.refusal_line(self.pre_running_deadline) if self.preflight else None
+        return out + ([refusal] if refusal else [])
+
+
+def job_pod_selector(rayjob: dict[str, Any]) -> str:
+    """A label selector for every Ray pod of the job whatever its cluster: the labels all its pod templates share
+    (the chart's release labels); "" when they share none (then only ``ray.io/cluster`` finds its pods)."""
+    spec = (rayjob.get("spec") or {}).get("rayClusterSpec") or {}
+    groups = [spec.get("headGroupSpec") or {}, *(spec.get("workerGroupSpecs") or [])]
+    common: dict[str, str] | None = None
+    for group in groups:
+        labels = ((group.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        common = dict(labels) if common is None else {k: v for k, v in common.items() if labels.get(k) == v}
+    return ",".join(f"{k}={v}" for k, v in sorted((common or {}).items()))
 
 
 class RayJobs:
@@ -157,24 +192,29 @@ class RayJobs:
     def set_suspend(self, name: str, suspend: bool) -> None:
         self.kube.merge_patch(self.res, name, {"spec": {"suspend": suspend}})
 
-    def cluster_pods(self, clusters: set[str]) -> list[str]:
-        """Names of the pods (terminating ones included) of ``clusters``."""
+    def cluster_pods(self, clusters: set[str], selector: str = "") -> list[str]:
+        """Names of the pods (terminating ones included) of ``clusters`` and of those ``selector`` matches (the
+        job's own labels, which every pod of every cluster of the job carries: ``status.rayClusterName`` is cleared
+        while a suspended cluster's pods still run)."""
         pods = self.kube.resource("v1", "Pod")
-        return sorted(p["metadata"]["name"] for c in sorted(clusters)
-                      for p in self.kube.list(pods, selector=f"ray.io/cluster={c}"))
+        selectors = [f"ray.io/cluster={c}" for c in sorted(clusters)] + ([selector] if selector else [])
+        return sorted({p["metadata"]["name"] for s in selectors for p in self.kube.list(pods, selector=s)})
 
-    def wait_suspended(self, name: str, clusters: set[str], timeout: float, poll: float) -> JobStatus:
-        """Until KubeRay says Suspended and every pod of ``clusters`` (and of any cluster seen meanwhile) is gone:
-        a pod that is still terminating runs its preStop hook and may still publish a bundle. ``TimeoutError``
-        after ``timeout`` s."""
+    def wait_suspended(self, name: str, clusters: set[str], timeout: float, poll: float,
+                       selector: str = "") -> JobStatus:
+        """Until KubeRay says Suspended and every pod of ``clusters`` (and of any cluster seen meanwhile) and every
+        pod ``selector`` matches is gone: a pod that is still terminating runs its preStop hook and may still
+        publish a bundle. ``TimeoutError`` after ``timeout`` s."""
         self.kube.deadline = time.monotonic() + timeout
         what = "no answer yet"
         while True:
             try:
                 st = JobStatus.of(self.get(name))
                 clusters |= {st.cluster} - {""}
-                left = self.cluster_pods(clusters) if st.deployment_status == "Suspended" else None
-            except DeadlinePassed:
+                left = self.cluster_pods(clusters, selector) if st.deployment_status == "Suspended" else None
+            except K8sError as exc:  # out of time (DeadlinePassed, a request cut at the deadline) or transient
+                if not (exc.transient or isinstance(exc, DeadlinePassed)):
+                    raise
                 left = None
             else:
                 if left == []:
@@ -204,24 +244,6 @@ class RayJobs:
         alive.sort(key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
         return alive[-1] if alive else None
 
-    def resume_point(self, pod: str) -> tuple[int | None, str | None]:
-        """(step, decision) from the head's preflight initContainer log (JSON); (None, None) when unavailable."""
-        try:
-            text = self.kube.pod_log(pod, "preflight")
-        except K8sError as exc:  # status must still answer when logs are not readable
-            log.debug("preflight log unavailable: %s", exc)
-            return None, None
-        start = text.find("{")
-        try:
-            doc = strict_json.parse(text[start:]) if start >= 0 else None
-        except ValueError:
-            doc = None
-        if not isinstance(doc, dict):
-            return None, None
-        decision = str(doc.get("decision"))
-        step = doc.get("step") if decision == "resume" else None  # a fresh start reports step 0: no bundle
-        return (int(step) if step is not None else None), decision
-
     def _add_head(self, st: JobStatus) -> None:
         if not st.cluster:
             return
@@ -232,7 +254,8 @@ class RayJobs:
             return
         if pod is not None:
             st.head_pod = pod["metadata"]["name"]
-            st.resume_step, st.resume_decision = self.resume_point(st.head_pod)
+            st.preflight = preflight_state.read(self.kube, pod)
+            st.resume_step, st.resume_decision = st.preflight.step, st.preflight.decision
 
     def claims(self, rayjob: dict[str, Any]) -> list[ClaimState]:
         """The claims the job's pods mount, with what a Pending one waits for; unreadable ones are left out."""
@@ -269,12 +292,28 @@ class RayJobs:
         st = JobStatus.of(obj)
         st.claims = self.claims(obj)
         self._add_head(st)
+        self._add_suspension(obj, st)
         if live:
             try:
                 st.live = live_status(self.kube, obj, last_events=last_events)
             except LiveUnavailable as exc:
                 st.live_error = str(exc)
         return st
+
+    def _add_suspension(self, obj: dict[str, Any], st: JobStatus) -> None:
+        """The pods a suspended job still has (by its labels: rayClusterName is already cleared) and its Kueue
+        Workload; a part that cannot be read is left out."""
+        try:
+            if st.suspended or st.deployment_status in ("Suspending", "Suspended"):
+                st.pods_left = self.cluster_pods({st.cluster} - {""}, job_pod_selector(obj))
+            if kueue.queue_of(obj):
+                st.kueue = [kueue.admission_line(w) for w in kueue.workloads_of(self.kube, obj)[1]] or [
+                    f"kueue: queue {kueue.queue_of(obj)}: no Workload owned by the job (yet)"]
+        except DeadlinePassed:
+            raise
+        except K8sError as exc:
+            log.debug("suspension details unavailable: %s", exc)
+            st.kueue = st.kueue or ([f"kueue: {exc}"] if kueue.queue_of(obj) else [])
 
     def wait(self, name: str, timeout: float, poll: float = 5.0, *, started: float | None = None) -> JobStatus:
         """Poll until the job reaches a terminal deployment status; ``TimeoutError`` once ``timeout`` s have passed

@@ -26,6 +26,8 @@ from sc_app.faults import fault_point
 from sc_app.io.background import lower_current_thread_priority
 from sc_app.rl.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, device_for
 from sc_app.rl.factory import make_trainer_backend
+from sc_app.rl.weight_sync.base import WeightSender
+from sc_app.rl.weight_sync.factory import transport_for
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ class TrainerWorker:
         self.device = device_for(self.cfg.trainer.num_gpus)
         self._backend: TrainerBackend | None = None
         self._dp: Any = None
-        self._nccl: Any = None  # generation.weight_sync=nccl on rank 0 (sc_app.rl.hf.vllm_nccl)
+        self._sender: WeightSender | None = None  # what get_weights returns (sc_app.rl.weight_sync), from setup
         self._store: Any = None  # rank 0's rendezvous store (torch.distributed.TCPStore), from address()
 
     def address(self) -> tuple[str, int]:
@@ -63,10 +65,7 @@ class TrainerWorker:
             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
             dist.init_process_group(used, store=store, rank=self.rank, world_size=self.world_size)
         self._backend = make_trainer_backend(self.cfg, self.rank, self.world_size, self.device)
-        if self.cfg.generation.weight_sync == "nccl":
-            from sc_app.rl.hf.vllm_nccl import sender_for
-
-            self._nccl = sender_for(self.cfg, self.rank)
+        self._sender = transport_for(self.cfg).sender(self.rank)
         return used
 
     @property
@@ -74,6 +73,12 @@ class TrainerWorker:
         if self._backend is None:
             raise RuntimeError("TrainerWorker.setup() was not called")
         return self._backend
+
+    @property
+    def sender(self) -> WeightSender:
+        if self._sender is None:
+            raise RuntimeError("TrainerWorker.setup() was not called")
+        return self._sender
 
     def _client(self) -> Any:
         if self._dp is None:
@@ -87,8 +92,7 @@ class TrainerWorker:
 
         ``capture``: also ``capture_state()`` right after the step (the step a checkpoint will be cut at), which
         saves the checkpoint a separate call while training is paused."""
-        if self._nccl is not None:  # the last version's broadcast reads these weights until it ends
-            self._nccl.wait()
+        self.sender.wait()  # the last version's bytes may still be leaving (nccl): the step changes them
         share = sample_ids[self.rank :: self.world_size]
         read_started = time.perf_counter()
         rows = self._client().get_samples_sync(self.cfg.data_plane.partition, share, list(self.backend.fields))
@@ -99,12 +103,10 @@ class TrainerWorker:
         return replace(result, get_seconds=read_seconds)
 
     def get_weights(self) -> dict[str, torch.Tensor] | Any | None:
-        """The whole model on rank 0, None on the others (collective when the backend shards the model); under
-        ``generation.weight_sync=nccl`` rank 0 returns an ``NcclWeightsOffer`` and broadcasts the tensors."""
-        weights = self.backend.full_weights()
-        if self._nccl is not None and weights is not None:  # the bytes go over NCCL; Ray carries the offer
-            return self._nccl.offer(weights)
-        return weights
+        """Rank 0: the whole model as the weight transport carries it (the state dict itself, or under
+        ``generation.weight_sync=nccl`` an offer while the tensors are broadcast); None on the other ranks. Collective
+        when the backend shards the model."""
+        return self.sender.payload(self.backend.full_weights())
 
     def capture_state(self) -> int:
         """Copy this rank's weights + optimizer state for ``write_captured``; returns the captured version."""

@@ -13,8 +13,9 @@ does not end the run. ``GenerationSupervisor.generate``:
 
 ``generation.max_restarts`` restarts per worker within ``generation.restart_window_s`` (``RestartBudget``, pure);
 past it the pump stops with ``GenerationWorkerFailed``, one line naming the worker and the prompts of the failed
-call — a prompt that kills every worker does not loop forever. ``set_weights_all`` skips a worker that died (its
-pump replaces it with the current weights).
+call — a prompt that kills every worker does not loop forever. Weights go through the weight-sync seam
+(``sc_app.rl.weight_sync``): ``push_weights`` skips a worker that died (its pump replaces it with the current
+weights).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sc_app.progress import FaultRecord, RecoveryExhausted
+from sc_app.rl.weight_sync.push import PushResult, WeightSync
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class GenerationSupervisor:
         gen = cfg.generation
         self.cfg, self.cfg_json, self.dataset_sha256 = cfg, cfg_json, dataset_sha256
         self.generators, self.trainers = generators, trainers  # the controller's own lists: replaced in place
+        self.weights = WeightSync(trainers)
         self.budget = RestartBudget(gen.max_restarts, gen.restart_window_s)
         self._version, self._step = version, step
         self._give_back, self._on_fault, self._trace = give_back, on_fault, trace
@@ -137,23 +140,15 @@ class GenerationSupervisor:
                 f"(it needs num_cpus={gen.num_cpus:g}, num_gpus={gen.num_gpus:g}, resources={gen.resources or {}}: "
                 "is a node gone?)"
             ) from None
-        sent = -1
-        while sent != self._version():  # a newer version published meanwhile is sent too
+        sent = self._version()
+        while self.weights.is_stale(worker, sent):  # a newer version published meanwhile is sent too
+            await self.weights.push([worker], sent)  # any error, its death included, ends the pump
             sent = self._version()
-            refs = [t.get_weights.remote() for t in self.trainers]
-            await asyncio.gather(worker.set_weights.remote(refs[0], sent), *refs[1:])
+        self.weights.forget(self.generators[index])
         self.generators[index] = worker  # from here on weight syncs reach it
         return sent
 
-    async def set_weights_all(self, weights_ref: Any, version: int, others: list[Any]) -> None:
-        """``weights_ref`` (rank 0's ``get_weights``) to every worker, awaiting ``others`` (the other ranks' part of
-        the collective); a worker that died is skipped — its pump gives its replacement the current weights."""
-        import ray
-
-        results = await asyncio.gather(
-            *[w.set_weights.remote(weights_ref, version) for w in list(self.generators)], return_exceptions=True
-        )
-        await asyncio.gather(*others)
-        for res in results:
-            if isinstance(res, BaseException) and not isinstance(res, ray.exceptions.RayActorError):
-                raise res
+    async def push_weights(self, version: int) -> PushResult:
+        """``version`` to every worker (rank 0's ``get_weights`` result, every trainer rank taking part); a worker
+        that died is skipped — its pump gives its replacement the current weights."""
+        return await self.weights.push(self.generators, version, skip_dead=True)

@@ -1,9 +1,9 @@
-"""The ``sc-app`` command line at its edge: bad input is one line and exit 2, before anything starts."""
+"""The ``sc-app`` command line at its edge: bad input is one line and exit 2, before anything starts. ``main`` runs in
+this process (the ``cli`` fixture); ``test_cli_smoke.py`` runs the real entry point once per command family."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,13 +12,7 @@ import yaml
 from sc_app.observe.reader import read_history
 from sc_app.observe.records import LOG_FILE, Event, Stamp, encode_event
 from tests.support.bundles import make_bundle
-from tests.support.proc import REPO
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sc_app", *args], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+from tests.support.cli import InProcess, Ran
 
 
 @pytest.mark.parametrize(
@@ -32,9 +26,9 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["run", "--config", "/nonexistent/job.yaml"], "/nonexistent/job.yaml"),
     ],
 )
-def test_cli_bad_input_exits_2_with_one_line(args: list[str], needle: str) -> None:
+def test_cli_bad_input_exits_2_with_one_line(cli: InProcess, args: list[str], needle: str) -> None:
     out = cli(*args)
-    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.rc == 2, (out.rc, out.stdout, out.stderr)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("sc-app: error:") and needle in lines[0], lines[0]
@@ -42,17 +36,17 @@ def test_cli_bad_input_exits_2_with_one_line(args: list[str], needle: str) -> No
     assert "starting fresh" not in out.stdout and "resuming" not in out.stdout, "refused before anything started"
 
 
-def test_cli_malformed_config_file(tmp_path: Path) -> None:
+def test_cli_malformed_config_file(cli: InProcess, tmp_path: Path) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text("checkpoint: {save_period: 2\n")
     out = cli("run", "--config", str(f))
-    assert out.returncode == 2
+    assert out.rc == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "malformed YAML" in out.stderr
 
 
-def test_cli_config_prints_resolved_yaml(tmp_path: Path) -> None:
+def test_cli_config_prints_resolved_yaml(cli: InProcess, tmp_path: Path) -> None:
     out = cli("config", "--set", "checkpoint.save_period=2", "--set", "trainer.resources={trainer_node: 1}")
-    assert out.returncode == 0, out.stderr
+    assert out.rc == 0, out.stderr
     doc = yaml.safe_load(out.stdout)
     assert doc["checkpoint"]["save_period"] == 2
     assert doc["trainer"]["resources"] == {"trainer_node": 1.0}
@@ -72,12 +66,12 @@ def test_cli_config_prints_resolved_yaml(tmp_path: Path) -> None:
         ["ckpt", "prune", "--checkpoint-dir", "{missing}", "--keep", "1"],
     ],
 )
-def test_a_checkpoint_dir_that_cannot_be_used_is_one_line(tmp_path: Path, args: list[str]) -> None:
+def test_a_checkpoint_dir_that_cannot_be_used_is_one_line(cli: InProcess, tmp_path: Path, args: list[str]) -> None:
     file = tmp_path / "not-a-dir"
     file.write_text("x")
     argv = [a.format(file=file, missing=tmp_path / "absent") for a in args]
     out = cli(*argv)
-    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.rc == 2, (out.rc, out.stdout, out.stderr)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("sc-app: error:"), out.stderr
     assert "Traceback" not in out.stderr + out.stdout
@@ -85,7 +79,7 @@ def test_a_checkpoint_dir_that_cannot_be_used_is_one_line(tmp_path: Path, args: 
 
 
 @pytest.mark.parametrize("kind", ["read-only", "full"])
-def test_run_on_an_unwritable_volume_is_one_line_and_leaves_nothing(tmp_path: Path, kind: str) -> None:
+def test_run_on_an_unwritable_volume_is_one_line_and_leaves_nothing(cli: InProcess, tmp_path: Path, kind: str) -> None:
     import os
 
     if os.geteuid() != 0:
@@ -99,7 +93,7 @@ def test_run_on_an_unwritable_volume_is_one_line_and_leaves_nothing(tmp_path: Pa
             (mnt / "filler").write_bytes(b"\0" * (64 * 1024))
         before = sorted(p.name for p in mnt.iterdir())
         out = cli("run", "--checkpoint-dir", str(mnt))
-        assert out.returncode == 2, (out.stdout, out.stderr)
+        assert out.rc == 2, (out.stdout, out.stderr)
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and "cannot be written" in lines[0], out.stderr
         assert sorted(p.name for p in mnt.iterdir()) == before, "no lease, no probe, no partial file left"
@@ -108,14 +102,14 @@ def test_run_on_an_unwritable_volume_is_one_line_and_leaves_nothing(tmp_path: Pa
 
 
 # ---------------------------------------------------------------------------------------------- sc-app report
-def one_error_line(out: subprocess.CompletedProcess[str], needle: str) -> None:
-    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+def one_error_line(out: Ran, needle: str) -> None:
+    assert out.rc == 2, (out.rc, out.stdout, out.stderr)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("sc-app: error:") and needle in lines[0], out.stderr
     assert "Traceback" not in out.stderr + out.stdout
 
 
-def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
+def test_report_bad_input_is_one_line(cli: InProcess, tmp_path: Path) -> None:
     one_error_line(cli("report", "--checkpoint-dir", str(tmp_path / "nope")), str(tmp_path / "nope/logs/metrics.jsonl"))
     a_file = tmp_path / "not-a-dir"
     a_file.write_text("x\n")
@@ -129,11 +123,11 @@ def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
     (logs / LOG_FILE).write_text(encode_event(Event("start", 0, {"decision": "fresh"}), Stamp(1.0, "r", 1)))
     one_error_line(cli("report", "--checkpoint-dir", str(tmp_path / "ckpt"), "--out", str(a_file)), "--out")
     ok = cli("report", "--checkpoint-dir", str(tmp_path / "ckpt"))
-    assert ok.returncode == 0, ok.stderr
+    assert ok.rc == 0, ok.stderr
     assert (logs / "report" / "report.md").is_file() and (logs / "report" / "reward_loss.png").stat().st_size > 0
 
 
-def test_a_refused_start_is_in_the_run_log_with_its_exit(tmp_path: Path) -> None:
+def test_a_refused_start_is_in_the_run_log_with_its_exit(cli: InProcess, tmp_path: Path) -> None:
     """A bundle this config cannot resume: exit 2 before Ray starts, and the run log says so."""
     make_bundle(tmp_path, 2)  # its recorded config is not the default one
     out = cli("run", "--checkpoint-dir", str(tmp_path))
@@ -146,6 +140,14 @@ def test_a_refused_start_is_in_the_run_log_with_its_exit(tmp_path: Path) -> None
     assert f"run log: {tmp_path / 'logs' / LOG_FILE}" in out.stdout
 
 
-def test_metrics_export_port_with_a_cluster_address_is_refused() -> None:
+def test_metrics_export_port_with_a_cluster_address_is_refused(cli: InProcess) -> None:
     out = cli("run", "--set", "ray.address=auto", "--set", "ray.metrics_export_port=9100")
     one_error_line(out, "ray.metrics_export_port")
+
+
+@pytest.mark.parametrize(("args", "shown"), [(["--help"], "usage: sc-app"), (["--version"], "sc-app "),
+                                             (["k8s", "wait", "--help"], "usage: sc-app k8s wait")])
+def test_help_and_version_return_0_and_raise_nothing(cli: InProcess, args: list[str], shown: str) -> None:
+    """argparse ends these with ``SystemExit``; ``main`` returns its code instead, so a caller's process goes on."""
+    out = cli(*args)
+    assert out.rc == 0 and out.stdout.startswith(shown) and out.stderr == "", out.out

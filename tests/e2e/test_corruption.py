@@ -1,7 +1,10 @@
 """Corrupted, tampered and foreign bundles: each is named, never resumed, quarantined (not deleted) or refused.
 
-One real run (real Ray + TransferQueue) writes step_2 and step_4; every test damages a copy of that directory and
-checks what ``verify``/``plan_resume``/the CLI make of it. Nothing here starts Ray again.
+The bundles are those of a real run (real Ray + TransferQueue): the first attempt of the suite's shared interrupted
+run (``interrupted_run``, ``tests/support/interrupted.py``: ``--max-steps 4``, a bundle every 2 steps) writes
+step_2 and step_4; every test damages a copy of that directory and checks what ``verify``/``plan_resume``/the CLI
+make of it: ``preflight``, ``ckpt`` in this process (the ``cli`` fixture). Only the tests of a run's fallback start
+Ray (subprocesses of their own).
 """
 
 from __future__ import annotations
@@ -19,16 +22,17 @@ from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.manifest import HMAC_ENV, render
 from sc_app.config.app import load_config
 from sc_app.io.hashing import digest_file
+from tests.support.cli import InProcess
+from tests.support.interrupted import Interrupted
 from tests.support.proc import sc_app
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("corruption") / "ckpt"
-    res = sc_app("run", "--checkpoint-dir", str(root), "--max-steps", "4", "--set", "checkpoint.save_period=2")
-    assert res.rc == 0, res.out[-3000:]
+def pristine(interrupted_run: Interrupted) -> Path:
+    """Shared, read-only: a test that changes it works on ``ckpt``, a copy."""
+    root = interrupted_run.pristine
     assert sorted(p.name for p in root.glob("step_*")) == ["step_2", "step_4"]
     return root
 
@@ -155,13 +159,13 @@ def test_leftover_tmp_is_quarantined_never_resumed(ckpt: Path) -> None:
         ("run.seed=7", "run.seed is 0 in the bundle but 7"),  # a bundle from a different run
     ],
 )
-def test_incompatible_config_is_named(ckpt: Path, override: str, needle: str) -> None:
+def test_incompatible_config_is_named(cli: InProcess, ckpt: Path, override: str, needle: str) -> None:
     cfg = load_config(overrides=[override, "ray.num_cpus=16"])
     before = files_under(ckpt)
     plan = plan_resume(ckpt, expected_compat=compat_of(cfg))
     assert plan.decision == "refuse" and needle in plan.reason
     assert files_under(ckpt) == before, "nothing is moved when no bundle could be resumed"
-    res = sc_app("preflight", "--checkpoint-dir", str(ckpt), "--set", override, "--set", "ray.num_cpus=16")
+    res = cli("preflight", "--checkpoint-dir", str(ckpt), "--set", override, "--set", "ray.num_cpus=16")
     assert res.rc == 2 and needle in res.out
 
 
@@ -173,9 +177,9 @@ def test_another_storage_unit_count_resumes_a_streamed_bundle(ckpt: Path) -> Non
     assert plan.decision == "resume" and plan.step == 4, plan.reason
 
 
-def test_ckpt_verify_cli_names_the_problem(ckpt: Path) -> None:
+def test_ckpt_verify_cli_names_the_problem(cli: InProcess, ckpt: Path) -> None:
     (ckpt / "step_4" / "train_dataloader.pt").write_bytes(b"")
-    res = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt))
+    res = cli("ckpt", "verify", "--checkpoint-dir", str(ckpt))
     assert res.rc == 2
     assert "step_2: verified" in res.out and "train_dataloader.pt: size 0" in res.out
 
@@ -253,14 +257,14 @@ UNPARSABLE = {
 
 
 @pytest.mark.parametrize("case", list(UNPARSABLE))
-def test_resealed_unparsable_file_fails_verify_and_preflight(ckpt: Path, case: str) -> None:
+def test_resealed_unparsable_file_fails_verify_and_preflight(cli: InProcess, ckpt: Path, case: str) -> None:
     rel, damage, needle = UNPARSABLE[case]
     damage(ckpt / "step_4" / rel)
     reseal(ckpt / "step_4")
-    res = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt))
+    res = cli("ckpt", "verify", "--checkpoint-dir", str(ckpt))
     assert res.rc == 2 and "step_2: verified" in res.out, res.out[-3000:]
     assert f"{ckpt / 'step_4' / rel}: " in res.out and needle in res.out, res.out[-3000:]
-    res = sc_app("preflight", "--checkpoint-dir", str(ckpt), "--dry-run")
+    res = cli("preflight", "--checkpoint-dir", str(ckpt), "--dry-run")
     assert res.rc == 0 and "decision: resume step_2 (step 2)" in res.out and needle in res.out, res.out[-3000:]
     assert "Traceback" not in res.out
 
@@ -278,7 +282,7 @@ def test_run_falls_back_over_a_resealed_bundle_that_does_not_restore(ckpt: Path)
     assert all(verify_bundle(ckpt / f"step_{s}").ok for s in (4, 6))
 
 
-def test_prune_keeps_newest_verified_pinned_and_unverifiable(ckpt: Path) -> None:
+def test_prune_keeps_newest_verified_pinned_and_unverifiable(cli: InProcess, ckpt: Path) -> None:
     for step in (0, 1):
         shutil.copytree(ckpt / "step_2", ckpt / f"step_{step}")
         reseal(ckpt / f"step_{step}", mutate_doc=lambda d, s=step: d.update(step=s))
@@ -293,7 +297,7 @@ def test_prune_keeps_newest_verified_pinned_and_unverifiable(ckpt: Path) -> None
     (ckpt / "pins").mkdir()
     (ckpt / "pins" / "step_1").touch()
     assert prune(ckpt, keep=1) == [], "pinned"
-    res = sc_app("ckpt", "prune", "--checkpoint-dir", str(ckpt), "--keep", "0")
+    res = cli("ckpt", "prune", "--checkpoint-dir", str(ckpt), "--keep", "0")
     assert res.rc == 2 and "--keep must be >= 1" in res.out
 
 

@@ -1,8 +1,9 @@
-"""Issue 22 through the real CLI (subprocesses, no Ray: everything here is refused before Ray would start): every
-command against special files where it expects records, every numeric config key with non-finite or absurd values,
-the HMAC key, ``export --out`` and ``report`` on hostile logs. Each case asserts the exit code, exactly one
-``sc-app: error:`` line naming the problem, no traceback, no hang (the subprocess has a timeout) and nothing lost
-(the bundle that was there still verifies, no bogus bundle appears).
+"""Issue 22 through the CLI's ``main`` in this process (the ``cli`` fixture; no Ray: everything here is refused before
+Ray would start): every command against special files where it expects records, every numeric config key with
+non-finite or absurd values, the HMAC key, ``export --out`` and ``report`` on hostile logs. Each case asserts the
+exit code, exactly one ``sc-app: error:`` line naming the problem, no traceback, no hang (each test is bounded by
+``TIMEOUT``: pytest-timeout interrupts a blocked read) and nothing lost (the bundle that was there still verifies, no
+bogus bundle appears). The real entry point is proven once per command in ``test_cli_smoke.py``.
 """
 
 from __future__ import annotations
@@ -18,18 +19,17 @@ from sc_app.checkpoint.lease import LEASE_FILE, LOCK_FILE
 from sc_app.checkpoint.lineage import LINEAGE_FILE
 from sc_app.observe.records import LOG_FILE
 from tests.support.bundles import make_bundle
-from tests.support.proc import Finished, sc_app
+from tests.support.cli import InProcess, Ran
+from tests.support.cli import refused as one_line
 
 TIMEOUT = 90
+pytestmark = pytest.mark.timeout(TIMEOUT)  # a read blocked on a FIFO fails the test instead of hanging the suite
 
 
-def refused(result: Finished, code: int, *named: str) -> str:
-    errors = [line for line in result.out.splitlines() if line.startswith("sc-app: error:")]
-    assert result.rc == code, result.out[-3000:]
-    assert len(errors) == 1 and all(n in errors[0] for n in named), result.out[-3000:]
-    assert "Traceback" not in result.out, result.out[-3000:]
-    assert len(errors[0]) < 1000, errors[0]
-    return errors[0]
+def refused(result: Ran, code: int, *named: str) -> str:
+    line = one_line(result, code, *named)
+    assert len(line) < 1000, line
+    return line
 
 
 @pytest.fixture
@@ -72,27 +72,29 @@ READS = [  # (command, the record it reads): LEASE by the writers and the lease-
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "dir"])
 @pytest.mark.parametrize(("command", "record"), READS, ids=[f"{c}-{r}" for c, r in READS])
-def test_special_files_as_records_are_one_line(ckpt: Path, command: str, record: str, kind: str) -> None:
+def test_special_files_as_records_are_one_line(
+    cli: InProcess, ckpt: Path, command: str, record: str, kind: str
+) -> None:
     plant(ckpt / record, kind)
-    result = sc_app(*COMMANDS[command], "--checkpoint-dir", str(ckpt), timeout=TIMEOUT)
+    result = cli(*COMMANDS[command], "--checkpoint-dir", str(ckpt))
     refused(result, 2, record)
     still_verifies(ckpt)
 
 
 @pytest.mark.parametrize("command", ["preflight", "ckpt prune"])
 @pytest.mark.parametrize("kind", ["dir", "fifo"])
-def test_a_lock_file_that_is_not_a_file_is_one_line(ckpt: Path, command: str, kind: str) -> None:
+def test_a_lock_file_that_is_not_a_file_is_one_line(cli: InProcess, ckpt: Path, command: str, kind: str) -> None:
     plant(ckpt / LOCK_FILE, kind)
-    refused(sc_app(*COMMANDS[command], "--checkpoint-dir", str(ckpt), timeout=TIMEOUT), 2, LOCK_FILE)
+    refused(cli(*COMMANDS[command], "--checkpoint-dir", str(ckpt)), 2, LOCK_FILE)
     still_verifies(ckpt)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "dir"])
 @pytest.mark.parametrize("command", ["config", "run"])
-def test_a_config_file_that_is_not_a_file_is_one_line(tmp_path: Path, command: str, kind: str) -> None:
+def test_a_config_file_that_is_not_a_file_is_one_line(cli: InProcess, tmp_path: Path, command: str, kind: str) -> None:
     plant(tmp_path / "job.yaml", kind)
     extra = ["--checkpoint-dir", str(tmp_path / "ck")] if command == "run" else []
-    refused(sc_app(command, "--config", str(tmp_path / "job.yaml"), *extra, timeout=TIMEOUT), 2, "job.yaml")
+    refused(cli(command, "--config", str(tmp_path / "job.yaml"), *extra), 2, "job.yaml")
 
 
 NUMBERS = [
@@ -116,20 +118,20 @@ NUMBERS = [
 
 
 @pytest.mark.parametrize(("override", "key"), NUMBERS, ids=[k for _, k in NUMBERS])
-def test_every_number_is_finite_and_bounded(tmp_path: Path, override: str, key: str) -> None:
-    refused(sc_app("config", "--set", override, timeout=TIMEOUT), 2, key)
+def test_every_number_is_finite_and_bounded(cli: InProcess, tmp_path: Path, override: str, key: str) -> None:
+    refused(cli("config", "--set", override), 2, key)
 
 
-def test_a_nul_in_a_configured_path_is_one_line(tmp_path: Path) -> None:
+def test_a_nul_in_a_configured_path_is_one_line(cli: InProcess, tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text('checkpoint:\n  dir: "ck\\0pt"\n')
-    refused(sc_app("config", "--config", str(tmp_path / "job.yaml"), timeout=TIMEOUT), 2, "checkpoint.dir", "NUL")
+    refused(cli("config", "--config", str(tmp_path / "job.yaml")), 2, "checkpoint.dir", "NUL")
 
 
-def test_a_checkpoint_path_too_long_for_its_bundles_is_refused_at_start(tmp_path: Path) -> None:
+def test_a_checkpoint_path_too_long_for_its_bundles_is_refused_at_start(cli: InProcess, tmp_path: Path) -> None:
     deep = tmp_path
     while len(str(deep)) < 3800:
         deep = deep / ("d" * 200)
-    line = refused(sc_app("run", "--checkpoint-dir", str(deep), timeout=TIMEOUT), 2, "path limit")
+    line = refused(cli("run", "--checkpoint-dir", str(deep)), 2, "path limit")
     assert "space" not in line
     assert not deep.exists()
 
@@ -137,10 +139,10 @@ def test_a_checkpoint_path_too_long_for_its_bundles_is_refused_at_start(tmp_path
 @pytest.mark.parametrize(("value", "named"), [("", "set but empty"), ("\udcff\udcfe", "not UTF-8")])
 @pytest.mark.parametrize("command", ["ckpt verify", "preflight", "run"])
 def test_an_hmac_key_set_but_unusable_is_an_error_not_signing_off(
-    ckpt: Path, command: str, value: str, named: str
+    cli: InProcess, ckpt: Path, command: str, value: str, named: str
 ) -> None:
-    result = sc_app(
-        *COMMANDS[command], "--checkpoint-dir", str(ckpt), timeout=TIMEOUT, env={"SC_APP_CHECKPOINT_HMAC_KEY": value}
+    result = cli(
+        *COMMANDS[command], "--checkpoint-dir", str(ckpt), env={"SC_APP_CHECKPOINT_HMAC_KEY": value}
     )
     refused(result, 2, "SC_APP_CHECKPOINT_HMAC_KEY", named)
     still_verifies(ckpt)
@@ -161,14 +163,16 @@ OUTS = {
 
 
 @pytest.mark.parametrize("case", sorted(OUTS))
-def test_export_out_is_checked_before_anything_is_written(ckpt: Path, tmp_path: Path, case: str) -> None:
+def test_export_out_is_checked_before_anything_is_written(
+    cli: InProcess, ckpt: Path, tmp_path: Path, case: str
+) -> None:
     (tmp_path / "link").symlink_to(ckpt)
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "alias").symlink_to(tmp_path / "elsewhere")
     out, named = OUTS[case]
     before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
-    result = sc_app(
-        "export", "--checkpoint-dir", str(ckpt), "--out", out.format(ck=ckpt, tmp=tmp_path), timeout=TIMEOUT
+    result = cli(
+        "export", "--checkpoint-dir", str(ckpt), "--out", out.format(ck=ckpt, tmp=tmp_path)
     )
     refused(result, 2, "--out", named)
     still_verifies(ckpt)
@@ -234,40 +238,40 @@ REPORTS = {
 
 
 @pytest.mark.parametrize("case", sorted(REPORTS))
-def test_report_on_a_hostile_run_log_ends(tmp_path: Path, case: str) -> None:
+def test_report_on_a_hostile_run_log_ends(cli: InProcess, tmp_path: Path, case: str) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / LOG_FILE).write_text(REPORTS[case])
-    result = sc_app("report", "--log-dir", str(logs), "--json", timeout=TIMEOUT)
+    result = cli("report", "--log-dir", str(logs), "--json")
     assert result.rc == 0 and "Traceback" not in result.out, result.out[-3000:]
-    summary = json.loads(result.out[result.out.index("{") :])
+    summary = json.loads(result.stdout[result.stdout.index("{") :])
     assert summary["first_step"] == 1 and len(summary["missing_steps"]) <= 1000
     if case == "step 10**12":
         assert summary["last_step"] == 10**12 and summary["missing_count"] == 10**12 - 2
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
-def test_report_on_a_log_that_is_not_a_file_is_one_line(tmp_path: Path, kind: str) -> None:
+def test_report_on_a_log_that_is_not_a_file_is_one_line(cli: InProcess, tmp_path: Path, kind: str) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     plant(logs / LOG_FILE, kind)
-    refused(sc_app("report", "--log-dir", str(logs), timeout=TIMEOUT), 2, LOG_FILE)
+    refused(cli("report", "--log-dir", str(logs)), 2, LOG_FILE)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dir"])
-def test_a_trace_file_that_is_not_a_file_is_refused_before_ray(tmp_path: Path, kind: str) -> None:
+def test_a_trace_file_that_is_not_a_file_is_refused_before_ray(cli: InProcess, tmp_path: Path, kind: str) -> None:
     plant(tmp_path / "trace", kind)
     ck = tmp_path / "ck"
-    result = sc_app(
-        "run", "--checkpoint-dir", str(ck), "--set", f"run.trace_file={tmp_path / 'trace'}", timeout=TIMEOUT
+    result = cli(
+        "run", "--checkpoint-dir", str(ck), "--set", f"run.trace_file={tmp_path / 'trace'}"
     )
     refused(result, 2, "run.trace_file")
     assert not (ck / LEASE_FILE).exists()
 
 
 @pytest.mark.parametrize("wait", ["nan", "inf", "-1", "1e300"])
-def test_stop_wait_must_be_a_sane_number_of_seconds(ckpt: Path, wait: str) -> None:
-    refused(sc_app("stop", "--checkpoint-dir", str(ckpt), "--wait", wait, timeout=TIMEOUT), 2, "--wait")
+def test_stop_wait_must_be_a_sane_number_of_seconds(cli: InProcess, ckpt: Path, wait: str) -> None:
+    refused(cli("stop", "--checkpoint-dir", str(ckpt), "--wait", wait), 2, "--wait")
 
 
 LAUGHS = "".join(
@@ -277,7 +281,7 @@ LAUGHS = "".join(
 
 
 @pytest.mark.parametrize("how", ["--config", "--set"])
-def test_yaml_aliases_that_expand_to_billions_are_one_line(tmp_path: Path, how: str) -> None:
+def test_yaml_aliases_that_expand_to_billions_are_one_line(cli: InProcess, tmp_path: Path, how: str) -> None:
     if how == "--config":
         (tmp_path / "job.yaml").write_text(LAUGHS + "run: {seed: *h}\n")
         args = ["--config", str(tmp_path / "job.yaml")]
@@ -290,4 +294,4 @@ def test_yaml_aliases_that_expand_to_billions_are_one_line(tmp_path: Path, how: 
             + "]]"
         )
         args = ["--set", f"run.seed={flow}"]
-    refused(sc_app("config", *args, timeout=TIMEOUT), 2, "expands to more than")
+    refused(cli("config", *args), 2, "expands to more than")

@@ -1,7 +1,8 @@
-"""Issue 22 on the hf backend through ``sc-app run`` (subprocesses): bad weights, index paths and reward modules
-are refused in one line before Ray starts and before the lease is taken; a reward function that fails while the
-job runs ends it with exit 1 and one line naming the function — through the generation worker, the controller
-and the job's error mapping — with no traceback, and every bundle published before still verifies.
+"""Issue 22 on the hf backend through ``sc-app run``: bad weights, index paths and reward modules are refused in one
+line before Ray starts and before the lease is taken (``main`` in this process, the ``cli`` fixture); a reward
+function that fails while the job runs (a subprocess: it starts Ray) ends it with exit 1 and one line naming the
+function — through the generation worker, the controller and the job's error mapping — with no traceback, and every
+bundle published before still verifies.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ import pytest
 
 from sc_app.checkpoint import verify_bundle
 from sc_app.checkpoint.lease import LEASE_FILE
+from tests.support.cli import InProcess, Ran
 from tests.support.hf import ARITHMETIC, make_model_dir, write_jsonl
 from tests.support.proc import Finished, sc_app
-
-pytestmark = pytest.mark.slow
 
 REWARDS = """
 import os, pathlib
@@ -56,7 +56,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run(base: Path, ckpt: Path, *sets: str, model: Path | None = None, max_steps: int = 4, env=None) -> Finished:
+def run_argv(base: Path, ckpt: Path, *sets: str, model: Path | None = None, max_steps: int = 4) -> list[str]:
     settings = [
         "model.backend=hf",
         f"model.path={model or base / 'model'}",
@@ -73,11 +73,17 @@ def run(base: Path, ckpt: Path, *sets: str, model: Path | None = None, max_steps
     args = ["run", "--checkpoint-dir", str(ckpt), "--max-steps", str(max_steps)]
     for s in settings:
         args += ["--set", s]
+    return args
+
+
+def run(base: Path, ckpt: Path, *sets: str, max_steps: int = 4, env: dict[str, str] | None = None) -> Finished:
+    """``sc-app run`` in a process of its own (it starts Ray), the user's modules on its PYTHONPATH."""
     pythonpath = os.pathsep.join(filter(None, [str(base / "user"), os.environ.get("PYTHONPATH", "")]))
-    return sc_app(*args, timeout=420, env={"PYTHONPATH": pythonpath, **(env or {})})
+    argv = run_argv(base, ckpt, *sets, max_steps=max_steps)
+    return sc_app(*argv, timeout=420, env={"PYTHONPATH": pythonpath, **(env or {})})
 
 
-def one_error(result: Finished, code: int, *named: str) -> str:
+def one_error(result: Finished | Ran, code: int, *named: str) -> str:
     errors = [line for line in result.out.splitlines() if line.startswith("sc-app: error:")]
     assert result.rc == code, result.out[-4000:]
     assert len(errors) == 1 and all(n in errors[0] for n in named), result.out[-4000:]
@@ -117,12 +123,15 @@ BEFORE_RAY = {
 
 @pytest.mark.parametrize("case", sorted(BEFORE_RAY))
 def test_bad_weights_and_reward_modules_are_refused_before_ray_and_the_lease(
-    base: Path, tmp_path: Path, case: str
+    cli: InProcess, monkeypatch: pytest.MonkeyPatch, base: Path, tmp_path: Path, case: str
 ) -> None:
+    """In this process: the user's module is imported by a probe child first (``sc_app.rl.hf.reward_probe``), so an
+    ``os._exit`` at import ends that child, never the test; ``sys.path`` is what the probe hands it."""
     sets, named = BEFORE_RAY[case]
     model = broken_model(base, tmp_path, case) if not sets else None
     ckpt = tmp_path / "ck"
-    result = run(base, ckpt, *sets, model=model)
+    monkeypatch.syspath_prepend(str(base / "user"))
+    result = cli(*run_argv(base, ckpt, *sets, model=model))
     one_error(result, 2, named)
     assert not (ckpt / LEASE_FILE).exists(), "refused before the lease is taken"
     assert "Started a local Ray instance" not in result.out
@@ -130,6 +139,7 @@ def test_bad_weights_and_reward_modules_are_refused_before_ray_and_the_lease(
 
 # One Ray run: the other failures (exit, NaN, a string, None) take the same path from ``score`` on
 # (tests/unit/rl/hf/test_hostile_inputs.py checks each becomes a RewardFailed naming the function).
+@pytest.mark.slow  # the only one here that starts Ray; the refusals above take seconds in-process
 @pytest.mark.parametrize(("fn", "named"), [("raises", "ValueError: boom")])
 def test_a_reward_failing_at_run_time_is_one_line_naming_it_and_loses_nothing(
     base: Path, tmp_path: Path, fn: str, named: str

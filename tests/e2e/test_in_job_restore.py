@@ -1,13 +1,18 @@
-"""A trainer rank, a TransferQueue storage unit and the TransferQueue controller, each SIGKILLed by PID mid-run
-(saves going on), are restored in the same job: one process, exit 0 (real CLI, Ray, TransferQueue).
+"""One run, four SIGKILLs by PID (real CLI, Ray, TransferQueue): a generation worker, a trainer rank, a
+TransferQueue storage unit and the TransferQueue controller, in turn, each once the run has recovered from the one
+before and trained on. The run must end at max_steps with exit 0 and never exit in between.
 
-After each kill the driver tears the job down, fences it (the lease moves one epoch on), plans again and sets it
-up from the newest bundle; the steps trained since that bundle are trained again. Checked: the run ends at
-max_steps with exit 0 and never exits in between; three ``fault`` events (what died, restored step, steps to
-redo) and a restart of the trace at exactly the restored step each time; the surviving lineage trains every step
-once and no prompt twice; every save after a restore passed its inventory check (no ``SAVE FAILED``); the lease
-epoch moved on once per restore; every bundle verifies; the goodput ledger counts the recoveries and redone steps
-in the one attempt.
+* The generation worker is replaced in the job without a restore (no new trace ``start``): the dead call's prompts
+  go back to the loader once (``give_back``) and are issued and trained again, none twice and none skipped; the new
+  worker got the weights version training was at before its first generate call; the fault is a printed line and a
+  run-log ``fault`` event with its cost (the rollouts regenerated).
+* Each of the other three is restored in the job: the driver tears the job down, fences it (the lease moves one epoch
+  on), plans again and sets it up from the newest bundle; the steps trained since that bundle are trained again.
+  Checked: a ``fault`` event per kill (what died, restored step, steps to redo) and a restart of the trace at exactly
+  the restored step each time; the surviving lineage trains every step once and no prompt twice; every save after a
+  restore passed its inventory check (no ``SAVE FAILED``); the lease epoch moved on once per restore; the goodput
+  ledger counts the recoveries and redone steps in the one attempt.
+* The chaos bench's verdicts (``bench/chaos_in_job.py``) hold for the run; every bundle verifies.
 """
 
 from __future__ import annotations
@@ -16,71 +21,146 @@ import json
 import os
 import signal
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.chaos_in_job import Shape, check_faults, check_trace
 from sc_app.observe.goodput import ledger
 from sc_app.observe.reader import read_history
 from tests.support.proc import actor_pids, finish, read_trace, run_args, sc_app, start_logged, trained_lineage, wait_for
+from tests.support.restart import attempts_of, generation_restart_problems, kept_history
 
 pytestmark = pytest.mark.slow
 
-MAX_STEPS = 12
-VICTIMS = [  # (actor class, FaultRecord kind), killed in this order
+MAX_STEPS = 16
+GROUP_SIZE = 8
+GENERATION = ("GenerationWorker", "generation.worker")
+RESTORED = [  # (actor class, FaultRecord kind), killed in this order after the generation worker
     ("TrainerWorker", "trainer.worker"),
     ("SimpleStorageUnit", "data_plane.storage"),
     ("TransferQueueController", "data_plane.controller"),
 ]
+CHAOS_NAMES = {"generation": GENERATION, "trainer": RESTORED[0], "storage": RESTORED[1], "tq-controller": RESTORED[2]}
 
 
-def test_dead_trainer_storage_unit_and_tq_controller_are_restored_in_job(tmp_path: Path) -> None:
-    ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
+@dataclass
+class FourKills:
+    ckpt: Path
+    trace: Path
+    rc: int
+    out: str
+    events: list[dict[str, Any]]
+    faults: list[Any]  # the run log's fault events
+
+
+def trains_after(trace: Path, start: int, ev: str = "start") -> int:
+    """Train steps in start number ``start`` (0-based) of the trace after its first ``ev`` event."""
+    parts = attempts_of(read_trace(trace))
+    if len(parts) <= start:
+        return 0
+    part = parts[start]
+    at = next((n for n, e in enumerate(part) if e["ev"] == ev), None)
+    return 0 if at is None else sum(e["ev"] == "train" for e in part[at:])
+
+
+def kill_one(proc: Any, actor: str) -> None:
+    (victim,) = actor_pids(proc.pid, actor)
+    os.kill(victim, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
+    base = tmp_path_factory.mktemp("in_job")
+    ckpt, trace, log = base / "ckpt", base / "trace.jsonl", base / "run.log"
     proc = start_logged(*run_args(ckpt, trace, MAX_STEPS), log=log)
     try:
-        for n, (actor, _) in enumerate(VICTIMS):
-            starts = n + 1
-
-            def trained_since_start(k: int = starts) -> int:
-                events = read_trace(trace)
-                at = [i for i, e in enumerate(events) if e["ev"] == "start"]
-                return 0 if len(at) < k else sum(e["ev"] == "train" for e in events[at[k - 1] :])
-
-            wait_for(lambda: trained_since_start() >= 3, 600, f"3 steps before killing {actor}", proc)
-            (victim,) = actor_pids(proc.pid, actor)
-            os.kill(victim, signal.SIGKILL)
-        run = finish(proc, 900, "the run with three kills")
+        wait_for(lambda: trains_after(trace, 0) >= 3, 600, "3 train steps before killing the generation worker", proc)
+        kill_one(proc, GENERATION[0])
+        after = "2 train steps after the generation worker was replaced"
+        wait_for(lambda: trains_after(trace, 0, "generation_restart") >= 2, 600, after, proc, log=log)
+        kill_one(proc, RESTORED[0][0])
+        for n, (actor, _) in enumerate(RESTORED[1:], start=1):
+            wait_for(lambda n=n: trains_after(trace, n) >= 3, 600, f"3 steps before killing {actor}", proc, log=log)
+            kill_one(proc, actor)
+        run = finish(proc, 900, "the run with four kills")
     finally:
         if proc.poll() is None:
             finish(proc, 1, "cleanup")
-    out = log.read_text()
-    assert run.rc == 0, out[-4000:]
-    assert f"done: step {MAX_STEPS}" in out and "SAVE FAILED" not in out, out[-4000:]
+    faults = list(read_history(ckpt / "logs").events_named("fault"))
+    return FourKills(ckpt, trace, run.rc, log.read_text(), read_trace(trace), faults)
 
-    faults = read_history(ckpt / "logs").events_named("fault")
-    assert [f.data["fault"] for f in faults] == [kind for _, kind in VICTIMS], out[-3000:]
-    assert all(f.data["outcome"] == "recovered" for f in faults)
-    assert all(f.data["prompts_lost"] == f.data["prompts_duplicated"] == 0 for f in faults)
-    for f in faults:
+
+def test_the_run_ends_at_max_steps_in_one_attempt(four_kills: FourKills) -> None:
+    k = four_kills
+    assert k.rc == 0, k.out[-4000:]
+    assert f"done: step {MAX_STEPS}" in k.out and "SAVE FAILED" not in k.out, k.out[-4000:]
+    assert [f.data["fault"] for f in k.faults] == [GENERATION[1]] + [kind for _, kind in RESTORED], k.out[-3000:]
+    assert all(f.data["outcome"] == "recovered" for f in k.faults)
+    assert all(f.data["prompts_lost"] == f.data["prompts_duplicated"] == 0 for f in k.faults)
+    starts = [e for e in k.events if e["ev"] == "start"]
+    assert len({s["run_id"] for s in starts}) == 1, "one attempt: restored in-job, not by a retry"
+    money = ledger(read_history(k.ckpt / "logs"))
+    assert len(money.attempts) == 1 and money.job_retries == 0
+    assert money.seconds["recoveries"] > 0
+    assert money.faults.steps_redone == sum(f.data["steps_redone"] for f in k.faults[1:])
+
+
+def test_a_killed_generation_worker_is_replaced_without_a_restore(four_kills: FourKills) -> None:
+    k = four_kills
+    assert "fault generation.worker: recovered" in k.out, k.out[-3000:]
+    first = attempts_of(k.events)[0]  # the generation worker was killed (and replaced) before the first restore
+    (restart,) = [e for e in k.events if e["ev"] == "generation_restart"]
+    (given,) = [e for e in k.events if e["ev"] == "give_back"]
+    assert restart in first and given in first, "replaced in-job: no new start between the kill and the restart"
+    at = first.index(restart)
+    trained_before = [e["step"] for e in first[:at] if e["ev"] == "train"]
+    assert restart["version"] >= max(trained_before), "the new worker got the weights training was at"
+    for part in attempts_of(k.events):
+        assert not generation_restart_problems(part)
+    issued_after = [p for e in first[at:] if e["ev"] == "issue" for p in e["prompts"]]
+    assert set(given["prompts"]) <= set(issued_after), "every given-back prompt is issued again"
+    once = Counter(p for e in first if e["ev"] == "issue" for p in e["prompts"])
+    assert all(once[p] == 2 for p in given["prompts"]), "a given-back prompt is issued exactly once more"
+    assert all(n == 1 for p, n in once.items() if p not in given["prompts"])
+
+    fault = k.faults[0]
+    assert fault.data["fault"] == GENERATION[1] and fault.data["outcome"] == "recovered"
+    assert fault.data["prompts_lost"] == fault.data["prompts_duplicated"] == 0
+    assert fault.data["rollouts_regenerated"] == len(given["prompts"]) * GROUP_SIZE
+    assert fault.data["recovery_s"] > 0
+
+
+def test_each_restore_restarts_the_trace_at_the_restored_bundle(four_kills: FourKills) -> None:
+    k = four_kills
+    restores = k.faults[1:]
+    for f in restores:
         assert f.data["steps_redone"] == f.step - f.data["restored_step"] >= 0
         assert f.data["recovery_s"] > 0
-
-    events = read_trace(trace)
-    starts = [e for e in events if e["ev"] == "start"]
-    assert [s["step"] for s in starts] == [0] + [f.data["restored_step"] for f in faults], "restarted at the bundle"
-    assert len({s["run_id"] for s in starts}) == 1, "one attempt: restored in-job, not by a retry"
-    lineage = trained_lineage(events)
-    assert sorted(lineage) == list(range(1, MAX_STEPS + 1))
-    repeats = [p for p, k in Counter(p for ps in lineage.values() for p in ps).items() if k > 1]
-    assert not repeats, f"prompts trained twice in the surviving lineage: {repeats}"
-
-    lease = json.loads((ckpt / "LEASE").read_text())
-    assert lease["epoch"] == 1 + len(VICTIMS), "each restore fenced the torn-down job: one epoch on"
+    starts = [e for e in k.events if e["ev"] == "start"]
+    assert [s["step"] for s in starts] == [0] + [f.data["restored_step"] for f in restores], "restarted at the bundle"
+    lease = json.loads((k.ckpt / "LEASE").read_text())
+    assert lease["epoch"] == 1 + len(RESTORED), "each restore fenced the torn-down job: one epoch on"
     assert lease["released"]["outcome"] == "done"
 
-    money = ledger(read_history(ckpt / "logs"))
-    assert len(money.attempts) == 1 and money.job_retries == 0
-    assert money.seconds["recoveries"] > 0 and money.faults.steps_redone == sum(f.data["steps_redone"] for f in faults)
 
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
+def test_every_step_trained_once_and_no_prompt_twice(four_kills: FourKills) -> None:
+    k = four_kills
+    lineage = trained_lineage(k.events)
+    assert sorted(lineage) == list(range(1, MAX_STEPS + 1))
+    repeats = [p for p, n in Counter(p for ps in lineage.values() for p in ps).items() if n > 1]
+    assert not repeats, f"prompts trained twice in the surviving lineage: {repeats}"
+    trained, dropped = kept_history(k.events)
+    repeats = [p for p, n in Counter(trained + dropped).items() if n > 1]
+    assert not repeats, f"prompts trained or dropped twice in the kept history: {repeats}"
+
+
+def test_the_chaos_verdicts_hold_and_every_bundle_verifies(four_kills: FourKills) -> None:
+    k = four_kills
+    done = [f"{kind}@0" for kind in CHAOS_NAMES]
+    assert not check_faults([f.data for f in k.faults], Shape(MAX_STEPS, 4, list(CHAOS_NAMES)), done)
+    assert not check_trace(k.ckpt, k.events)
+    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(k.ckpt), timeout=120)
     assert verify.rc == 0, verify.out

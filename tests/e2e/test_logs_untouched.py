@@ -8,13 +8,12 @@ that moves an abandoned ``tmp_step_N`` of its own step aside. ``logs/`` must com
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from sc_app.checkpoint import BundleWriter, layout, plan_resume, prune
 from sc_app.observe.records import DEFAULT_LOG_SUBDIR, LOG_FILE
 from tests.support.bundles import make_bundle, make_tmp_leftover, tree
+from tests.support.cli import InProcess
 
 
 def with_logs(root: Path) -> tuple[Path, dict[str, str]]:
@@ -53,7 +52,7 @@ def test_a_writer_moving_its_own_abandoned_tmp_leaves_logs_alone(tmp_path: Path)
     assert tree(logs) == before
 
 
-def test_the_cli_tidying_commands_leave_logs_alone(tmp_path: Path) -> None:
+def test_the_cli_tidying_commands_leave_logs_alone(cli: InProcess, tmp_path: Path) -> None:
     damaged_newest(tmp_path)
     logs, before = with_logs(tmp_path)
     for args in (
@@ -62,7 +61,7 @@ def test_the_cli_tidying_commands_leave_logs_alone(tmp_path: Path) -> None:
         ["ckpt", "verify", "--checkpoint-dir", str(tmp_path)],
         ["ckpt", "list", "--checkpoint-dir", str(tmp_path)],
     ):
-        done = subprocess.run([sys.executable, "-m", "sc_app", *args], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stdout + done.stderr
+        done = cli(*args)
+        assert done.rc == 0, done.out
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == ["step_6"]
     assert tree(logs) == before

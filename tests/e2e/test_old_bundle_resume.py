@@ -9,13 +9,17 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
+from tests.support.cli import InProcess
 from tests.support.proc import read_trace, run_args, sc_app
 
+pytestmark = pytest.mark.slow  # a real run: Ray, TransferQueue, training
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bundle_v1_sha256"
 KEY_ENV = {"SC_APP_CHECKPOINT_HMAC_KEY": "old-format-fixture-key"}  # the fixture's key (its README)
 
 
-def test_an_old_sha256_bundle_resumes_and_new_bundles_are_blake3(tmp_path: Path) -> None:
+def test_an_old_sha256_bundle_resumes_and_new_bundles_are_blake3(cli: InProcess, tmp_path: Path) -> None:
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
     shutil.copytree(FIXTURE, ckpt)
     old_manifest = (ckpt / "step_2" / "manifest.json").read_bytes()
@@ -29,14 +33,14 @@ def test_an_old_sha256_bundle_resumes_and_new_bundles_are_blake3(tmp_path: Path)
     new = json.loads((ckpt / "step_4" / "manifest.json").read_text())
     assert (new["schema_version"], new["hash_alg"]) == (2, "blake3")
     assert new["lineage"] == json.loads((ckpt / "LINEAGE").read_text())["lineage"], "same lineage as the old bundle"
-    verify = sc_app("ckpt", "verify", "--json", "--checkpoint-dir", str(ckpt), env=KEY_ENV, timeout=300)
+    verify = cli("ckpt", "verify", "--json", "--checkpoint-dir", str(ckpt), env=KEY_ENV)
     assert verify.rc == 0, verify.out
-    reports = {r["name"]: r for r in json.loads(verify.out)}
+    reports = {r["name"]: r for r in json.loads(verify.stdout)}
     assert {n: (r["ok"], r["hash_alg"], r["schema_version"]) for n, r in reports.items()} == {
         "step_2": (True, "sha256", 1),
         "step_4": (True, "blake3", 2),
     }
-    human = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), env=KEY_ENV, timeout=300)
+    human = cli("ckpt", "verify", "--checkpoint-dir", str(ckpt), env=KEY_ENV)
     assert (
         "step_2: verified (sha256 file digests)" in human.out and "step_4: verified (blake3 file digests)" in human.out
     )

@@ -16,7 +16,17 @@ from pathlib import Path
 import pytest
 
 from sc_app.checkpoint import plan_resume, verify_bundle
-from tests.support.proc import kill_session, load_sidecar, read_trace, run_args, sc_app, start_logged, wait_for
+from tests.support.interrupted import Interrupted
+from tests.support.proc import (
+    kill_session,
+    load_sidecar,
+    read_trace,
+    run_args,
+    sc_app,
+    start_logged,
+    trace_runs,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 GROUP_SIZE = 8
@@ -41,35 +51,23 @@ def assert_restored_rows_match(root: Path, step: int, start_event: dict) -> None
     assert start_event["restored_rows"] == len(sidecar["groups"]) * GROUP_SIZE
 
 
-def test_sigterm_cuts_an_emergency_bundle_and_resume_continues(tmp_path: Path) -> None:
-    ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
-    args = ["run", "--checkpoint-dir", str(ckpt), "--max-steps", "500", "--set", "checkpoint.save_period=100"]
-    proc = start_logged(*args, "--set", f"run.trace_file={trace}", log=log)
-    try:
-        wait_for(lambda: any(e["ev"] == "train" and e["step"] >= 3 for e in read_trace(trace)), 180, "step 3", proc)
-        os.kill(proc.pid, signal.SIGTERM)  # the pod's PID 1 gets SIGTERM; the driver alone, like Kubernetes
-        rc = proc.wait(timeout=120)
-    finally:
-        kill_session(proc.pid)
-    out = log.read_text()
-    assert rc == 143, out[-3000:]
-    trained = max(e["step"] for e in read_trace(trace) if e["ev"] == "train")
-    assert bundles(ckpt) == [trained], f"expected a bundle of the current step {trained}: {bundles(ckpt)}"
+def test_sigterm_cuts_an_emergency_bundle_and_resume_continues(interrupted_run: Interrupted) -> None:
+    """Attempt C of the shared interrupted run (``tests/support/interrupted.py``): SIGTERM to the driver alone, as
+    Kubernetes signals a pod's PID 1, while it trains with no periodic save due (``save_period=100``)."""
+    k = interrupted_run
+    ckpt, out = k.ckpt, k.outs["C"]
+    assert k.c_rc == 143, out[-3000:]
+    runs = trace_runs(k.trace)
+    trained = max(e["step"] for e in runs[2] if e["ev"] == "train")
+    c_run_id = runs[2][0]["run_id"]
+    c_bundles = [s for s in bundles(ckpt) if manifest(ckpt, s)["run_id"] == c_run_id]
+    assert c_bundles == [trained] == [k.stopped_at], f"expected one bundle of the current step {trained}: {c_bundles}"
     assert verify_bundle(ckpt / f"step_{trained}").ok
     assert "stopping after the current step and saving" in out
-    resumed = sc_app(
-        *args[:-4],
-        "--max-steps",
-        str(trained + 2),
-        "--set",
-        "checkpoint.save_period=100",
-        "--set",
-        f"run.trace_file={trace}",
-    )
-    assert resumed.rc == 0, resumed.out[-3000:]
-    assert f"resuming from {ckpt / f'step_{trained}'} (step {trained})" in resumed.out
-    assert_restored_rows_match(ckpt, trained, starts(trace)[-1])
-    assert bundles(ckpt)[-1] == trained + 2
+    resumed = k.outs["D"]
+    assert f"resuming from {ckpt / f'step_{trained}'} (step {trained})" in resumed
+    assert_restored_rows_match(ckpt, trained, runs[3][0])
+    assert bundles(ckpt)[-1] == k.final
 
 
 def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import InProcess
 from tests.support.proc import load_sidecar, read_trace, run_args, sc_app
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 CPUS = ("--set", "ray.num_cpus=16")
 
 
-def test_a_two_unit_bundle_resumes_with_one_unit(tmp_path: Path) -> None:
+def test_a_two_unit_bundle_resumes_with_one_unit(cli: InProcess, tmp_path: Path) -> None:
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
     a = sc_app(*run_args(ckpt, trace, 4, "--set", "data_plane.storage_units=2", *CPUS))
     assert a.rc == 0, a.out[-4000:]
@@ -46,7 +47,7 @@ def test_a_two_unit_bundle_resumes_with_one_unit(tmp_path: Path) -> None:
     dp6 = json.loads((ckpt / "step_6" / "data_plane" / "metadata.json").read_text())
     assert len(dp6["streams"]) <= 1, "run B's own bundle comes from its single unit"
 
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(ckpt))
     assert verify.rc == 0, verify.out
     for name in ("step_2", "step_4", "step_6"):
         assert f"{name}: verified" in verify.out

@@ -144,6 +144,7 @@ class FakeApiServer(_Server):
     stuck: list[str] = field(default_factory=list)  # RayJobs whose finalizer could not stop the Ray job
     kuberay_suspends: bool = False  # act on spec.suspend like KubeRay (see _suspend_tick)
     terminating_ticks: int = 3  # requests a deleted pod stays listed (its preStop hook running)
+    controllers: list[Any] = field(default_factory=list)  # more stand-ins: called as c(self) after each request
     _rv: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -320,9 +321,13 @@ class FakeApiServer(_Server):
                 meta["_ticks"] = meta.get("_ticks", 0) + 1
                 if meta["_ticks"] > self.terminating_ticks:
                     del self.store[key]
-            if key[0] != "rayjobs" or not (obj.get("spec") or {}).get("suspend"):
+            if key[0] != "rayjobs":
                 continue
             st = obj.setdefault("status", {})
+            if not (obj.get("spec") or {}).get("suspend"):
+                if st.get("jobDeploymentStatus") == "Suspended":  # resumed: a new cluster (a new attempt)
+                    st.update(jobDeploymentStatus="Initializing", rayClusterName=f"{key[2]}-r{self._rv}")
+                continue
             if st.get("jobDeploymentStatus") in ("Running", "Initializing", "Retrying"):
                 st["jobDeploymentStatus"] = "Suspending"
             elif st.get("jobDeploymentStatus") == "Suspending":
@@ -336,6 +341,8 @@ class FakeApiServer(_Server):
         """KubeRay's reaction to a deleted RayJob: stop the Ray job (needs the auth Secret), drop the finalizer."""
         if not self.kuberay_running:
             return
+        for controller in self.controllers:
+            controller(self)
         if self.kuberay_suspends:
             self._suspend_tick()
         for key, job in list(self.store.items()):

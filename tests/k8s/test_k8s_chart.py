@@ -49,7 +49,8 @@ MATRIX = [pytest.param(BASE_VALUES, id="defaults")] + [
 
 
 # A PodMonitor needs the namespace Prometheus scrapes from (the chart refuses it otherwise).
-MONITORED = {"metrics": {"podMonitor": {"enabled": True}}, "networkPolicy": {"monitoringNamespace": "monitoring"}}
+MONITORED = {"metrics": {"podMonitor": {"enabled": True, "flavor": "prometheus-operator"}},
+             "networkPolicy": {"monitoringNamespace": "monitoring"}}
 
 
 def _the(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -109,7 +110,7 @@ def test_default_rayjob_contract() -> None:
     assert spec["shutdownAfterJobFinishes"] is True
     assert "activeDeadlineSeconds" not in spec
     # An attempt that cannot start gives its GPUs back; the submitter retries a bounded number of times.
-    assert spec["preRunningDeadlineSeconds"] == 3600
+    assert spec["preRunningDeadlineSeconds"] == 900
     assert spec["submitterConfig"] == {"backoffLimit": 2}
     assert "deletionStrategy" not in spec
     rc = spec["rayClusterSpec"]
@@ -197,7 +198,7 @@ def test_every_ray_container_stops_the_run_inside_its_grace_period(values: dict[
     templates = _ray_templates(obj)
     assert len(templates) == 1 + len(full["workerGroups"])
     for template in templates:
-        (ray,) = template["spec"]["containers"]
+        ray = template["spec"]["containers"][0]  # KubeRay's Ray container; extraContainers follow it
         assert ray["lifecycle"]["preStop"]["exec"]["command"] == [
             "sc-app", "stop", "--checkpoint-dir", mount, "--wait", str(wait)
         ], ray["name"]

@@ -1,7 +1,8 @@
 """``sc-app k8s ...`` against local HTTP servers that answer like the Kubernetes API server and a Ray head's Jobs API.
 
 Real ``kubernetes`` client, real HTTP on 127.0.0.1 (see fake_apiserver.py for what the fakes follow); the hang and
-kubeconfig cases use real sockets and files, and run the CLI as a subprocess where a hang must be ruled out.
+kubeconfig cases use real sockets and files. The CLI runs in-process (``main``; the ``cli`` fixture, on a bounded
+thread where a hang must be ruled out); ``tests/e2e/test_cli_smoke.py`` runs ``python -m sc_app k8s`` itself.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import yaml
 
 from tests.k8s.fake_apiserver import FakeApiServer, FakeRayJobsApi, auth_secret, write_kubeconfig
 from tests.k8s.k8s_helpers import CHART_DIR, REPO_ROOT
+from tests.support.cli import InProcess
 from tests.support.proc import free_port, pids_with, sigkill_until_gone
 
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
@@ -75,12 +77,6 @@ def one_error_line(err: str) -> str:
     assert lines[0].startswith("sc-app k8s: error: ")
     assert "Traceback" not in err
     return lines[0]
-
-
-def cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m sc_app k8s ...`` as its own process; ``timeout`` only guards against a hang."""
-    return subprocess.run([sys.executable, "-m", "sc_app", "k8s", *argv], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "KUBECONFIG": "/nonexistent"})
 
 
 def live_objects(server: FakeApiServer) -> set[tuple[str, str]]:
@@ -315,18 +311,19 @@ def silent_server() -> Iterator[str]:
         conn.close()
 
 
-def test_a_silent_api_server_is_one_line_not_a_hang(silent_server: str, tmp_path: Path) -> None:
+def test_a_silent_api_server_is_one_line_not_a_hang(cli: InProcess, silent_server: str, tmp_path: Path) -> None:
+    """In this process on a thread (``within``): a call still running after 20 s fails the test as a hang."""
     kc = tmp_path / "kubeconfig"
     write_kubeconfig(str(kc), silent_server)
     common = ["demo", "-n", "ml", "--kubeconfig", str(kc)]
     for verb in (["status"], ["suspend"], ["submit", "-f", VALUES], ["delete"]):
-        proc = cli(*verb, *common, "--request-timeout", "1")
-        assert proc.returncode == 1, proc.stderr
+        proc = cli("k8s", *verb, *common, "--request-timeout", "1", within=20)
+        assert proc.rc == 1, proc.stderr
         line = one_error_line(proc.stderr)
         assert f"the API server at {silent_server} did not answer within 1s" in line, line
     # wait: --timeout is the total, whatever one request may take (--request-timeout defaults to 30 s).
-    proc = cli("wait", *common, "--timeout", "2", timeout=25)
-    assert proc.returncode == 1, proc.stderr
+    proc = cli("k8s", "wait", *common, "--timeout", "2", within=20)
+    assert proc.rc == 1, proc.stderr
     line = one_error_line(proc.stderr)
     assert "gave up after the 2s --timeout" in line, line
     waited = re.search(r"did not answer within ([\d.]+)s", line)
@@ -369,15 +366,16 @@ def test_unusable_kubeconfig_is_one_line_exit_2(tmp_path: Path, capsys, content,
      ["wait", "--poll", "0"], ["delete", "--timeout", "inf"], ["status", "--events", "-2"]],
     ids=["request-timeout-0", "negative-timeout", "nan", "poll-0", "inf", "negative-events"],
 )
-def test_time_flags_must_be_positive_seconds(flags: list[str]) -> None:
+def test_time_flags_must_be_positive_seconds(cli: InProcess, flags: list[str]) -> None:
     """0 would mean "no timeout" to urllib3: a time flag that means no limit must not be accepted."""
-    proc = cli(flags[0], "demo", *flags[1:])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    proc = cli("k8s", flags[0], "demo", *flags[1:], env={"KUBECONFIG": "/nonexistent"})
+    assert proc.rc == 2 and "Traceback" not in proc.out
     assert proc.stderr.count("error:") == 1 and f"argument {flags[1]}: " in proc.stderr, proc.stderr
 
 
 def test_the_cli_module_loads_neither_kubernetes_nor_helm() -> None:
-    """`sc-app` registers `k8s` for every command: its import must stay cheap."""
+    """`sc-app` registers `k8s` for every command: its import must stay cheap. A fresh interpreter of its own: this
+    process has imported kubernetes long ago."""
     code = ("import sys, sc_app.cli; sc_app.cli.build_parser(); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'helm_python', 'urllib3')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)

@@ -1,7 +1,7 @@
 """Issue 22 on ``sc-app k8s``: an API server that drips its answer a byte at a time is cut off at
 ``--request-timeout`` overall (not per read), discovery answers of the wrong shape or JSON of any depth are one
 line, and a kubeconfig or values file that is a FIFO or ``/dev/zero`` is refused before anything reads it. Real
-sockets and files; the CLI runs in-process (``main``), each case bounded by a thread join."""
+sockets and files; the CLI runs in-process (the ``cli`` fixture), each case bounded by a thread join."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sc_app.cli import main
 from tests.k8s.fake_apiserver import write_kubeconfig
+from tests.support.cli import InProcess
 
 
 class OddServer:
@@ -70,25 +70,20 @@ def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     server.stop()
 
 
-def bounded_main(argv: list[str], capsys: pytest.CaptureFixture[str], limit: float = 30.0) -> tuple[int, str, float]:
-    box: dict[str, int] = {}
+def bounded_main(argv: list[str], cli: InProcess, limit: float = 30.0) -> tuple[int, str, float]:
     started = time.monotonic()
-    t = threading.Thread(target=lambda: box.setdefault("rc", main(argv)), daemon=True)
-    t.start()
-    t.join(limit)
-    assert not t.is_alive(), f"sc-app {' '.join(argv)} still running after {limit}s"
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return box["rc"], lines[0], time.monotonic() - started
+    ran = cli(*argv, within=limit)
+    lines = [ln for ln in ran.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in ran.out, ran.stderr
+    return ran.rc, lines[0], time.monotonic() - started
 
 
 @pytest.mark.parametrize(
     "served", [(b'{"kind": "APIResourceList", "resources": []}' + b" " * 400, 1, 0.2)], indirect=True
 )
-def test_a_dripping_answer_is_cut_off_at_the_request_timeout(served: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_dripping_answer_is_cut_off_at_the_request_timeout(served: str, cli: InProcess) -> None:
     rc, line, took = bounded_main(
-        ["k8s", "status", "demo", "-n", "ml", "--kubeconfig", served, "--request-timeout", "2"], capsys
+        ["k8s", "status", "demo", "-n", "ml", "--kubeconfig", served, "--request-timeout", "2"], cli
     )
     assert rc != 0 and "did not finish its answer within 2s" in line, line
     assert took < 20
@@ -100,15 +95,15 @@ def test_a_dripping_answer_is_cut_off_at_the_request_timeout(served: str, capsys
     indirect=True,
     ids=["a list", "wrong types", "resources not a list", "nested 100000 deep"],
 )
-def test_a_discovery_answer_of_the_wrong_shape_is_one_line(served: str, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, line, _ = bounded_main(["k8s", "status", "demo", "-n", "ml", "--kubeconfig", served], capsys)
+def test_a_discovery_answer_of_the_wrong_shape_is_one_line(served: str, cli: InProcess) -> None:
+    rc, line, _ = bounded_main(["k8s", "status", "demo", "-n", "ml", "--kubeconfig", served], cli)
     assert rc != 0 and line.startswith("sc-app k8s: error:") and "discovery" in line, line
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
 @pytest.mark.parametrize("which", ["--kubeconfig", "-f"])
 def test_a_kubeconfig_or_values_file_that_is_not_a_file_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str, kind: str
+    tmp_path: Path, cli: InProcess, which: str, kind: str
 ) -> None:
     odd = tmp_path / "odd"
     if kind == "fifo":
@@ -121,5 +116,5 @@ def test_a_kubeconfig_or_values_file_that_is_not_a_file_is_one_line(
         argv = ["k8s", "status", "demo", "-n", "ml", "--kubeconfig", str(odd)]
     else:
         argv = ["k8s", "submit", "demo", "-n", "ml", "--kubeconfig", str(kubeconfig), "-f", str(odd)]
-    rc, line, _ = bounded_main(argv, capsys)
+    rc, line, _ = bounded_main(argv, cli)
     assert rc == 2 and str(odd) in line, line

@@ -66,7 +66,7 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
         path.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "KUBECONFIG": str(kubeconfig),
            "PYTHONPATH": str(REPO_ROOT), "RUNBOOK_STATE": str(state), "NS": NS, "RELEASE": RELEASE, "JOB": JOB,
-           "CKPT": str(ckpt)}
+           "KUBERAY_VERSION": "1.7.0", "CKPT": str(ckpt)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     yield {"server": server, "env": env, "ckpt": ckpt, "state": state, "tmp": tmp_path, "work": work}
     server.stop()
@@ -185,7 +185,7 @@ def test_section_6_resize_edits_the_whole_list(world) -> None:
     assert yaml.safe_load(config)["trainer"]["num_workers"] == 2
     assert spec["suspend"] is False
     # The command the runbook used to give: Helm replaces the list, the chart's schema refuses what is left.
-    proc = bash(world, f'helm upgrade "$RELEASE" {REPO_ROOT}/helm/sc-app -n "$NS" --reuse-values '
+    proc = bash(world, f'helm upgrade "$RELEASE" {REPO_ROOT}/helm/sc-app -n "$NS" --reset-then-reuse-values '
                        "--set 'workerGroups[0].replicas=4'")
     assert proc.returncode == 1 and "UPGRADE FAILED" in proc.stderr and "workerGroups" in proc.stderr
 
@@ -214,15 +214,24 @@ def test_section_8_clean_up_both_ways(world) -> None:
     assert not [k for k in world["server"].store if k[0] != "pods"], world["server"].store.keys()
 
 
+def operator_install_line() -> str:
+    """Section 1's pinned install of the KubeRay operator."""
+    (line,) = [ln for ln in section_blocks(1)[0].splitlines() if ln.startswith("helm install kuberay-operator")]
+    return line
+
+
 def test_section_12_operator_timeout(world) -> None:
     (block,) = section_blocks(12)
     install_running(world)
+    proc = bash(world, operator_install_line())
+    assert proc.returncode == 0, proc.stderr
     job(world)["status"].update(jobDeploymentStatus="Failed", reason="JobStatusCheckTimeoutExceeded")
     proc = bash(world, block)
     assert proc.returncode == 0, proc.stderr
     assert "reason: JobStatusCheckTimeoutExceeded" in proc.stdout
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [
         {"name": "RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS", "value": "1800"}]
+    assert json.loads((world["state"] / "chart-kuberay-operator.json").read_text())["version"] == "1.7.0"
 
 
 def test_every_runbook_section_with_cluster_commands_is_run_here() -> None:

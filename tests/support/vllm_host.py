@@ -46,13 +46,21 @@ def engine_of(*, engine_logprobs: bool) -> Any:
     from sc_app.rl.hf.engine import eos_ids
     from sc_app.rl.hf.model_dir import check_model_dir, load_model, load_tokenizer
     from sc_app.rl.hf.vllm_engine import VLLMEngine
+    from sc_app.rl.weight_sync.object_store import StateDictReceiver
 
     key = f"engine-{engine_logprobs}"
     if key not in _state:
         settings = replace(_state["settings"], engine_logprobs=engine_logprobs)
         model_dir = check_model_dir(settings.model_path)
         model, tok = load_model(model_dir, torch.float32), load_tokenizer(model_dir)
-        _state[key] = VLLMEngine(_state["llm"], settings, eos=eos_ids(model, tok), pad=pad_id(tok), logprob_model=model)
+        _state[key] = VLLMEngine(
+            _state["llm"],
+            settings,
+            receiver=StateDictReceiver(),  # the object-store transport: the tests hand state dicts
+            eos=eos_ids(model, tok),
+            pad=pad_id(tok),
+            logprob_model=model,
+        )
     return _state[key]
 
 

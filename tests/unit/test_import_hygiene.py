@@ -29,6 +29,7 @@ PURE = [
     "sc_app.phases",
     "sc_app.attempt.cluster_fit",
     "sc_app.attempt.in_job_restore",
+    "sc_app.attempt.restore_policy",
     "sc_app.io.background",
     "sc_app.data_plane.replay_buffer",
     "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine
@@ -53,6 +54,10 @@ PURE = [
     "sc_app.data_plane.retry",
     "sc_app.observe.goodput",
     "sc_app.rl.worker_restart",
+    "sc_app.rl.weight_sync",  # the seam: push (Ray on use), the transport interface and its one choice
+    "sc_app.rl.weight_sync.push",
+    "sc_app.rl.weight_sync.factory",
+    "sc_app.rl.weight_sync.object_store",
     "sc_app.observe.records",
     "sc_app.observe.reader",
     "sc_app.observe.runlog",  # TensorBoard's writer (torch) is imported by the writer thread only

@@ -129,6 +129,10 @@ Called with (dict "root" $ "group" <head or worker group values>).
       name: {{ $v.checkpoint.hmac.existingSecret }}
       key: {{ $v.checkpoint.hmac.secretKey }}
 {{- end }}
+{{- if $v.logs.toStderr }}
+- name: RAY_LOG_TO_STDERR
+  value: "1"
+{{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}
 {{- end }}

@@ -190,6 +190,13 @@ spec:
         {{- with $g.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+    {{- $sc := include "sc-app.containerSecurityContext" $root | fromYaml }}
+    {{- range concat (default (list) $v.extraContainers) (default (list) $g.extraContainers) }}
+    {{- $c := deepCopy . }}
+    {{- $_ := set $c "securityContext" (merge (deepCopy (default (dict) $c.securityContext)) (deepCopy $sc)) }}
+    -
+      {{- toYaml $c | nindent 6 }}
+    {{- end }}
   volumes:
     - name: checkpoints
       persistentVolumeClaim:

@@ -26,6 +26,8 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- include "sc-app.validateGroups" . -}}
 {{- include "sc-app.validateStop" . -}}
 {{- include "sc-app.validateConfig" . -}}
+{{- include "sc-app.validateExtraContainers" . -}}
+{{- include "sc-app.validateExtendedResources" . -}}
 {{- end -}}
 
 {{/* RayJob fields KubeRay's ValidateRayJobSpec refuses (checked only with mode RayJob). */}}
@@ -241,6 +243,9 @@ EKS: an EFS class of efs.csi.aws.com, e.g. efs-sc; GKE: Filestore standard-rwx; 
 {{- if and (not $v.rayAuth.enabled) (not $v.networkPolicy.enabled) (not $v.rayAuth.acceptOpenCluster) -}}
 {{- fail "rayAuth.enabled=false with networkPolicy.enabled=false: any pod in the cluster could submit code that runs with the checkpoint volume and the HMAC key; enable one of them, or set rayAuth.acceptOpenCluster=true if something else (a service mesh) guards the head" -}}
 {{- end -}}
+{{- if and $v.rayAuth.enabled $v.rayAuth.gitops (not $v.rayAuth.existingSecret) -}}
+{{- fail "rayAuth.gitops=true without rayAuth.existingSecret: rendered without cluster access the chart would make a new Ray token at every render while the running pods keep the old one (KubeRay's status checks get 401 and fail the job for good after 300 s, JobStatusCheckTimeoutExceeded); create the Secret once (key auth_token) and name it in rayAuth.existingSecret" -}}
+{{- end -}}
 {{- if and (eq $v.mode "RayJob") (eq $v.job.submissionMode "SidecarMode") (eq $v.podSecurityStandard "restricted") -}}
 {{- fail "job.submissionMode=SidecarMode with podSecurityStandard=restricted: KubeRay adds its submitter container to the head pod without a securityContext, so a namespace enforcing the restricted Pod Security Standard rejects the head pod; use K8sJobMode or HTTPMode, or set podSecurityStandard=baseline if the namespace does not enforce restricted" -}}
 {{- end -}}
@@ -289,4 +294,70 @@ EKS: an EFS class of efs.csi.aws.com, e.g. efs-sc; GKE: Filestore standard-rwx; 
 {{- end -}}
 {{- if not $done -}}{{- $n = float64 $q -}}{{- end -}}
 {{- $n -}}
+{{- end -}}
+
+{{/*
+extraContainers of the head and every worker group: what the API server or Pod Security admission would refuse
+(a container name twice in a pod, a mount of a volume the pod does not have, privilege under "restricted").
+*/}}
+{{- define "sc-app.validateExtraContainers" -}}
+{{- $v := .Values -}}
+{{- $groups := list (dict "where" "head" "g" $v.head "names" (list "ray-head" "preflight")) -}}
+{{- range $i, $g := $v.workerGroups -}}
+{{- $groups = append $groups (dict "where" (printf "workerGroups[%d] (%s)" $i $g.name) "g" $g "names" (list "ray-worker")) -}}
+{{- end -}}
+{{- range $groups -}}
+{{- $where := .where -}}
+{{- $names := .names -}}
+{{- $volumes := list "checkpoints" "config" "model" "ray-tmp" "dshm" "tmp" "home" -}}
+{{- range concat (default (list) $v.extraVolumes) (default (list) .g.extraVolumes) -}}{{- $volumes = append $volumes .name -}}{{- end -}}
+{{- range concat (default (list) $v.extraContainers) (default (list) .g.extraContainers) -}}
+{{- if has .name $names -}}
+{{- fail (printf "extraContainers name %q appears twice in the %s pod (or names a container the chart makes: %s); Kubernetes refuses duplicate container names" .name $where (join ", " $names)) -}}
+{{- end -}}
+{{- $names = append $names .name -}}
+{{- $cname := .name -}}
+{{- range .volumeMounts -}}
+{{- if not (has .name $volumes) -}}
+{{- fail (printf "extraContainers %q mounts volume %q, which the %s pod does not have; add it to extraVolumes (Ray's logs: volume ray-tmp)" $cname .name $where) -}}
+{{- end -}}
+{{- end -}}
+{{- $sc := default (dict) .securityContext -}}
+{{- if and (eq $v.podSecurityStandard "restricted") (or $sc.privileged $sc.allowPrivilegeEscalation (eq (toString (default "" $sc.runAsUser)) "0")) -}}
+{{- fail (printf "extraContainers %q in the %s pod asks for privileges (privileged, allowPrivilegeEscalation or runAsUser 0) that podSecurityStandard=restricted refuses; drop them" .name $where) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Resources the kubelet cannot overcommit (extended resources such as nvidia.com/gpu or vpc.amazonaws.com/efa, and
+hugepages-*): the API server refuses a pod whose request differs from its limit or that requests one without a limit.
+*/}}
+{{- define "sc-app.validateExtendedResources" -}}
+{{- $groups := list (dict "where" "head" "g" .Values.head) -}}
+{{- range $i, $g := .Values.workerGroups -}}
+{{- $groups = append $groups (dict "where" (printf "workerGroups[%d] (%s)" $i $g.name) "g" $g) -}}
+{{- end -}}
+{{- range $groups -}}
+{{- $res := default (dict) .g.resources -}}
+{{- $req := default (dict) $res.requests -}}
+{{- $lim := default (dict) $res.limits -}}
+{{- $where := .where -}}
+{{- range $name := keys $req | sortAlpha -}}
+{{- if or (contains "/" $name) (hasPrefix "hugepages-" $name) -}}
+{{- if not (hasKey $lim $name) -}}
+{{- fail (printf "%s resources.requests.%s has no limit: Kubernetes cannot overcommit %s and refuses the pod; set resources.limits.%s to the same value" $where $name $name $name) -}}
+{{- end -}}
+{{- $a := include "sc-app.bytes" (index $req $name) -}}
+{{- $b := include "sc-app.bytes" (index $lim $name) -}}
+{{- if ne $a $b -}}
+{{- fail (printf "%s resources.requests.%s=%v differs from its limit %v: Kubernetes refuses a pod whose request and limit of %s differ; make them equal" $where $name (index $req $name) (index $lim $name) $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (gt (len (pick $lim "hugepages-2Mi" "hugepages-1Gi")) 0) (not (or $lim.memory $req.memory $lim.cpu $req.cpu)) -}}
+{{- fail (printf "%s resources ask for hugepages without a cpu or memory request: Kubernetes refuses such a pod; add memory" $where) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

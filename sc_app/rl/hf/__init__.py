@@ -8,7 +8,8 @@ hash), ``rewards`` (built-ins and ``package.module:function``), ``inputs`` (what
 ``chat`` (chat template + padding), ``tasks`` (prompts and rewards in token space), ``logprobs`` (the one
 log-probability function generation and training share), ``engine`` (the generation-engine interface and its
 ``generate()`` implementation), ``engine_factory`` (which engine a worker holds), ``vllm_engine`` /
-``vllm_weights`` / ``vllm_nccl`` (the vLLM engine, its in-place weight loading, its NCCL weight sync),
+``vllm_weights`` (the vLLM engine and the worker extension its weight transports land in; the transports themselves
+are ``sc_app.rl.weight_sync``),
 ``parallel`` (DDP / FSDP2 wrapping), ``policy_ckpt`` (sharded save/load with
 verified reads), ``trainer`` (the trainer side), ``backend`` (both behind ``sc_app.rl.backend``'s
 interfaces), ``export`` (bundle → Hugging Face directory), ``random_model`` (a tiny random model + tokenizer built

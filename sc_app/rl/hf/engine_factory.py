@@ -1,5 +1,6 @@
 """The generation engine a generation worker holds, as ``generation.engine`` asks: ``hf`` (``generate()``) or
-``vllm`` (``vllm_engine``). The only place that chooses, so the backend stays engine-agnostic."""
+``vllm`` (``vllm_engine``, with the receiver of the run's weight transport, ``sc_app.rl.weight_sync.factory``). The
+only place that chooses, so the backend stays engine-agnostic."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sc_app.config.app import AppConfig
 from sc_app.rl.hf.chat import pad_id
 from sc_app.rl.hf.engine import GenerationEngine, HFGenerateEngine, eos_ids
 from sc_app.rl.hf.model_dir import ModelDir, load_model, resolve_dtype
+from sc_app.rl.weight_sync.factory import transport_for
 
 
 def build_engine(
@@ -32,10 +34,10 @@ def build_engine(
         gpu_memory_utilization=gen.gpu_memory_utilization,
         engine_logprobs=cfg.grpo.old_logprobs == "engine",
         on_gpu=device.type == "cuda",
-        worker_index=worker_index,
     )
     llm = start_llm(settings)  # first: on a GPU the engine sizes its cache before the copy below takes memory
     model = load_model(model_dir, dtype)  # eos ids from its generation config, as the hf engine reads them
     eos = eos_ids(model, tokenizer)
     logprob_model = None if settings.engine_logprobs else model.to(device)
-    return VLLMEngine(llm, settings, eos=eos, pad=pad_id(tokenizer), logprob_model=logprob_model)
+    receiver = transport_for(cfg).receiver(worker_index)
+    return VLLMEngine(llm, settings, receiver=receiver, eos=eos, pad=pad_id(tokenizer), logprob_model=logprob_model)

@@ -36,8 +36,8 @@ from sc_app.rl.hf.engine import GenerationOutput, SamplingParams
 from sc_app.rl.hf.errors import HFInputError
 from sc_app.rl.hf.logprobs import sequence_logprobs
 from sc_app.rl.hf.tasks import PromptBatch, response_mask
-from sc_app.rl.hf.vllm_nccl import NcclWeightsOffer, rank_offset
-from sc_app.rl.hf.vllm_weights import EXTENSION_CLS, LOAD_METHOD, RECEIVE_METHOD
+from sc_app.rl.hf.vllm_weights import EXTENSION_CLS
+from sc_app.rl.weight_sync.base import WeightReceiver
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,6 @@ class VLLMSettings:
     gpu_memory_utilization: float = 0.7
     engine_logprobs: bool = False  # grpo.old_logprobs == "engine"
     on_gpu: bool = False
-    worker_index: int = 0  # this engine's generation worker (its ranks in the weight_sync=nccl group)
 
 
 def request_seed(run_seed: int, prompt_index: int, version: int) -> int:
@@ -143,35 +142,42 @@ def start_llm(settings: VLLMSettings) -> Any:
 
 
 class VLLMEngine:
-    """``GenerationEngine`` on a running ``vllm.LLM``. ``logprob_model``: the Hugging Face copy that computes the
-    trainer's log-probs (None with ``engine_logprobs``)."""
+    """``GenerationEngine`` on a running ``vllm.LLM``. ``receiver``: how a weights payload lands in the engine's
+    workers (the run's weight transport, ``sc_app.rl.weight_sync``). ``logprob_model``: the Hugging Face copy that
+    computes the trainer's log-probs (None with ``engine_logprobs``)."""
 
     def __init__(
-        self, llm: Any, settings: VLLMSettings, *, eos: list[int], pad: int, logprob_model: Any = None
+        self,
+        llm: Any,
+        settings: VLLMSettings,
+        *,
+        receiver: WeightReceiver,
+        eos: list[int],
+        pad: int,
+        logprob_model: Any = None,
     ) -> None:
         if logprob_model is None and not settings.engine_logprobs:
             raise ValueError("grpo.old_logprobs=trainer needs the Hugging Face copy of the model (logprob_model)")
-        self.llm, self.settings = llm, settings
+        self.llm, self.settings, self.receiver = llm, settings, receiver
         self.eos, self.pad = list(eos), pad
         self.logprob_model = logprob_model.eval() if logprob_model is not None else None
         self.version = 0
         self.last_sync_seconds = 0.0
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Every tensor of ``weights`` into the running engine in place (no file), then ``version`` is served."""
+        """``weights`` (the transport's payload) into the running engine in place (no file), then ``version`` is
+        served; the log-prob copy, if any, gets the same state dict."""
         t0 = time.perf_counter()
-        if isinstance(weights, NcclWeightsOffer):  # weight_sync=nccl: the bytes come from trainer rank 0's GPU
-            offset = rank_offset(self.settings.worker_index, self.settings.tensor_parallel_size)
-            loaded = self.llm.collective_rpc(RECEIVE_METHOD, args=(weights, offset))
-        else:
-            state = dict(weights)
-            loaded = self.llm.collective_rpc(LOAD_METHOD, args=(state,))
-            if self.logprob_model is not None:
-                self.logprob_model.load_state_dict(state, strict=True)
+        received = self.receiver.receive(self.llm, weights)
+        if self.logprob_model is not None:
+            self.logprob_model.load_state_dict(received.host_state(), strict=True)
         self.version = version
         self.last_sync_seconds = time.perf_counter() - t0
         log.info(
-            "vLLM engine serves weights version %d (%s tensors, %.3f s)", version, loaded[0], self.last_sync_seconds
+            "vLLM engine serves weights version %d (%d tensors, %.3f s)",
+            version,
+            received.tensors,
+            self.last_sync_seconds,
         )
 
     def sampling_params(self, prompt_index: int, num_samples: int, params: SamplingParams) -> Any:

@@ -1,6 +1,7 @@
 """Weights into a running vLLM engine, in memory: a worker extension vLLM mixes into its worker class
-(``LLM(worker_extension_cls=EXTENSION_CLS)``), whose method the engine calls by name through
-``LLM.collective_rpc(LOAD_METHOD, args=(state_dict,))`` on every worker of the engine (every tensor-parallel rank).
+(``LLM(worker_extension_cls=EXTENSION_CLS)``), whose methods the weight transports' receivers call by name through
+``LLM.collective_rpc`` on every worker of the engine (every tensor-parallel rank): ``LOAD_METHOD`` with a state dict
+(``sc_app.rl.weight_sync.object_store``), ``RECEIVE_METHOD`` with an offer (``sc_app.rl.weight_sync.nccl``).
 
 Calling a method by name needs no pickled function (so not ``VLLM_ALLOW_INSECURE_SERIALIZATION``); with the
 engine core in-process (``vllm_engine``) the state dict reaches the model runner by reference. vLLM's in-place
@@ -14,8 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 EXTENSION_CLS = "sc_app.rl.hf.vllm_weights.WeightLoadExtension"
-LOAD_METHOD = "sc_app_load_weights"
-RECEIVE_METHOD = "sc_app_receive_nccl"  # generation.weight_sync=nccl (vllm_nccl)
 
 
 class WeightLoadExtension:
@@ -31,7 +30,7 @@ class WeightLoadExtension:
     def sc_app_receive_nccl(self, offer: Any, rank_offset: int) -> int:
         """``generation.weight_sync=nccl``: receive the version ``offer`` announces from trainer rank 0 (joining the
         group the first time) and load it in place; returns the number of tensors."""
-        from sc_app.rl.hf.vllm_nccl import receive
+        from sc_app.rl.weight_sync.nccl import receive
 
         comm, received = receive(
             offer, rank_offset + int(getattr(self, "rank", 0)), getattr(self, "_sc_app_comm", None)

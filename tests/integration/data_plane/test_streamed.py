@@ -121,7 +121,7 @@ def saved(tq_system: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         expected["g0"] = expected["g0"].clone()
         expected["g0"]["advantage"] = adv
 
-        async with barrier.checkpoint():  # the capture exactly as SingleControllerActor._save cuts it
+        async with barrier.checkpoint():  # the capture exactly as SaveCoordinator._save cuts it
             meta = buffer.metadata_state_dict()
             listed = await client.list_samples(PARTITION)
             stored = set(listed)

@@ -5,8 +5,10 @@ own chart (``kuberay/kuberay-operator``) is not vendored: its ``--set env[i]...`
 ``kubectl get deploy kuberay-operator`` then shows.
 
 ``--set`` follows Helm's strvals where it matters here: ``a.b=v`` sets a key; ``a[0].b=v`` makes ``a`` a new list
-whose element 0 is ``{b: v}`` — merged over ``--reuse-values`` the list replaces the old one whole (Helm merges maps,
-never lists), which is why the runbook edits the whole list instead.
+whose element 0 is ``{b: v}`` — merged over reused values the list replaces the old one whole (Helm merges maps,
+never lists), which is why the runbook edits the whole list instead. ``--reset-then-reuse-values`` reuses the values
+given before under the new chart's defaults; ``--reuse-values`` (which keeps the old chart's defaults) is refused, as
+is an operator install or upgrade without ``--version``.
 """
 
 from __future__ import annotations
@@ -90,14 +92,27 @@ def install(args: list[str]) -> None:
     verb, release, chart = args[0], args[1], args[2]
     ns = namespace(args)
     if chart.startswith("kuberay/"):  # the operator's chart from its repository: record what it would set
-        (state() / f"chart-{release}.json").write_text(json.dumps(_sets(args)))
-        print(f'Release "{release}" has been upgraded.')
+        if not _options(args, "--version"):
+            sys.stderr.write(f"stand-in: {verb} of {chart} without --version would move the cluster-wide operator\n")
+            sys.exit(4)
+        chosen: dict[str, Any] = {}
+        for f in _options(args, "-f", "--values"):
+            chosen = deep_merge(chosen, json.loads(Path(f).read_text()) if f.endswith(".json")
+                                else yaml.safe_load(Path(f).read_text()) or {})
+        chosen = deep_merge(chosen, _sets(args))
+        version = _options(args, "--version")[0]
+        (state() / f"chart-{release}.json").write_text(json.dumps({**chosen, "version": version}))
+        _values_file(release).write_text(json.dumps(chosen))
+        print(f'Release "{release}" has been {"installed" if verb == "install" else "upgraded"}.')
         return
     if not (Path(chart) / "Chart.yaml").is_file():
         sys.stderr.write(f"Error: {verb.upper()} FAILED: path \"{chart}\" not found\n")
         sys.exit(1)
     values: dict[str, Any] = {}
-    if "--reuse-values" in args and _values_file(release).exists():
+    if "--reuse-values" in args:  # the runbooks never use it (tests/k8s/test_runbook_pins.py)
+        unsupported("helm", args)
+    # --reset-then-reuse-values: the values given before, under the new chart's defaults (render_release adds them)
+    if "--reset-then-reuse-values" in args and _values_file(release).exists():
         values = json.loads(_values_file(release).read_text())
     for f in _options(args, "-f", "--values"):
         values = deep_merge(values, yaml.safe_load(Path(f).read_text()) or {})

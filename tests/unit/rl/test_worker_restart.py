@@ -1,6 +1,6 @@
 """policy.worker_restart and PromptLoader.give_back: a dead generation worker's prompts come back exactly once, its
 replacement is bounded per worker and time window, and a dead worker does not fail a weight sync. Pure logic with
-fake actor handles; the real process kill is ``tests/e2e/test_generation_restart.py``."""
+fake actor handles; the real process kill is ``tests/e2e/test_in_job_restore.py``."""
 
 from __future__ import annotations
 
@@ -122,10 +122,16 @@ def test_past_the_budget_the_run_stops_with_one_line_naming_worker_and_prompts()
     assert seen["given"] == [[1], [1]], "the prompts go back to the loader even when the run stops"
 
 
+class Trainer:
+    def __init__(self) -> None:
+        self.get_weights = Method(lambda: "weights")
+
+
 def test_a_weight_sync_skips_a_dead_worker_but_not_other_errors() -> None:
     workers = [Worker(), Worker(dead=True)]
     sup, _ = supervisor(workers)
-    asyncio.run(sup.set_weights_all("ref", 8, []))
+    sup.weights.trainers = [Trainer()]
+    assert asyncio.run(sup.push_weights(8)).skipped == (1,)
     assert workers[0].weights == [8]
 
     def broken(ref: Any, version: int) -> int:
@@ -133,7 +139,41 @@ def test_a_weight_sync_skips_a_dead_worker_but_not_other_errors() -> None:
 
     workers[0].set_weights = Method(broken)
     with pytest.raises(RuntimeError, match="out of memory"):
-        asyncio.run(sup.set_weights_all("ref", 9, []))
+        asyncio.run(sup.push_weights(9))
+
+
+def test_a_replacement_gets_the_current_weights_before_it_joins_and_a_newer_version_too(monkeypatch: Any) -> None:
+    import sc_app.rl.generation as generation
+
+    seen: dict[str, Any] = {"version": 7}
+    workers: list[Any] = [Worker(dead=True)]
+    dead = workers[0]
+
+    class Fresh(Worker):
+        def _set_weights(self, ref: Any, version: int) -> int:
+            assert self not in workers, "a weights version reaches the replacement before it is in the list"
+            seen["version"] = 8  # training published a newer version while this one was sent
+            return super()._set_weights(ref, version)
+
+    fresh = Fresh()
+    fresh.setup = Method(lambda sha: None)
+
+    class Spawn:
+        @staticmethod
+        def options(**kw: Any) -> Any:
+            return type("Opts", (), {"remote": staticmethod(lambda cfg_json, index: fresh)})
+
+    monkeypatch.setattr(generation, "GenerationWorker", Spawn)
+    cfg = load_config(None, [])
+    sup = GenerationSupervisor(
+        cfg=cfg, cfg_json="{}", dataset_sha256=None, generators=workers, trainers=[Trainer()],
+        version=lambda: seen["version"], step=lambda: 1, give_back=lambda idxs: asyncio.sleep(0),
+        on_fault=lambda f: None, trace=lambda **ev: None,
+    )  # fmt: skip
+    sup.weights._held[dead] = 6
+    assert asyncio.run(sup._replace(0)) == 8
+    assert fresh.weights == [7, 8] and workers == [fresh]
+    assert sup.weights.held(fresh) == 8 and sup.weights.held(dead) is None, "the dead worker is forgotten"
 
 
 def test_a_replacement_that_cannot_be_placed_stops_the_run_instead_of_waiting_forever(monkeypatch: Any) -> None:

@@ -82,6 +82,7 @@ def ranks_train(rank: int, world: int, model_dir: str, strategy: str, dtype: str
     }  # fmt: skip
 
 
+@pytest.mark.slow  # two ranks, each a process of its own with a process group
 def test_ddp_replicas_stay_identical(model_dir: str, tmp_path: Path) -> None:
     out = run_ranks(ranks_train, 2, model_dir, "ddp", "float32", tmp=tmp_path)
     assert out[0]["after"] == out[1]["after"] != out[0]["before"], "gradients are averaged: one model on two ranks"
@@ -89,6 +90,7 @@ def test_ddp_replicas_stay_identical(model_dir: str, tmp_path: Path) -> None:
     assert out[0]["full"] is not None and out[1]["full"] is None
 
 
+@pytest.mark.slow  # two ranks, each a process of its own with a process group
 def test_fsdp2_mixed_precision_on_cpu(model_dir: str, tmp_path: Path) -> None:
     out = run_ranks(ranks_train, 2, model_dir, "fsdp", "bfloat16", tmp=tmp_path)
     for r in out:

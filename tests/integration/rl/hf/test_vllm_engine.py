@@ -21,6 +21,7 @@ from sc_app.rl.hf.tasks import PromptBatch
 from tests.support.hf import make_model_dir
 from tests.support.vllm_host import TINY_LLAMA, VLLMHost, engine_of, start_error
 
+pytestmark = pytest.mark.slow  # a real vLLM engine in a process of its own (~15 s to start)
 PROMPT_LEN, RESPONSE_LEN, GROUP = 6, 8, 4
 TEMPERATURE = 0.7
 # vLLM's float32 CPU kernels vs the trainer's HF forward: measured max |diff| 1.6e-5 per token

@@ -1,14 +1,18 @@
-"""``generation.weight_sync: nccl``: each weights version goes from trainer rank 0's GPU to every vLLM engine
-worker's GPU by NCCL broadcast, not through Ray's object store. **Untested here (no GPU where this was built);**
-``ops/gpu-smoke.sh`` with ``GPU_SMOKE_WEIGHT_SYNC=nccl`` runs it on a GPU machine.
+"""``generation.weight_sync: nccl`` (GPU, ``generation.engine=vllm`` only): each weights version goes from trainer rank
+0's GPU to every vLLM engine worker's GPU by NCCL broadcast, not through Ray's object store. **Untested here (no GPU
+where this was built);** ``ops/gpu-smoke.sh`` with ``GPU_SMOKE_WEIGHT_SYNC=nccl`` runs it on a GPU machine.
 
-The control path stays the object-store one, with a small object in place of the state dict: trainer rank 0's
-``get_weights`` returns an ``NcclWeightsOffer`` (names, dtypes, shapes, where the group meets) and broadcasts the
-tensors on a thread of its own; every generation worker's ``set_weights`` hands the offer to its engine, whose
-workers receive into fresh buffers and reload them in place (``vllm_weights``). The group — rank 0 the trainer,
-then each engine's workers at ``1 + worker_index * tensor_parallel_size + tp_rank`` — is formed at the first offer
-(vLLM's stateless NCCL group: no torch.distributed default group on either side). The trainer's next step waits
-for the broadcast to end (``wait``), so a version is never sent while the optimizer changes it.
+The control path stays the object-store one (``push``), with a small object in place of the state dict: trainer
+rank 0's sender (``NcclSender``) returns an ``NcclWeightsOffer`` (names, dtypes, shapes, where the group meets) and
+broadcasts the tensors on a thread of its own; every generation worker's engine hands the offer to its receiver
+(``NcclReceiver``), whose ``RECEIVE_METHOD`` on each engine worker (``sc_app.rl.hf.vllm_weights``) receives into
+fresh buffers and reloads them in place. The group — rank 0 the trainer, then each engine's workers at
+``1 + worker_index * tensor_parallel_size + tp_rank`` — is formed at the first offer (vLLM's stateless NCCL group:
+no torch.distributed default group on either side). The trainer's next step waits for the broadcast to end
+(``wait``), so a version is never sent while the optimizer changes it.
+
+Every engine of the group takes part in every broadcast: a push that skips a dead worker, or reaches a replacement
+worker alone (``push``), leaves the broadcast short of a rank. Unchanged from before the seam, and untested.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from sc_app.rl.weight_sync.base import Received, WeightReceiver, WeightSender, WeightTransport
+from sc_app.rl.weight_sync.object_store import StateDictSender
+
+RECEIVE_METHOD = "sc_app_receive_nccl"  # a method of vllm_weights.WeightLoadExtension, called by name
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,9 @@ class NcclSender:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
+    def payload(self, weights: Mapping[str, torch.Tensor] | None) -> NcclWeightsOffer | None:
+        return None if weights is None else self.offer(weights)
+
     def offer(self, weights: Mapping[str, torch.Tensor]) -> NcclWeightsOffer:
         self.wait()
         tensors = [(name, t.detach().to("cuda").contiguous()) for name, t in weights.items()]
@@ -103,9 +115,29 @@ class NcclSender:
             raise RuntimeError(f"NCCL weight broadcast failed: {error}") from error
 
 
-def sender_for(cfg: Any, rank: int) -> NcclSender | None:
-    """The sender trainer rank 0 holds under ``generation.weight_sync=nccl`` (None otherwise)."""
-    gen = cfg.generation
-    if rank != 0 or gen.engine != "vllm" or gen.weight_sync != "nccl":
-        return None
-    return NcclSender(group_world_size(gen.num_workers, gen.tensor_parallel_size))
+class NcclReceiver:
+    """A vLLM engine's workers join the group at ``rank_offset`` (+ their tensor-parallel rank) and receive."""
+
+    def __init__(self, rank_offset: int) -> None:
+        self.rank_offset = rank_offset
+
+    def receive(self, llm: Any, payload: Any) -> Received:
+        loaded = llm.collective_rpc(RECEIVE_METHOD, args=(payload, self.rank_offset))
+        return Received(int(loaded[0]))  # the bytes reached the engine's workers only
+
+
+class NcclTransport(WeightTransport):
+    """Trainer rank 0 sends (the other ranks' ``get_weights`` return None, as ever); each engine receives."""
+
+    name = "nccl"
+
+    def __init__(self, num_engines: int, tensor_parallel_size: int) -> None:
+        self.num_engines, self.tensor_parallel_size = num_engines, tensor_parallel_size
+
+    def sender(self, rank: int) -> WeightSender:
+        if rank != 0:
+            return StateDictSender()
+        return NcclSender(group_world_size(self.num_engines, self.tensor_parallel_size))
+
+    def receiver(self, worker_index: int) -> WeightReceiver:
+        return NcclReceiver(rank_offset(worker_index, self.tensor_parallel_size))

@@ -1,0 +1,138 @@
+"""The controller's saves (``SaveCoordinator``) in process: the capture in the barrier window, saves cut at their
+steps behind training, a slow save holding training only until its policy is written."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sc_app.checkpoint import BundleWriter
+from sc_app.controller.saves import InventoryMismatch, SaveFailed
+from sc_app.progress import SaveFailedRecord, SaveRecord
+from tests.support.fake_data_plane import until
+from tests.unit.controller.harness import G, commit, make_controller, run
+
+
+def test_capture_fixes_index_loader_and_rows_in_the_window_then_freezes_them(tmp_path: Path) -> None:
+    controller, client = make_controller(tmp_path, save_period=10)
+
+    async def body() -> Any:
+        await controller.restore()
+        for prompt in range(3):
+            controller.loader.take()
+            await commit(controller, prompt, 0)
+            controller.loader.settled(prompt)
+        controller.loader.take()  # taken, not committed: the loader place lists it for reissue
+        writer = BundleWriter(str(tmp_path / "ckpt"), controller.step, hmac_key=None, lease=None)
+        client.calls.clear()
+        return await controller.saves.capture(writer, step=controller.step, version=controller.version)
+
+    captured, snapshot, window = run(body())
+    assert controller.args.trainers[0].called("capture_state") == [0], "the trainer's state is copied for the save"
+    assert captured.replay_index == controller.buffer.metadata_state_dict()
+    assert captured.loader_state == {"schema_version": 1, "next_index": 4, "reissue": [3]}
+    assert set(snapshot.rows) == controller.buffer.sample_ids() and len(snapshot.rows) == 3 * G
+    assert snapshot.metadata["digest"] == captured.digest
+    assert client.calls == ["list_sample_ids", "save_checkpoint"], "the index is checked against the rows first"
+    assert controller.buffer.frozen and window >= 0
+    assert not controller.barrier.checkpoint_held
+
+
+def test_capture_refuses_rows_the_index_does_not_list_and_releases_the_window(tmp_path: Path) -> None:
+    controller, client = make_controller(tmp_path, save_period=10)
+
+    async def body() -> None:
+        await controller.restore()
+        await commit(controller, 0, 0)
+        client.rows["stray:0"] = {"reward": torch.zeros(())}
+        controller.saves.captured(controller.version)
+        writer = BundleWriter(str(tmp_path / "ckpt"), controller.step, hmac_key=None, lease=None)
+        with pytest.raises(InventoryMismatch):
+            await controller.saves.capture(writer, step=controller.step, version=controller.version)
+
+    run(body())
+    assert "save_checkpoint" not in client.calls
+    assert not controller.barrier.checkpoint_held and not controller.buffer.frozen
+
+
+def test_saves_are_cut_at_their_steps_behind_training(tmp_path: Path) -> None:
+    controller, client = make_controller(tmp_path, max_steps=4, save_period=2)
+
+    async def body() -> Any:
+        await controller.restore()
+        return await controller.run()
+
+    summary = run(body())
+    saves = [r for r in controller.progress(0) if isinstance(r, SaveRecord)]
+    assert [r.step for r in saves] == [2, 4] and summary.last_saved_step == 4
+    trainer = controller.args.trainers[0]
+    assert [capture for _, _, capture in trainer.called("train_step")] == [False, True, False, True]
+    assert trainer.called("capture_state") == [], "the copy was taken inside the steps the saves were due at"
+    assert trainer.called("write_captured") == [2, 4]
+    for step in (2, 4):
+        bundle = tmp_path / "ckpt" / f"step_{step}"
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        assert manifest["step"] == step and "policy/rank0.bin" in manifest["files"]
+    assert [len(s.rows) for s in client.snapshots] == [r.groups * G for r in saves]
+    assert not controller.buffer.frozen
+
+
+def test_a_slow_save_holds_training_only_until_its_policy_is_written(tmp_path: Path) -> None:
+    """The step that copies the trainers' state for the next bundle waits for the save in flight's policy write,
+    never for the rest of it (here its data-plane write, held back); the next save then waits for the whole one."""
+    controller, client = make_controller(tmp_path, max_steps=4, save_period=2)
+    client.write_gate = asyncio.Event()
+    trainer = controller.args.trainers[0]
+
+    async def body() -> None:
+        await controller.restore()
+        running = asyncio.create_task(controller.run())
+        await until(lambda: len(trainer.called("train_step")) == 4 or running.done(), seconds=60)
+        assert not running.done() and client.snapshots == [], "the save of step 2 is still writing"
+        assert trainer.called("write_captured") == [2], "step 4's copy was taken after step 2's policy was written"
+        client.write_gate.set()
+        await running
+
+    run(body())
+    assert trainer.called("write_captured") == [2, 4]
+    assert [r.step for r in controller.progress(0) if isinstance(r, SaveRecord)] == [2, 4]
+
+
+def _full_disk(policy_dir: str) -> Any:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_save_that_fails_on_io_is_reported_and_training_goes_on(tmp_path: Path) -> None:
+    controller, _ = make_controller(tmp_path, max_steps=4, save_period=2)
+    controller.args.trainers[0].write_captured = _full_disk  # type: ignore[method-assign]
+
+    async def body() -> Any:
+        await controller.restore()
+        return await controller.run()
+
+    summary = run(body())
+    failed = [r for r in controller.progress(0) if isinstance(r, SaveFailedRecord)]
+    assert [(r.step, r.in_a_row, r.last_saved_step) for r in failed] == [(2, 1, 0), (4, 2, 0)]
+    assert "No space left on device" in failed[0].error
+    assert summary.final_step == 4 and summary.last_saved_step == 0 and summary.unsaved_steps == 4
+    assert not list((tmp_path / "ckpt").glob("*step_*")), "no bundle and no tmp dir is left behind"
+
+
+def test_a_save_that_fails_on_io_stops_the_run_when_asked_to(tmp_path: Path) -> None:
+    controller, _ = make_controller(tmp_path, max_steps=4, save_period=2)
+    controller.cfg.checkpoint.on_save_error = "stop"
+    controller.args.trainers[0].write_captured = _full_disk  # type: ignore[method-assign]
+
+    async def body() -> Any:
+        await controller.restore()
+        return await controller.run()
+
+    with pytest.raises(SaveFailed, match=r"save of step 2 .* \(checkpoint.on_save_error=stop\)"):
+        run(body())
+    assert not [r for r in controller.progress(0) if isinstance(r, SaveRecord)]
