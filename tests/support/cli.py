@@ -56,7 +56,7 @@ def _fds() -> set[str]:
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
             target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith(TMP):
+            if target.startswith(TMP) and "/site-packages/" not in target:  # a venv may live under it
                 out.add(f"{fd} -> {target}")
     return out
 
