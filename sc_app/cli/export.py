@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from sc_app.checkpoint import layout
-from sc_app.checkpoint.selection import BundleRules, choose_bundle
+from sc_app.checkpoint import BundleRules, choose_bundle, layout
 from sc_app.cli.options import add_checkpoint_dir, checkpoint_root
 from sc_app.exits import EXIT_OK, fail
 

@@ -1,6 +1,6 @@
 """``sc-app preflight``: verify the bundles and say what the driver will resume (the init container runs it).
 
-The decision is ``sc_app.checkpoint.selection.choose_bundle``'s, with the rules ``sc-app run`` applies (the config's
+The decision is ``sc_app.checkpoint.choose_bundle``'s, with the rules ``sc-app run`` applies (the config's
 compat and dataset when ``--config``/``--set`` is given). It moves leftovers and bad bundles to quarantine only when
 no run holds a live lease on the directory and the volume is writable, under the directory lock.
 """
@@ -11,8 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sc_app.checkpoint import ResumePlan
-from sc_app.checkpoint.selection import BundleRules, OnCorrupt, choose_bundle
+from sc_app.checkpoint import BundleRules, OnCorrupt, ResumePlan, choose_bundle
 from sc_app.cli.options import add_checkpoint_dir, add_config, add_json, checkpoint_root, resolve
 from sc_app.config.app import AppConfig
 from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK
