@@ -169,6 +169,8 @@ class VLLMEngine:
         served; the log-prob copy, if any, gets the same state dict."""
         t0 = time.perf_counter()
         received = self.receiver.receive(self.llm, weights)
+        # KV blocks cached under the last version must not serve a prompt prefix of this one
+        self.llm.reset_prefix_cache()
         if self.logprob_model is not None:
             self.logprob_model.load_state_dict(received.host_state(), strict=True)
         self.version = version

@@ -25,10 +25,15 @@ class StateDictSender:
 
 
 class StateDictReceiver:
+    """``fast=False`` skips the worker's param map and uses vLLM's ``reload_weights`` (the bench's comparison)."""
+
+    def __init__(self, fast: bool = True) -> None:
+        self.fast = fast
+
     def receive(self, llm: Any, payload: Any) -> Received:
         """Every tensor of the state dict into every engine worker, in place (no file)."""
         state = dict(payload)
-        loaded = llm.collective_rpc(LOAD_METHOD, args=(state,))
+        loaded = llm.collective_rpc(LOAD_METHOD, args=(state,), kwargs={"fast": self.fast})
         return Received(int(loaded[0]), state)
 
 

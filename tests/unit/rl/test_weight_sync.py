@@ -138,10 +138,17 @@ def test_nccl_ranks_place_each_engines_workers_after_trainer_rank_0() -> None:
 class FakeLLM:
     def __init__(self) -> None:
         self.rpcs: list[tuple[str, tuple[Any, ...]]] = []
+        self.kwargs: list[dict[str, Any] | None] = []
+        self.prefix_resets = 0
 
-    def collective_rpc(self, method: str, args: tuple[Any, ...]) -> list[int]:
+    def collective_rpc(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> list[int]:
         self.rpcs.append((method, args))
+        self.kwargs.append(kwargs)
         return [7]
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_resets += 1
+        return True
 
 
 def test_each_receiver_calls_its_own_method_of_the_worker_extension() -> None:
@@ -154,6 +161,9 @@ def test_each_receiver_calls_its_own_method_of_the_worker_extension() -> None:
     offer = NcclWeightsOffer("10.0.0.1", 1234, 3, (("w", "float32", (1,)),))
     got = NcclReceiver(3).receive(llm, offer)
     assert llm.rpcs == [(LOAD_METHOD, (weights,)), (RECEIVE_METHOD, (offer, 3))]
+    assert llm.kwargs[0] == {"fast": True}, "the param map unless a caller asks for vLLM's reload"
+    StateDictReceiver(fast=False).receive(llm, weights)
+    assert llm.kwargs[-1] == {"fast": False}
     assert got.tensors == 7 and got.state is None
     with pytest.raises(RuntimeError, match=r"grpo\.old_logprobs=engine"):
         got.host_state()
@@ -173,6 +183,7 @@ def test_the_vllm_engine_loads_through_its_receiver_and_serves_the_version() -> 
     eng, llm = engine(StateDictReceiver(), copy=copy)
     eng.load_weights(state, 4)
     assert eng.version == 4 and [m for m, _ in llm.rpcs] == [LOAD_METHOD]
+    assert llm.prefix_resets == 1, "KV blocks of the last version must not serve this one's prompts"
     assert torch.equal(copy.weight, trained.weight), "the log-prob copy gets the same version"
 
     offer = NcclWeightsOffer("10.0.0.1", 1234, 3, ())

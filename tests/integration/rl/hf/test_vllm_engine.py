@@ -127,3 +127,89 @@ def test_samples_are_a_function_of_seed_prompt_index_and_version(host: VLLMHost,
     c = host.call(_load_and_generate, True, weights, 10, prompts([10, 11]))  # same weights, next version
     assert torch.equal(a.tokens, b.tokens)
     assert not torch.equal(a.tokens, c.tokens)
+
+
+def _engine_bytes(weights: dict[str, torch.Tensor], fast: bool) -> tuple[str, dict[str, torch.Tensor]]:
+    """Load ``weights`` by the param map (``fast``) or vLLM's own reload; return how it landed and the bytes the
+    engine computes with: every parameter it holds, and the weight each layer whose kernel packs a copy of it (CPU
+    linear layers, the embedding and output projection) was packed from."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    from sc_app.rl.weight_sync.object_store import LOAD_METHOD
+
+    llm = engine_of(engine_logprobs=True).llm
+    model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    packed: dict[str, torch.Tensor] = {}
+    methods = (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)
+    originals = {cls: cls.process_weights_after_loading for cls in methods}
+
+    def recorder(original: Any) -> Any:
+        def process(self: Any, layer: torch.nn.Module) -> Any:
+            packed[f"packed:{names[id(layer)]}"] = layer.weight.detach().clone()
+            return original(self, layer)
+
+        return process
+
+    for cls, original in originals.items():
+        cls.process_weights_after_loading = recorder(original)  # type: ignore[method-assign]
+    try:
+        llm.collective_rpc(LOAD_METHOD, args=(weights,), kwargs={"fast": fast})
+    finally:
+        for cls, original in originals.items():
+            cls.process_weights_after_loading = original  # type: ignore[method-assign]
+    params = {f"param:{n}": p.detach().clone() for n, p in model.named_parameters()}
+    return llm.collective_rpc("sc_app_sync_path")[0], {**params, **packed}
+
+
+def test_the_fast_sync_lands_the_bytes_vllms_own_reload_lands(host: VLLMHost, model_dir: Path) -> None:
+    """Byte for byte: every engine parameter and every packed kernel's source after the param map equal what
+    vLLM's ``reload_weights`` (every layer's ``weight_loader``) leaves for the same state dict; a different version
+    leaves different bytes (the comparison can fail)."""
+    weights, other = weights_of(hf_model(model_dir, 6)), weights_of(hf_model(model_dir, 7))
+    path, fast = host.call(_engine_bytes, weights, True)
+    assert path == "fast"
+    _, between = host.call(_engine_bytes, other, True)
+    path, reload = host.call(_engine_bytes, weights, False)
+    assert path == "reload"
+    assert sorted(fast) == sorted(reload)
+    differ = [k for k in fast if fast[k].dtype != reload[k].dtype or not torch.equal(fast[k], reload[k])]
+    assert not differ, differ
+    assert any(k.startswith("packed:") for k in fast), "the CPU kernels' packed weights are compared too"
+    assert [k for k in fast if not torch.equal(fast[k], between[k])], "another version leaves other bytes"
+
+
+def _load_logged(weights: dict[str, torch.Tensor]) -> tuple[str, list[str]]:
+    """Load ``weights`` as a generation worker does; how it landed and what the weight-sync logger said."""
+    import logging
+
+    from sc_app.rl.weight_sync.object_store import LOAD_METHOD
+
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("sc_app.rl.hf.vllm_weights")
+    logger.addHandler(handler)
+    try:
+        llm = engine_of(engine_logprobs=True).llm
+        llm.collective_rpc(LOAD_METHOD, args=(weights,))
+    finally:
+        logger.removeHandler(handler)
+    return llm.collective_rpc("sc_app_sync_path")[0], said
+
+
+def test_a_layout_the_map_does_not_cover_falls_back_to_vllms_reload_and_says_so_once(
+    host: VLLMHost, model_dir: Path
+) -> None:
+    """A state dict without the final norm (vLLM's reload keeps the engine's): the map does not cover it, so the
+    version lands through vLLM's reload, with one line naming the parameter; the next version of that layout says
+    nothing more; the full layout goes back to the map."""
+    partial = {k: v for k, v in weights_of(hf_model(model_dir, 8)).items() if k != "model.norm.weight"}
+    path, said = host.call(_load_logged, partial)
+    assert path == "reload"
+    assert len(said) == 1 and "model.norm.weight" in said[0] and "reload_weights" in said[0], said
+    path, said = host.call(_load_logged, {k: v + 1 for k, v in partial.items()})
+    assert (path, said) == ("reload", [])
+    path, said = host.call(_load_logged, weights_of(hf_model(model_dir, 8)))
+    assert (path, said) == ("fast", [])
