@@ -8,12 +8,14 @@ and sampling settings for every engine, generate calls interleaved (hf, vllm, vl
 * tokens/s: response tokens (up to and including eos) per second of a whole engine call, as a generation worker
   makes it: ``hf`` = ``generate()`` + the log-prob forward; ``vllm`` = vLLM with its own log-probs
   (``grpo.old_logprobs=engine``); ``vllm+trainer-lp`` = vLLM + the trainer's log-prob forward (the default);
-* weight sync: seconds to put one weights version into the running engine (``VLLMEngine.load_weights``: the
-  worker-extension call + vLLM's in-place reload) against a plain ``copy_`` of the same tensors into preallocated
-  ones (the floor for moving those bytes in memory);
+* weight sync: seconds to put one weights version into the running engine (``VLLMEngine.load_weights``): by the
+  param map (the default; split into its copies and the CPU kernels' re-packing), by vLLM's in-place reload (the
+  fallback), against a plain ``copy_`` of the same tensors into preallocated ones (the floor for moving the bytes);
 * resume → first token: from nothing to the first generated token of a resumed generation worker's engine —
   start, load the bundle's weights version, one generate call of one token (Ray, TransferQueue and the trainer's
-  restore come on top and are the same for both engines).
+  restore come on top and are the same for both engines);
+* second start: the same model and settings started again in a fresh process on the compile cache the first start
+  published (``engine_cache``), as a resume, a retry or a replaced generation worker starts.
 Writes ``<out>/vllm_engine.json`` and ``<out>/vllm_engine.md``.
 """
 
@@ -67,7 +69,7 @@ def _prompts() -> Any:
     return PromptBatch(tuple(range(PROMPTS)), tokens, torch.ones_like(tokens))
 
 
-def _engines(model_dir: Path, max_len: int) -> dict[str, Any]:
+def _engines(model_dir: Path, max_len: int, cache_root: str) -> dict[str, Any]:
     """The three engines of the comparison, sharing one vLLM engine; plus the seconds its start took."""
     import torch
 
@@ -80,10 +82,14 @@ def _engines(model_dir: Path, max_len: int) -> dict[str, Any]:
     md = check_model_dir(model_dir)
     tok, model = load_tokenizer(md), load_model(md, torch.float32)
     eos, pad = eos_ids(model, tok), pad_id(tok)
-    settings = VLLMSettings(model_path=str(model_dir), dtype="float32", seed=0, max_model_len=max_len)
+    settings = VLLMSettings(
+        model_path=str(model_dir), dtype="float32", seed=0, max_model_len=max_len, cache_root=cache_root
+    )
     t0 = time.perf_counter()
     llm = start_llm(settings)
     start_s = time.perf_counter() - t0
+    if llm.sc_app_start.cache != "cold":
+        raise RuntimeError(f"the first start found a compile cache: {llm.sc_app_start}")
     from dataclasses import replace
 
     return {
@@ -113,21 +119,36 @@ def _throughput(engines: dict[str, Any], reps: int, new_tokens: int) -> dict[str
 
 
 def _weight_sync(engines: dict[str, Any], reps: int) -> dict[str, Any]:
+    """Per version, interleaved: the fast sync (the param map), vLLM's reload (the fallback), a plain copy."""
     import torch
 
+    from sc_app.rl.weight_sync.object_store import StateDictReceiver
+
     state, engine = engines["_state"], engines["vllm"]
+    worker = engine.llm.llm_engine.model_executor.driver_worker.worker
     dst = {k: torch.empty_like(v) for k, v in state.items()}
-    sync, copy = [], []
+    times: dict[str, list[float]] = {"sync_s": [], "reload_s": [], "copy_s": [], "map_copy_s": [], "repack_s": []}
+    paths = set()
     for version in range(1, reps + 2):
-        t0 = time.perf_counter()
-        engine.load_weights(state, version)
-        sync.append(time.perf_counter() - t0)
+        for name, receiver in (("sync_s", StateDictReceiver()), ("reload_s", StateDictReceiver(fast=False))):
+            engine.receiver = receiver
+            t0 = time.perf_counter()
+            engine.load_weights(state, version)
+            times[name].append(time.perf_counter() - t0)
+            paths.add(engine.llm.collective_rpc("sc_app_sync_path")[0])
+            if name == "sync_s":
+                phases = worker._sc_app_param_map.last_seconds
+                times["map_copy_s"].append(phases["copy"])
+                times["repack_s"].append(phases["repack"] + phases["process"])
         t0 = time.perf_counter()
         for k, v in state.items():
             dst[k].copy_(v)
-        copy.append(time.perf_counter() - t0)
+        times["copy_s"].append(time.perf_counter() - t0)
+    engine.receiver = StateDictReceiver()
+    if paths != {"fast", "reload"}:
+        raise RuntimeError(f"the fast sync or the fallback did not run: {paths}")
     mib = sum(v.numel() * v.element_size() for v in state.values()) / 2**20
-    return {"MiB": mib, "sync_s": summary(sync[1:]), "copy_s": summary(copy[1:])}
+    return {"MiB": mib, **{k: summary(v[1:]) for k, v in times.items()}}
 
 
 def _first_token(engines: dict[str, Any], model_dir: Path) -> dict[str, float]:
@@ -159,7 +180,7 @@ def measure(name: str, work: str, reps: int, new_tokens: int) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     params = sum(v.numel() for v in load_file(model_dir / "model.safetensors").values())
-    engines = _engines(model_dir, PROMPT_LEN + new_tokens)
+    engines = _engines(model_dir, PROMPT_LEN + new_tokens, str(_cache_root(work, name)))
     return {
         "model": name,
         "params": params,
@@ -169,11 +190,38 @@ def measure(name: str, work: str, reps: int, new_tokens: int) -> dict[str, Any]:
     }
 
 
+def _cache_root(work: str, name: str) -> Path:
+    return Path(work) / f"ckpt-{name.split()[0].strip('~')}" / "engine_cache"
+
+
+def second_start(name: str, work: str, new_tokens: int) -> dict[str, Any]:
+    """In a fresh process after ``measure``: the same model and settings start again on the cache the first start
+    published (what a resume, a retry or a replaced generation worker does)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    from sc_app.rl.hf.vllm_engine import VLLMSettings, start_llm
+
+    model_dir = Path(work) / name.split()[0].strip("~")
+    settings = VLLMSettings(
+        model_path=str(model_dir),
+        dtype="float32",
+        seed=0,
+        max_model_len=PROMPT_LEN + new_tokens,
+        cache_root=str(_cache_root(work, name)),
+    )
+    t0 = time.perf_counter()
+    llm = start_llm(settings)
+    return {"seconds": time.perf_counter() - t0, "cache": llm.sc_app_start.cache}
+
+
 def table(results: list[dict[str, Any]]) -> str:
     rows = [
         "| model | params | hf tok/s | vllm tok/s | vllm+trainer-lp tok/s | weights MiB | sync s/version "
-        "| plain copy s | resume→1st token hf s | vllm s (start) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "(copy + CPU re-pack) | reload s (fallback) | plain copy s | resume→1st token hf s | vllm s (start) "
+        "| 2nd start s (cache) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def rate(s: dict[str, float]) -> str:
@@ -183,8 +231,10 @@ def table(results: list[dict[str, Any]]) -> str:
         t, w, f = r["tokens_per_s"], r["weight_sync"], r["resume_to_first_token_s"]
         rows.append(
             f"| {r['model']} | {r['params'] / 1e6:.1f}M | {rate(t['hf'])} | {rate(t['vllm'])} | "
-            f"{rate(t['vllm+trainer-lp'])} | {w['MiB']:.1f} | {w['sync_s']['median']:.4f} | "
-            f"{w['copy_s']['median']:.4f} | {f['hf']:.2f} | {f['vllm']:.2f} ({f['vllm_start']:.2f}) |"
+            f"{rate(t['vllm+trainer-lp'])} | {w['MiB']:.1f} | {w['sync_s']['median']:.4f} "
+            f"({w['map_copy_s']['median']:.4f} + {w['repack_s']['median']:.4f}) | {w['reload_s']['median']:.4f} | "
+            f"{w['copy_s']['median']:.4f} | {f['hf']:.2f} | {f['vllm']:.2f} ({f['vllm_start']:.2f}) | "
+            f"{r['second_start']['seconds']:.2f} ({r['second_start']['cache']}) |"
         )
     return "\n".join(rows) + "\n"
 
@@ -204,6 +254,8 @@ def main() -> None:
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
                 results.append(pool.submit(measure, name, work, reps, new_tokens).result())
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                results[-1]["second_start"] = pool.submit(second_start, name, work, new_tokens).result()
             doc = {"host": platform.node(), "cpus": os.cpu_count(), "load": os.getloadavg(), "prompts": PROMPTS,
                    "group": GROUP, "new_tokens": new_tokens, "results": results}  # fmt: skip
             (out / "vllm_engine.json").write_text(json.dumps(doc, indent=2))  # after each model: a slow one

@@ -23,6 +23,12 @@ class EngineSettings(BaseModel):
     max_model_len: int | None = Field(
         None, ge=2, description="vllm: longest sequence the engine serves (None: task.prompt_len + task.response_len)."
     )
+    engine_cache_gib: float = Field(
+        4.0,
+        ge=0,
+        description="vllm: bound (GiB) on the engines' compile cache kept under <checkpoint.dir>/engine_cache/, reused "
+        "by the next start of the same model, settings and vLLM version (docs/vllm.md); 0: off.",
+    )
     weight_sync: Literal["object_store", "nccl"] = Field(
         "object_store",
         description="vllm: how each weights version reaches the engines. object_store: Ray's object store (CPU or "

@@ -23,11 +23,13 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
 _state: dict[str, Any] = {}
 
 
-def _start(model_path: str, seed: int, max_model_len: int) -> None:
+def _start(model_path: str, seed: int, max_model_len: int, cache_root: str | None) -> None:
     os.environ.update(ENV)
     from sc_app.rl.hf.vllm_engine import VLLMSettings, start_llm
 
-    settings = VLLMSettings(model_path=model_path, dtype="float32", seed=seed, max_model_len=max_model_len)
+    settings = VLLMSettings(
+        model_path=model_path, dtype="float32", seed=seed, max_model_len=max_model_len, cache_root=cache_root
+    )
     _state["settings"] = settings
     try:
         _state["llm"] = start_llm(settings)
@@ -70,12 +72,14 @@ def start_error() -> str | None:
 
 
 class VLLMHost:
-    def __init__(self, model_path: str, *, seed: int = 0, max_model_len: int = 64) -> None:
+    def __init__(
+        self, model_path: str, *, seed: int = 0, max_model_len: int = 64, cache_root: str | None = None
+    ) -> None:
         self.pool = ProcessPoolExecutor(
             max_workers=1,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
-            initargs=(model_path, seed, max_model_len),
+            initargs=(model_path, seed, max_model_len, cache_root),
         )
 
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 600) -> Any:

@@ -4,6 +4,7 @@ only place that chooses, so the backend stays engine-agnostic."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ def build_engine(
     if cfg.generation.engine != "vllm":
         model = load_model(model_dir, dtype)
         return HFGenerateEngine(model, eos=eos_ids(model, tokenizer), pad=pad_id(tokenizer), device=device)
+    from sc_app.rl.hf.engine_cache import CACHE_DIR
     from sc_app.rl.hf.vllm_engine import VLLMEngine, VLLMSettings, start_llm
 
     gen = cfg.generation
@@ -34,6 +36,8 @@ def build_engine(
         gpu_memory_utilization=gen.gpu_memory_utilization,
         engine_logprobs=cfg.grpo.old_logprobs == "engine",
         on_gpu=device.type == "cuda",
+        cache_root=str(Path(cfg.checkpoint.dir) / CACHE_DIR) if gen.engine_cache_gib > 0 else None,
+        cache_max_gib=gen.engine_cache_gib,
     )
     llm = start_llm(settings)  # first: on a GPU the engine sizes its cache before the copy below takes memory
     model = load_model(model_dir, dtype)  # eos ids from its generation config, as the hf engine reads them

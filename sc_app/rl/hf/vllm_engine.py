@@ -28,11 +28,13 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from sc_app.rl.hf.engine import GenerationOutput, SamplingParams
+from sc_app.rl.hf.engine_cache import EngineCache, cache_key, prepare, publish
 from sc_app.rl.hf.errors import HFInputError
 from sc_app.rl.hf.logprobs import sequence_logprobs
 from sc_app.rl.hf.tasks import PromptBatch, response_mask
@@ -63,6 +65,8 @@ class VLLMSettings:
     gpu_memory_utilization: float = 0.7
     engine_logprobs: bool = False  # grpo.old_logprobs == "engine"
     on_gpu: bool = False
+    cache_root: str | None = None  # <checkpoint.dir>/engine_cache (engine_cache.py); None: no compile cache kept
+    cache_max_gib: float = 4.0
 
 
 def request_seed(run_seed: int, prompt_index: int, version: int) -> int:
@@ -115,6 +119,7 @@ def start_llm(settings: VLLMSettings) -> Any:
     if not settings.on_gpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
     t0 = time.perf_counter()
+    cache = _engine_cache(settings)
     try:
         from vllm import LLM
 
@@ -137,8 +142,69 @@ def start_llm(settings: VLLMSettings) -> Any:
         raise VLLMStartError(
             f"generation.engine=vllm cannot start model {settings.model_path}: {cause}; {_hint(cause)}"
         ) from None
-    log.info("vLLM engine for %s started in %.1f s", settings.model_path, time.perf_counter() - t0)
+    if cache is not None and not cache.warm:
+        publish(cache.cache, cache.private)
+    seconds = time.perf_counter() - t0
+    state = "off" if cache is None else ("warm" if cache.warm else "cold")
+    log.info("vLLM engine for %s started in %.1f s (compile cache: %s)", settings.model_path, seconds, state)
+    llm.sc_app_start = StartRecord(seconds, state)
     return llm
+
+
+@dataclass(frozen=True)
+class StartRecord:
+    seconds: float
+    cache: str  # "warm" | "cold" | "off"
+
+
+@dataclass(frozen=True)
+class _Cache:
+    cache: EngineCache
+    private: Path
+    warm: bool
+
+
+_CACHE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+_set_by_us: set[str] = set()  # the cache roots this process set (a second engine replaces them; an operator's stay)
+
+
+def _engine_cache(settings: VLLMSettings) -> _Cache | None:
+    """The engine's private cache directory, a copy of the published one where there is one (``engine_cache``),
+    pointed to by vLLM's, inductor's and Triton's cache variables; None when off or the operator set
+    ``VLLM_CACHE_ROOT`` (their value wins)."""
+    current = os.environ.get("VLLM_CACHE_ROOT")
+    if settings.cache_root is None or (current is not None and current not in _set_by_us):
+        return None
+    import platform
+
+    import vllm
+
+    if settings.on_gpu:
+        major, minor = torch.cuda.get_device_capability()
+        device = f"cuda:{torch.cuda.get_device_name()}:sm{major}{minor}"
+    else:
+        device = f"cpu:{platform.machine()}:{torch.backends.cpu.get_cpu_capability()}"
+    engine = {
+        "dtype": settings.dtype,
+        "max_model_len": settings.max_model_len,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "enforce_eager": not settings.on_gpu,
+    }
+    versions = {"vllm": vllm.__version__, "torch": torch.__version__}
+    cache = EngineCache(
+        Path(settings.cache_root),
+        cache_key(settings.model_path, engine, versions, device),
+        int(settings.cache_max_gib * 2**30),
+    )
+    try:
+        private, warm = prepare(cache)
+    except OSError as exc:  # no private directory (local disk full or read-only)
+        log.warning("engine cache off for this start (%s): cold start", exc)
+        return None
+    for key, sub in zip(_CACHE_ENV, ("", "inductor", "triton"), strict=True):
+        os.environ[key] = str(private / sub) if sub else str(private)
+    _set_by_us.add(str(private))
+    return _Cache(cache, private, warm)
 
 
 class VLLMEngine:

@@ -42,8 +42,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def host(model_dir: Path) -> Iterator[VLLMHost]:
-    h = VLLMHost(str(model_dir), seed=0, max_model_len=PROMPT_LEN + RESPONSE_LEN)
+def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ckpt") / "engine_cache"
+
+
+@pytest.fixture(scope="module")
+def host(model_dir: Path, cache_root: Path) -> Iterator[VLLMHost]:
+    h = VLLMHost(str(model_dir), seed=0, max_model_len=PROMPT_LEN + RESPONSE_LEN, cache_root=str(cache_root))
     try:
         assert h.call(start_error) is None
         yield h
@@ -213,3 +218,31 @@ def test_a_layout_the_map_does_not_cover_falls_back_to_vllms_reload_and_says_so_
     assert (path, said) == ("reload", [])
     path, said = host.call(_load_logged, weights_of(hf_model(model_dir, 8)))
     assert (path, said) == ("fast", [])
+
+
+def _cache_state() -> tuple[str, str, str]:
+    """How the host's engine started, where this process's vLLM looks for its cache, and the engine's own env."""
+    import os
+
+    import vllm.envs
+
+    llm = engine_of(engine_logprobs=True).llm
+    return llm.sc_app_start.cache, vllm.envs.VLLM_CACHE_ROOT, os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def test_the_engine_compiles_into_a_private_cache_and_publishes_it_for_the_next_start(
+    host: VLLMHost, model_dir: Path, cache_root: Path
+) -> None:
+    """The first engine on an empty volume starts cold, works in a private directory (never the published one,
+    which nothing writes once renamed into place) and publishes it under its fingerprint with the marker."""
+    import json
+
+    from sc_app.rl.hf.engine_cache import MARKER
+
+    state, vllm_root, inductor = host.call(_cache_state)
+    assert state == "cold"
+    assert not vllm_root.startswith(str(cache_root)) and inductor.startswith(vllm_root)
+    published = [p for p in cache_root.iterdir() if not p.name.startswith(".")]
+    assert len(published) == 1, list(cache_root.iterdir())
+    marker = json.loads((published[0] / MARKER).read_text())
+    assert marker["versions"]["vllm"] and marker["engine"]["max_model_len"] == PROMPT_LEN + RESPONSE_LEN
