@@ -11,7 +11,8 @@ it. A published directory is never written again:
 
 * **start** (``prepare``): the engine works in a private directory of its own (local ``/tmp``), a copy of the
   published cache when there is a valid one (warm), empty otherwise (cold);
-* **publish** (after a cold start): the private directory, if within ``max_bytes``, is copied to a temporary name
+* **publish** (after a cold start): the private directory, if within ``max_bytes`` and if the volume keeps room
+  for bundles after it (10% of it and the cache's size again), is copied to a temporary name
   under ``engine_cache/`` with its marker, then renamed to ``<fingerprint>/`` in one step — two engines that start
   at once both work privately and the first rename wins; the other's copy is dropped. The oldest other
   fingerprints are removed while the whole ``engine_cache/`` is over ``max_bytes``.
@@ -41,6 +42,7 @@ CACHE_DIR = "engine_cache"  # under checkpoint.dir
 MARKER = "engine_cache.json"
 FORMAT = 1
 _TMP_PREFIX = ".tmp-"
+_KEEP_FREE = 0.10  # a publish leaves at least this share of the volume (and the cache's size) free for bundles
 _STALE_TMP_S = 3600.0  # a publish copy older than this was left by a process that died mid-copy
 
 
@@ -127,6 +129,15 @@ def publish(cache: EngineCache, private: Path) -> bool:
             )
             return False
         cache.root.mkdir(parents=True, exist_ok=True)
+        usage = shutil.disk_usage(cache.root)
+        if usage.free - size < max(size, usage.total * _KEEP_FREE):
+            log.warning(
+                "engine cache not kept: %.0f MiB would leave too little room for bundles on %s (%.0f MiB free)",
+                size / 2**20,
+                cache.root,
+                usage.free / 2**20,
+            )
+            return False
         _tidy(cache)
         shutil.copytree(private, tmp)
         (tmp / MARKER).write_text(json.dumps({"format": FORMAT, **cache.key}, sort_keys=True))

@@ -159,3 +159,20 @@ def test_no_bundle_listing_sees_the_engine_cache(tmp_path: Path) -> None:
     assert publish(cache, private)
     (tmp_path / "step_3").mkdir()
     assert [p.name for _, p in step_entries(tmp_path)] == ["step_3"] and tmp_dirs(tmp_path) == []
+
+
+def test_a_cache_that_would_crowd_out_bundles_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The volume is the bundles' first: a publish that would leave under a tenth of it free is one line."""
+    import shutil
+    from collections import namedtuple
+
+    cache = cache_for(tmp_path, model_dir(tmp_path))
+    private, _ = prepare(cache)
+    compiled(private)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10_000, 9_500, 500))
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        assert not publish(cache, private)
+    assert "too little room for bundles" in caplog.text and not cache.published.exists()
