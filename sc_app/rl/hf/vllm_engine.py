@@ -119,7 +119,11 @@ def start_llm(settings: VLLMSettings) -> Any:
     if not settings.on_gpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
     t0 = time.perf_counter()
-    cache = _engine_cache(settings)
+    try:
+        cache = _engine_cache(settings)
+    except Exception as exc:  # the compile cache never stops an engine
+        log.warning("engine cache off for this start (%s: %s): cold start", type(exc).__name__, exc)
+        cache = None
     try:
         from vllm import LLM
 
@@ -143,7 +147,10 @@ def start_llm(settings: VLLMSettings) -> Any:
             f"generation.engine=vllm cannot start model {settings.model_path}: {cause}; {_hint(cause)}"
         ) from None
     if cache is not None and not cache.warm:
-        publish(cache.cache, cache.private)
+        try:
+            publish(cache.cache, cache.private)
+        except Exception as exc:  # publish reports the volume's errors itself; anything else is one line too
+            log.warning("engine cache not kept (%s: %s)", type(exc).__name__, exc)
     seconds = time.perf_counter() - t0
     state = "off" if cache is None else ("warm" if cache.warm else "cold")
     log.info("vLLM engine for %s started in %.1f s (compile cache: %s)", settings.model_path, seconds, state)
@@ -196,11 +203,7 @@ def _engine_cache(settings: VLLMSettings) -> _Cache | None:
         cache_key(settings.model_path, engine, versions, device),
         int(settings.cache_max_gib * 2**30),
     )
-    try:
-        private, warm = prepare(cache)
-    except OSError as exc:  # no private directory (local disk full or read-only)
-        log.warning("engine cache off for this start (%s): cold start", exc)
-        return None
+    private, warm = prepare(cache)  # OSError: no private directory (local disk full or read-only)
     for key, sub in zip(_CACHE_ENV, ("", "inductor", "triton"), strict=True):
         os.environ[key] = str(private / sub) if sub else str(private)
     _set_by_us.add(str(private))
