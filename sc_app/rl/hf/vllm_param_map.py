@@ -124,7 +124,7 @@ class ParamMap:
 
 
 def _fill(dest: torch.Tensor, t: Target, weights: Mapping[str, torch.Tensor]) -> None:
-    if len(t.pieces) == 1 and t.pieces[0].rows == t.shape[0]:
+    if len(t.pieces) == 1 and (not t.shape or t.pieces[0].rows == t.shape[0]):
         dest.copy_(weights[t.pieces[0].source])
         return
     for p in t.pieces:

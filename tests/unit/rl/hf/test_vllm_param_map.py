@@ -46,6 +46,7 @@ def engine_model() -> nn.Module:
     inner.layers = nn.ModuleList([block])
     inner.norm = nn.Module()
     inner.norm.weight = nn.Parameter(torch.zeros(H), requires_grad=False)
+    inner.norm.scale = nn.Parameter(torch.zeros(()), requires_grad=False)  # a scalar parameter
     model.model = inner
     model.lm_head = layer(PADDED, H, org_vocab_size=VOCAB)
     model.lm_head.weight = inner.embed_tokens.weight  # tied, as vLLM ties them
@@ -66,7 +67,8 @@ def trainer_state(dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]
     shapes = {"model.embed_tokens.weight": (VOCAB, H), "model.layers.0.self_attn.q_proj.weight": (Q, H),
               "model.layers.0.self_attn.k_proj.weight": (KV, H), "model.layers.0.self_attn.v_proj.weight": (KV, H),
               "model.layers.0.mlp.gate_proj.weight": (FFN, H), "model.layers.0.mlp.up_proj.weight": (FFN, H),
-              "model.norm.weight": (H,), "model.layers.0.self_attn.rotary_emb.inv_freq": (2,)}  # fmt: skip
+              "model.norm.weight": (H,), "model.norm.scale": (),
+              "model.layers.0.self_attn.rotary_emb.inv_freq": (2,)}  # fmt: skip
     state = {k: torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for k, s in shapes.items()}
     state["lm_head.weight"] = state["model.embed_tokens.weight"]  # HF's tied state dict names it twice
     return state
@@ -88,6 +90,7 @@ def test_each_trainer_tensor_lands_in_its_rows_of_the_engines_own_parameter() ->
     emb = model.model.embed_tokens.weight
     assert torch.equal(emb[:VOCAB], f32["model.embed_tokens.weight"]) and not emb[VOCAB:].any()
     assert model.lm_head.weight is emb and torch.equal(model.model.norm.weight, f32["model.norm.weight"])
+    assert torch.equal(model.model.norm.scale, f32["model.norm.scale"])
     assert qkv.data_ptr() == address and qkv.dtype == torch.float32, "in place, in the engine's dtype"
     assert sorted(pmap.dropped) == ["lm_head.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"]
     assert not any(t.packed for t in pmap.targets), "live parameters: no staging"
