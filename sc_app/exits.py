@@ -31,6 +31,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.attempt.run.CheckpointDirUnusable": EXIT_BAD_INPUT,
     "sc_app.attempt.setup.ResumeRefused": EXIT_BAD_INPUT,
     "sc_app.attempt.ray_start.RayTmpdirUnusable": EXIT_BAD_INPUT,  # RAY_TMPDIR missing, a file, unwritable
+    "sc_app.checkpoint.remote.fence.RemoteRefused": EXIT_BAD_INPUT,  # the bucket: credentials, access, no CAS
     # a newer run took the lease (fencing)
     "sc_app.checkpoint.lease.LeaseLost": EXIT_SUPERSEDED,
     # the job failed; a rerun resumes from the newest complete bundle

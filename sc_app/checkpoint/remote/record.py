@@ -100,7 +100,7 @@ class RemoteRecord:
                 previous=doc.get("previous") if isinstance(doc.get("previous"), dict) else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise bad(str(exc).strip("'\"")) from None
+            raise bad(str(exc.args[0]) if exc.args else type(exc).__name__) from None
         if record.epoch < 1 or not record.lineage:
             raise bad("epoch must be >= 1 and lineage non-empty")
         return record

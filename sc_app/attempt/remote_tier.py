@@ -1,0 +1,99 @@
+"""The attempt's side of the remote tier (``checkpoint.remote``, ``docs/object-storage.md``), in the order
+``run_job`` calls it:
+
+* ``open_remote`` — before anything is taken or started (before Ray): the bucket's checks (credentials, bucket,
+  write access, conditional writes, lineage); a refusal is one line, exit 2 (``RemoteRefused``);
+* ``RemoteTier.bring_home`` — before the resume decision: the bucket's newest bundle is downloaded when the local
+  directory has no verified bundle as new (then the decision verifies and resumes it like any local one);
+* ``RemoteTier.start`` — once this attempt holds the local lease and knows its lineage: take the bucket (epoch + 1)
+  and start the uploader, which first catches the bucket up with the bundle the attempt resumes from;
+* ``RemoteTier.saved`` — every bundle published locally is handed to the uploader (behind training);
+* ``RemoteTier.finish`` — at the end: wait up to ``checkpoint.remote.drain_s`` for a run that ended by itself, not
+  at all for a stop request (the local bundle is complete; the next attempt catches the bucket up).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sc_app.checkpoint import BundleRules, choose_bundle, hmac_key_from_env
+from sc_app.checkpoint.lineage import read_lineage
+from sc_app.checkpoint.remote.fence import RemoteRefused, acquire
+from sc_app.checkpoint.remote.probe import open_bucket
+from sc_app.checkpoint.remote.record import RemoteRecord
+from sc_app.checkpoint.remote.store import RemoteError, Store
+from sc_app.checkpoint.remote.sync import BroughtHome, bring_newer
+from sc_app.checkpoint.remote.upload import UploadResult
+from sc_app.checkpoint.remote.uploader import Uploader
+from sc_app.config.app import AppConfig
+from sc_app.progress import SaveRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RemoteTier:
+    cfg: AppConfig
+    root: Path
+    store: Store
+    record: RemoteRecord | None
+    uploader: Uploader | None = None
+    on_result: Callable[[UploadResult], None] = field(default=lambda r: None)
+
+    def bring_home(self, rules: BundleRules) -> BroughtHome | None:
+        def local_newest() -> int | None:
+            plan = choose_bundle(rules, tidy=False)
+            return plan.step if plan.decision == "resume" else None
+
+        lineage = read_lineage(self.root) if self.root.is_dir() else None
+        try:
+            return bring_newer(self.store, self.record, self.root, local_newest=local_newest,
+                               lineage=lineage or (self.record.lineage if self.record else None),
+                               hmac_key=hmac_key_from_env(),
+                               concurrency=self.cfg.checkpoint.remote.max_concurrency)  # fmt: skip
+        except RemoteError as exc:  # the bucket failed while listing: resume from what is local
+            log.warning("remote tier: could not look for a newer bundle on the bucket: %s", exc)
+            return None
+
+    def start(self, run_id: str, lineage: str, resumed: Path | None) -> None:
+        remote = self.cfg.checkpoint.remote
+        try:
+            lease = acquire(self.store, run_id, lineage)
+        except RemoteError as exc:
+            raise RemoteRefused(f"checkpoint.remote.url={remote.url}: cannot take the bucket ({exc})") from None
+        self.uploader = Uploader(self.store, lease, hmac_key=hmac_key_from_env(),
+                                 deadline_s=remote.bundle_deadline_s, on_result=self._uploaded)  # fmt: skip
+        if resumed is not None:
+            self.uploader.submit(resumed)  # catch the bucket up (nothing is uploaded when it lists the step)
+
+    def _uploaded(self, result: UploadResult) -> None:
+        if result.published:
+            mib = result.bytes / 2**20
+            log.info("remote tier: published step_%d on the bucket (%.1f MiB in %.1f s)", result.step, mib,
+                     result.seconds)  # fmt: skip
+        self.on_result(result)
+
+    def progress(self, record: object) -> None:
+        """Every progress record of the run: a published bundle (``SaveRecord``) goes to the uploader."""
+        if isinstance(record, SaveRecord) and self.uploader is not None:
+            self.uploader.submit(self.root / record.bundle)
+
+    def finish(self, *, wait: bool) -> None:
+        if self.uploader is None:
+            return
+        if wait and not self.uploader.drain(self.cfg.checkpoint.remote.drain_s):
+            log.warning("remote tier: the newest bundle is not on the bucket yet (checkpoint.remote.drain_s=%g); the "
+                        "next attempt uploads it", self.cfg.checkpoint.remote.drain_s)  # fmt: skip
+        self.uploader.stop()
+
+
+def open_remote(cfg: AppConfig, root: Path) -> RemoteTier | None:
+    """The bucket checked and opened, or None when the run has no remote tier. ``RemoteRefused``: one line."""
+    if not cfg.checkpoint.enabled or not cfg.checkpoint.remote.enabled:
+        return None
+    lineage = read_lineage(root) if root.is_dir() else None
+    store, record = open_bucket(cfg.checkpoint.remote, lineage=lineage)
+    return RemoteTier(cfg, root, store, record)

@@ -1,0 +1,54 @@
+"""``sc-app ckpt list|verify --remote``: the bucket's bundles as the operator sees them (real radosgw)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sc_app.checkpoint.remote.fence import BUNDLES, acquire
+from sc_app.checkpoint.remote.probe import open_bucket
+from sc_app.checkpoint.remote.upload import upload_bundle
+from tests.support.bundles import make_bundle
+from tests.support.cli import InProcess
+
+LINEAGE = "lineage-cli"
+
+
+def flags(cfg: Any) -> list[str]:
+    return ["--remote", cfg.url, "--endpoint", cfg.endpoint, "--region", cfg.region, "--addressing-style", "path"]
+
+
+def test_list_and_verify_the_bucket(cli: InProcess, s3_remote: Any, rgw: Any, tmp_path: Path) -> None:
+    store, _ = open_bucket(s3_remote, lineage=LINEAGE)
+    zombie = acquire(store, "run-old", LINEAGE)
+    lease = acquire(store, "run-new", LINEAGE)
+    for step in (2, 4):
+        upload_bundle(store, make_bundle(tmp_path, step, lineage=LINEAGE), lease, hmac_key=None, deadline_s=60)
+    key = store.key(BUNDLES, "step_6.run-old.e1", "manifest.json")  # a superseded attempt's upload
+    rgw.client().put_object(Bucket=rgw.bucket, Key=key, Body=(tmp_path / "step_4" / "manifest.json").read_bytes())
+    del zombie
+
+    listed = cli("ckpt", "list", *flags(s3_remote), "--json")
+    assert listed.rc == 0, listed.out
+    doc = json.loads(listed.stdout)
+    assert [(b["name"], b["ok"], b["epoch"]) for b in doc["bundles"]] == [("step_4", True, 2), ("step_2", True, 2)]
+    assert doc["unpublished"] == ["step_6.run-old.e1"] and doc["holder"] == {"run_id": "run-new", "epoch": 2}
+    assert cli("ckpt", "verify", *flags(s3_remote)).rc == 0
+
+    loader = store.key(BUNDLES, "step_2.run-new.e2", "train_dataloader.pt")
+    size = (tmp_path / "step_2" / "train_dataloader.pt").stat().st_size
+    rgw.client().put_object(Bucket=rgw.bucket, Key=loader, Body=b"\1" * size)
+    bad = cli("ckpt", "verify", *flags(s3_remote))
+    assert bad.rc == 2, bad.out
+    assert "step_4" in bad.stdout and "step_2" in bad.stdout
+    assert "BAD: train_dataloader.pt: its bytes on the server do not match the manifest's digest" in bad.stdout
+
+
+def test_exactly_one_tier(cli: InProcess, tmp_path: Path) -> None:
+    both = cli("ckpt", "list", "--checkpoint-dir", str(tmp_path), "--remote", "s3://bkt/p")
+    neither = cli("ckpt", "verify")
+    for out in (both, neither):
+        assert out.rc == 2 and out.errors() == [
+            "sc-app: error: give exactly one of --checkpoint-dir DIR and --remote s3://bucket/prefix"
+        ], out.stderr
