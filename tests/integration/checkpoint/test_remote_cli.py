@@ -9,7 +9,8 @@ from typing import Any
 from sc_app.checkpoint.remote.fence import BUNDLES, acquire
 from sc_app.checkpoint.remote.probe import open_bucket
 from sc_app.checkpoint.remote.upload import upload_bundle
-from tests.support.bundles import make_bundle
+from sc_app.config.app import dump_config
+from tests.support.bundles import CFG, make_bundle
 from tests.support.cli import InProcess
 
 LINEAGE = "lineage-cli"
@@ -52,3 +53,24 @@ def test_exactly_one_tier(cli: InProcess, tmp_path: Path) -> None:
         assert out.rc == 2 and out.errors() == [
             "sc-app: error: give exactly one of --checkpoint-dir DIR and --remote s3://bucket/prefix"
         ], out.stderr
+
+
+def test_preflight_brings_the_buckets_newest_home_and_decides_to_resume_it(
+    cli: InProcess, s3_remote: Any, tmp_path: Path
+) -> None:
+    store, _ = open_bucket(s3_remote, lineage=LINEAGE)
+    lease = acquire(store, "run-a", LINEAGE)
+    for step in (2, 4):
+        upload_bundle(store, make_bundle(tmp_path / "a", step, lineage=LINEAGE), lease, hmac_key=None, deadline_s=60)
+    config = tmp_path / "job.yaml"
+    config.write_text(dump_config(CFG))
+    sets = [
+        a for k in ("url", "endpoint", "region") for a in ("--set", f"checkpoint.remote.{k}={getattr(s3_remote, k)}")
+    ]
+    ckpt = tmp_path / "empty"
+    out = cli("preflight", "--checkpoint-dir", str(ckpt), "--config", str(config), *sets, "--set",
+              "checkpoint.remote.addressing_style=path")  # fmt: skip
+    assert out.rc == 0, out.out
+    assert f"brought step_4 home from {s3_remote.url}" in out.stdout
+    assert "checked step_4: ok\ndecision: resume step_4 (step 4)" in out.stdout, out.stdout
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_4"]  # only the newest is brought

@@ -180,3 +180,27 @@ def test_download_never_replaces_a_local_bundle(s3_remote: Any, tmp_path: Path) 
     with pytest.raises(FileExistsError):
         download(store, bundle, tmp_path / "b", concurrency=2)
     assert list((tmp_path / "b").iterdir()) == [tmp_path / "b" / "step_7"]
+
+
+def test_nothing_is_brought_when_the_local_dir_is_as_new(s3_remote: Any, tmp_path: Path) -> None:
+    store = _store(s3_remote)
+    lease = acquire(store, "run-a", LINEAGE)
+    _upload(store, make_bundle(tmp_path / "a", 4, lineage=LINEAGE), lease)
+    record, _ = read_record(store)
+    local = tmp_path / "b"
+    make_bundle(local, 6, lineage=LINEAGE)
+    asked: list[int] = []
+
+    def newest() -> int:
+        asked.append(1)
+        return 6
+
+    kw: dict[str, Any] = {"lineage": LINEAGE, "hmac_key": None, "concurrency": 2}
+    assert bring_newer(store, record, local, local_newest=newest, **kw) is None
+    assert asked and sorted(p.name for p in local.iterdir()) == ["step_6"]
+    damaged = tmp_path / "c"
+    make_bundle(damaged, 4, lineage=LINEAGE)
+    (damaged / "step_4" / "train_dataloader.pt").write_bytes(b"torn")
+    before = tree(damaged)
+    assert bring_newer(store, record, damaged, local_newest=lambda: None, **kw) is None  # never over a local step_4
+    assert tree(damaged) == before
