@@ -62,7 +62,7 @@ def _status(exc: Exception) -> int:
 def classify(exc: Exception, what: str) -> RemoteError:
     """``exc`` from botocore as one ``RemoteError`` line about ``what`` (``s3://bucket/key``)."""
     code, status = _code(exc), _status(exc)
-    if code in ("PreconditionFailed", "412") or status == 412:
+    if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") or status == 412:  # 409 CRC: lost a race
         return PreconditionFailed(f"{what}: written by someone else first (412 Precondition Failed)", code)
     if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
         hint = _HINTS["NoSuchBucket"] if code == "NoSuchBucket" else "it does not exist"
