@@ -15,9 +15,11 @@
 from __future__ import annotations
 
 import logging
+import queue
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from sc_app.checkpoint import BundleRules, choose_bundle, hmac_key_from_env
 from sc_app.checkpoint.lineage import read_lineage
@@ -29,7 +31,7 @@ from sc_app.checkpoint.remote.sync import BroughtHome, bring_newer
 from sc_app.checkpoint.remote.upload import UploadResult
 from sc_app.checkpoint.remote.uploader import Uploader
 from sc_app.config.app import AppConfig
-from sc_app.progress import SaveRecord
+from sc_app.progress import SaveRecord, UploadRecord
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,16 @@ class RemoteTier:
     store: Store
     record: RemoteRecord | None
     uploader: Uploader | None = None
-    on_result: Callable[[UploadResult], None] = field(default=lambda r: None)
+    shown: Callable[[Any], None] = field(default=lambda r: None)  # the run's own on_progress
+    newest_local: int = 0  # the newest bundle published locally (or resumed from)
+    newest_remote: int = 0  # the newest published on the bucket
+    _done: queue.SimpleQueue[UploadRecord] = field(default_factory=queue.SimpleQueue)
+
+    def watch(self, calls: Any) -> Any:
+        """``calls`` (``JobCallbacks``) whose ``on_progress`` also feeds the uploader and reports its uploads
+        (``UploadRecord``, from the caller's thread: the uploader thread only queues them)."""
+        self.shown = calls.on_progress
+        return replace(calls, on_progress=self.progress)
 
     def bring_home(self, rules: BundleRules) -> BroughtHome | None:
         def local_newest() -> int | None:
@@ -64,22 +75,40 @@ class RemoteTier:
             lease = acquire(self.store, run_id, lineage)
         except RemoteError as exc:
             raise RemoteRefused(f"checkpoint.remote.url={remote.url}: cannot take the bucket ({exc})") from None
-        self.uploader = Uploader(self.store, lease, hmac_key=hmac_key_from_env(),
-                                 deadline_s=remote.bundle_deadline_s, on_result=self._uploaded)  # fmt: skip
+        published = [b.step for b in self.record.bundles] if self.record else []
+        self.newest_remote = max(published, default=0)
+        self.uploader = Uploader(self.store, lease, hmac_key=hmac_key_from_env(), deadline_s=remote.bundle_deadline_s,
+                                 on_result=self._uploaded, on_failure=self._failed)  # fmt: skip
         if resumed is not None:
+            self.newest_local = max(self.newest_local, int(resumed.name.removeprefix("step_")))
             self.uploader.submit(resumed)  # catch the bucket up (nothing is uploaded when it lists the step)
 
-    def _uploaded(self, result: UploadResult) -> None:
+    def _uploaded(self, result: UploadResult) -> None:  # the uploader's thread
+        self.newest_remote = max(self.newest_remote, result.step)
         if result.published:
-            mib = result.bytes / 2**20
-            log.info("remote tier: published step_%d on the bucket (%.1f MiB in %.1f s)", result.step, mib,
-                     result.seconds)  # fmt: skip
-        self.on_result(result)
+            lag = max(0, self.newest_local - self.newest_remote)
+            self._done.put(UploadRecord(result.step, f"step_{result.step}", result.bytes, result.seconds, lag))
 
-    def progress(self, record: object) -> None:
-        """Every progress record of the run: a published bundle (``SaveRecord``) goes to the uploader."""
+    def _failed(self, bundle: Path, why: str) -> None:  # the uploader's thread
+        lag = max(0, self.newest_local - self.newest_remote)
+        step = int(bundle.name.removeprefix("step_")) if bundle.name.startswith("step_") else 0
+        self._done.put(UploadRecord(step, bundle.name, 0, 0.0, lag, error=why))
+
+    def progress(self, record: Any) -> None:
+        """Every progress record of the run: a published bundle (``SaveRecord``) goes to the uploader; then the
+        record, then the uploads that ended since, are shown."""
         if isinstance(record, SaveRecord) and self.uploader is not None:
+            self.newest_local = max(self.newest_local, record.step)
             self.uploader.submit(self.root / record.bundle)
+        self.shown(record)
+        self._flush()
+
+    def _flush(self) -> None:
+        while True:
+            try:
+                self.shown(self._done.get_nowait())
+            except queue.Empty:
+                return
 
     def finish(self, *, wait: bool) -> None:
         if self.uploader is None:
@@ -88,6 +117,7 @@ class RemoteTier:
             log.warning("remote tier: the newest bundle is not on the bucket yet (checkpoint.remote.drain_s=%g); the "
                         "next attempt uploads it", self.cfg.checkpoint.remote.drain_s)  # fmt: skip
         self.uploader.stop()
+        self._flush()
 
 
 def open_remote(cfg: AppConfig, root: Path) -> RemoteTier | None:

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -241,7 +241,7 @@ def run_job(cfg: AppConfig, calls: JobCallbacks | None = None) -> RunResult:
     rules = BundleRules.for_run(cfg, dataset=lambda: dataset)
     if remote is not None:
         remote.bring_home(rules)  # the bucket's newest bundle, when nothing local is as new
-        calls = replace(calls, on_progress=lambda r, shown=calls.on_progress: (remote.progress(r), shown(r)))
+        calls = remote.watch(calls)  # published bundles go to the uploader; its uploads are reported
     attempt = Attempt(cfg, uuid.uuid4().hex[:12], rules, dataset, started, calls, remote=remote)
     plan = attempt.plan("look")  # before the lease: moves nothing; a refusal is announced and raised
     if plan.decision == "resume" and plan.step >= cfg.run.max_steps:

@@ -18,6 +18,7 @@ from sc_app.checkpoint.remote.fence import acquire, read_record
 from sc_app.checkpoint.remote.probe import open_bucket
 from sc_app.checkpoint.remote.sync import bring_newer
 from sc_app.checkpoint.remote.upload import upload_bundle
+from sc_app.observe.reader import read_history
 from tests.support.proc import read_trace, run_args, sc_app
 
 pytestmark = pytest.mark.slow  # a real run: Ray, TransferQueue, training
@@ -48,6 +49,9 @@ def test_a_run_resumes_from_the_bucket_into_an_empty_dir_and_uploads_behind_trai
     trains = [e["step"] for e in read_trace(trace) if e["ev"] == "train"]
     assert trains and min(trains) == 3, f"training must go on from step 3, the trace says {trains}"
     assert (ckpt / "step_2" / "manifest.json").read_bytes() == (FIXTURE / "step_2" / "manifest.json").read_bytes()
+    assert "uploaded step_4 (" in run.out, run.out[-3000:]  # reported as the run goes, and in the run log:
+    uploads = [e for e in read_history(ckpt / "logs").events if e.name == "upload"]
+    assert [(e.step, e.data["bundle"]) for e in uploads] == [(4, "step_4")] and uploads[0].data["bytes"] > 0
 
     record, _ = read_record(store)
     assert record is not None and record.lineage == LINEAGE and record.epoch == 2

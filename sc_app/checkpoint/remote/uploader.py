@@ -34,10 +34,11 @@ class Uploader:
         hmac_key: bytes | None,
         deadline_s: float,
         on_result: Callable[[UploadResult], None] = lambda r: None,
+        on_failure: Callable[[Path, str], None] = lambda b, why: None,
         backoff_s: tuple[float, float] = BACKOFF_S,
     ) -> None:
         self.store, self.lease, self.hmac_key, self.deadline_s = store, lease, hmac_key, deadline_s
-        self.on_result, self.backoff_s = on_result, backoff_s
+        self.on_result, self.on_failure, self.backoff_s = on_result, on_failure, backoff_s
         self.results: list[UploadResult] = []
         self.lost: str | None = None
         self.failures = 0
@@ -98,6 +99,7 @@ class Uploader:
                 self.failures += 1
                 wait = min(self.backoff_s[0] * 2 ** (failures - 1), self.backoff_s[1])
                 log.warning("remote tier: upload of %s failed (%s); retrying in %.0f s", bundle.name, exc, wait)
+                self.on_failure(bundle, str(exc))
                 with self._cond:
                     if self._pending is None:
                         self._pending = bundle  # retried unless a newer bundle supersedes it meanwhile
