@@ -54,6 +54,11 @@ class RemoteTier:
         self.shown = calls.on_progress
         return replace(calls, on_progress=self.progress)
 
+    def lineage(self) -> str | None:
+        """The bucket's lineage: what a checkpoint dir without one (an emptyDir whose predecessor took the bucket
+        but never published) adopts, so the job can take the bucket again."""
+        return self.record.lineage if self.record is not None else None
+
     def bring_home(self, rules: BundleRules) -> BroughtHome | None:
         def local_newest() -> int | None:
             plan = choose_bundle(rules, tidy=False)

@@ -267,7 +267,8 @@ def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
     keeper = attempt.keeper = LeaseKeeper(lease, cfg.checkpoint.lease_ttl_s)
     outcome, final_step = "failed", None
     try:
-        attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=_recorded_lineage(plan)))
+        adopt = _recorded_lineage(plan) or (attempt.remote.lineage() if attempt.remote else None)
+        attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=adopt))
         try:
             plan = attempt.plan("start")  # as the holder: now it may move leftovers aside
         except ResumeRefused:

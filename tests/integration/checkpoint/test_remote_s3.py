@@ -204,3 +204,24 @@ def test_nothing_is_brought_when_the_local_dir_is_as_new(s3_remote: Any, tmp_pat
     before = tree(damaged)
     assert bring_newer(store, record, damaged, local_newest=lambda: None, **kw) is None  # never over a local step_4
     assert tree(damaged) == before
+
+
+def test_an_empty_dir_adopts_the_buckets_lineage_when_nothing_was_published(s3_remote: Any, tmp_path: Path) -> None:
+    """An attempt took the bucket and died before its first upload; its successor on a fresh emptyDir takes the
+    bucket again (the same lineage), instead of being refused as another job."""
+    from sc_app.attempt.remote_tier import open_remote
+    from sc_app.checkpoint.lineage import ensure_lineage
+    from sc_app.config.app import AppConfig
+
+    acquire(_store(s3_remote), "first", LINEAGE)
+    cfg = AppConfig().model_copy(update={"checkpoint": AppConfig().checkpoint.model_copy(update={"remote": s3_remote})})
+    tier = open_remote(cfg, tmp_path / "empty")
+    assert tier is not None and tier.lineage() == LINEAGE
+    (tmp_path / "empty").mkdir()  # the run made it (its lease) before
+    lineage = ensure_lineage(tmp_path / "empty", adopt=tier.lineage())
+    tier.start("second", lineage, None)
+    try:
+        record, _ = read_record(tier.store)
+        assert record is not None and (record.run_id, record.epoch, record.lineage) == ("second", 2, LINEAGE)
+    finally:
+        tier.finish(wait=False)
