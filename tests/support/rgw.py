@@ -170,6 +170,10 @@ class Rgw:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 
+    def pause_gateway(self, paused: bool) -> None:
+        """SIGSTOP / SIGCONT radosgw: a server that stalls (connections accepted, nothing answered)."""
+        os.kill(self.pids[-1], signal.SIGSTOP if paused else signal.SIGCONT)
+
     def restart_gateway(self, timeout: float = 60) -> None:
         self._daemon("radosgw", "-n", "client.rgw")
         deadline = time.monotonic() + timeout

@@ -38,14 +38,18 @@ class UploadResult:
 
 
 class HashingReader:
-    """A non-seekable reader of a file descriptor that hashes exactly the bytes it hands out, in order."""
+    """A non-seekable reader of a file descriptor that hashes exactly the bytes it hands out, in order; past
+    ``deadline`` (``time.monotonic()``) it refuses to read on, which ends the upload (s3transfer aborts it)."""
 
-    def __init__(self, fd: int, alg: str) -> None:
+    def __init__(self, fd: int, alg: str, deadline: float = float("inf"), what: str = "") -> None:
         self._fd = fd
         self._h = hashing.new(alg)
         self.size = 0
+        self._deadline, self._what = deadline, what
 
     def read(self, n: int = -1) -> bytes:
+        if time.monotonic() > self._deadline:
+            raise DeadlineExceeded(f"{self._what}: the bundle's upload passed its deadline; retried later")
         chunk = os.read(self._fd, n if n is not None and n >= 0 else hashing.CHUNK)
         self._h.update(chunk)
         self.size += len(chunk)
@@ -77,7 +81,8 @@ def upload_bundle(
     for rel, entry in sorted(manifest.files.items()):
         if time.monotonic() - t0 > deadline_s:
             raise DeadlineExceeded(f"upload of {bundle.name} passed its deadline of {deadline_s:g} s; retried later")
-        total += _upload_file(store, bundle, rel, store.key(BUNDLES, name, rel), manifest.hash_alg, entry)
+        total += _upload_file(store, bundle, rel, store.key(BUNDLES, name, rel), manifest.hash_alg, entry,
+                              t0 + deadline_s)  # fmt: skip
     key = store.key(BUNDLES, name, MANIFEST_FILE)
     try:
         store.put_small(key, raw_manifest, if_none_match=True)
@@ -96,10 +101,12 @@ def upload_bundle(
     return UploadResult(step, name, total + len(raw_manifest), time.monotonic() - t0, published)
 
 
-def _upload_file(store: Store, bundle: Path, rel: str, key: str, alg: str, entry: dict[str, object]) -> int:
+def _upload_file(
+    store: Store, bundle: Path, rel: str, key: str, alg: str, entry: dict[str, object], deadline: float
+) -> int:
     fd = open_regular(bundle / rel)
     try:
-        reader = HashingReader(fd, alg)
+        reader = HashingReader(fd, alg, deadline, f"{bundle.name}/{rel}")
         store.upload_stream(key, reader)  # type: ignore[arg-type]
     finally:
         os.close(fd)

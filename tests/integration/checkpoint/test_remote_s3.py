@@ -225,3 +225,30 @@ def test_an_empty_dir_adopts_the_buckets_lineage_when_nothing_was_published(s3_r
         assert record is not None and (record.run_id, record.epoch, record.lineage) == ("second", 2, LINEAGE)
     finally:
         tier.finish(wait=False)
+
+
+def test_a_stalling_server_costs_a_bounded_time_and_publishes_nothing(s3_remote: Any, rgw: Any, tmp_path: Path) -> None:
+    store = _store(s3_remote.model_copy(update={"request_timeout_s": 1.0}))
+    bundle = make_bundle(tmp_path / "a", 3, lineage=LINEAGE)
+    lease = acquire(store, "run-a", LINEAGE)
+    rgw.pause_gateway(True)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RemoteError) as err:
+            _upload(store, bundle, lease)
+    finally:
+        rgw.pause_gateway(False)
+    assert time.monotonic() - t0 < 60, "5 attempts of 1 s requests and their backoff, not a hang"
+    assert "\n" not in str(err.value)
+    record, _ = read_record(store)
+    assert record is not None and record.bundles == ()
+
+
+def test_a_bundle_past_its_deadline_is_abandoned_and_never_published(s3_remote: Any, tmp_path: Path) -> None:
+    store = _store(s3_remote)
+    bundle = _with_big_file(make_bundle(tmp_path / "a", 3, lineage=LINEAGE), 30)
+    lease = acquire(store, "run-a", LINEAGE)
+    with pytest.raises(upload.DeadlineExceeded, match="passed its deadline"):
+        upload_bundle(store, bundle, lease, hmac_key=None, deadline_s=0.05)
+    record, _ = read_record(store)
+    assert record is not None and record.bundles == ()
