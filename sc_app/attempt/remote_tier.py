@@ -82,8 +82,15 @@ class RemoteTier:
             raise RemoteRefused(f"checkpoint.remote.url={remote.url}: cannot take the bucket ({exc})") from None
         published = [b.step for b in self.record.bundles] if self.record else []
         self.newest_remote = max(published, default=0)
-        self.uploader = Uploader(self.store, lease, hmac_key=hmac_key_from_env(), deadline_s=remote.bundle_deadline_s,
-                                 on_result=self._uploaded, on_failure=self._failed)  # fmt: skip
+        self.uploader = Uploader(
+            self.store,
+            lease,
+            hmac_key=hmac_key_from_env(),
+            deadline_s=remote.bundle_deadline_s,
+            on_result=self._uploaded,
+            on_failure=self._failed,
+            keep=self.cfg.checkpoint.keep,  # the bucket's retention, by the local tier's rules
+        )
         if resumed is not None:
             self.newest_local = max(self.newest_local, int(resumed.name.removeprefix("step_")))
             self.uploader.submit(resumed)  # catch the bucket up (nothing is uploaded when it lists the step)

@@ -1,5 +1,5 @@
 """``sc-app ckpt list|verify|prune|rollback``: operator tools for the bundles of a checkpoint directory (``list`` and
-``verify`` also of the remote tier, ``--remote s3://bucket/prefix``: ``ckpt_remote.py``).
+``verify`` and ``prune`` also of the remote tier, ``--remote s3://bucket/prefix``: ``ckpt_remote.py``).
 
 Every bundle is judged by the directory's ``BundleRules`` (``sc_app.checkpoint.selection``): a bundle of another
 lineage is listed and verified as BAD, never pruned nor counted, and never a rollback target.
@@ -12,7 +12,7 @@ import json
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.selection import BundleRules
-from sc_app.cli.ckpt_remote import add_remote, cmd_remote
+from sc_app.cli.ckpt_remote import add_remote, cmd_remote, cmd_remote_prune
 from sc_app.cli.options import add_checkpoint_dir, add_json, checkpoint_root
 from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK, Parser, fail
 
@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json(ver)
     ver.set_defaults(func=cmd_ckpt_verify)
     pr = cks.add_parser("prune", help="keep the newest N bundles (the newest verified one always stays)")
-    add_checkpoint_dir(pr)
+    add_checkpoint_dir(pr, required=False)
+    add_remote(pr)
     pr.add_argument("--keep", type=int, required=True)
     add_json(pr)
     pr.set_defaults(func=cmd_ckpt_prune)
@@ -120,6 +121,10 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
 
     if args.keep < 1:
         return fail("--keep must be >= 1: the newest verified bundle is always kept")
+    if problem := _one_tier(args):
+        return fail(problem)
+    if args.remote is not None:
+        return cmd_remote_prune(args)
     root = checkpoint_root(args, must_exist=True)
     holder = live_holder(root)
     if holder is not None:

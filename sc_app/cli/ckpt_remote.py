@@ -1,9 +1,11 @@
-"""``sc-app ckpt list|verify --remote s3://bucket/prefix``: the bundles on the bucket (``docs/object-storage.md``).
+"""``sc-app ckpt list|verify|prune --remote s3://bucket/prefix``: the bundles on the bucket
+(``docs/object-storage.md``).
 
 ``list`` reads the bucket's fencing record and checks each listed bundle's manifest and object sizes (no bytes
 hashed); it also names upload directories no record lists (an attempt that was superseded or died before it
-published: never bundles). ``verify`` reads every listed file back and checks its digest. Read-only: nothing on the
-bucket is written or deleted. Credentials: boto3's standard chain, as for a run.
+published: never bundles). ``verify`` reads every listed file back and checks its digest; both are read-only.
+``prune --keep N`` applies the local tier's retention rules to the bucket (``remote/retention.py``): it drops
+bundles from the record, then deletes their objects. Credentials: boto3's standard chain, as for a run.
 """
 
 from __future__ import annotations
@@ -82,3 +84,27 @@ def cmd_remote(args: argparse.Namespace, *, digests: bool) -> int:
         for name in unpublished:
             print(f"{name}: unpublished upload (no record lists it: never a bundle)")
     return EXIT_OK if all(r["ok"] for r in out) or not digests else EXIT_BAD_INPUT
+
+
+def cmd_remote_prune(args: argparse.Namespace) -> int:
+    """``ckpt prune --remote``: the bucket's retention, by the local tier's rules (``remote/retention.py``)."""
+    from sc_app.checkpoint import hmac_key_from_env
+    from sc_app.checkpoint.remote.fence import RemoteLeaseLost, RemoteRefused
+    from sc_app.checkpoint.remote.probe import probe_conditional_writes
+    from sc_app.checkpoint.remote.record import RecordError
+    from sc_app.checkpoint.remote.retention import prune_remote
+    from sc_app.checkpoint.remote.store import RemoteError
+
+    try:
+        store, record = _open(args)
+        if record is None:
+            return fail(f"no sc-app bundles at {args.remote} (no fencing record there)")
+        probe_conditional_writes(store)  # the record is changed by compare-and-swap: learn the server's If-Match
+        removed = prune_remote(store, args.keep, lineage=record.lineage, hmac_key=hmac_key_from_env())
+    except (RemoteError, RecordError, RemoteLeaseLost, RemoteRefused, ValueError) as exc:
+        return fail(str(exc))
+    if args.json:
+        print(json.dumps({"removed": removed}))
+    else:
+        print("removed " + (", ".join(removed) if removed else "nothing"))
+    return EXIT_OK

@@ -101,4 +101,25 @@ def publish(store: Store, lease: RemoteLease, entry: Published) -> bool:
     raise RemoteLeaseLost(f"{store.where(key)}: could not publish step {entry.step} in {CAS_TRIES} tries")
 
 
-__all__ = ["RECORD_FORMAT", "RemoteLease", "RemoteLeaseLost", "RemoteRefused", "acquire", "holds", "publish"]
+def retire(store: Store, lease: RemoteLease | None, entries: list[Published]) -> list[Published]:
+    """Drop ``entries`` from the record (retention), while ``lease`` holds the bucket (None: an operator's command);
+    returns those the record still listed, now dropped."""
+    key = store.key(RECORD_KEY)
+    for _ in range(CAS_TRIES):
+        current, etag = read_record(store)
+        if current is None:
+            return []
+        if lease is not None:
+            current = _check_holder(store, current, lease)
+        gone = [e for e in entries if e in current.bundles]
+        if not gone:
+            return []
+        try:
+            store.put_small(key, current.without(gone).to_json(), if_match=etag)
+            return gone
+        except PreconditionFailed:
+            continue
+    raise RemoteLeaseLost(f"{store.where(key)}: could not update it in {CAS_TRIES} tries")
+
+
+__all__ = ["RECORD_FORMAT", "RemoteLease", "RemoteLeaseLost", "RemoteRefused", "acquire", "holds", "publish", "retire"]

@@ -68,6 +68,9 @@ class RemoteRecord:
         listed = sorted([*kept, entry], key=lambda b: b.step)[-MAX_LISTED:]
         return replace(self, bundles=tuple(listed))
 
+    def without(self, entries: list[Published]) -> RemoteRecord:
+        return replace(self, bundles=tuple(b for b in self.bundles if b not in entries))
+
     def to_json(self) -> bytes:
         doc = {"format": RECORD_FORMAT, **asdict(self)}
         doc["bundles"] = [asdict(b) for b in self.bundles]

@@ -3,8 +3,9 @@
 One daemon thread per attempt. ``submit(bundle)`` hands it the newest committed bundle; a newer submission
 supersedes an older one not yet started (only the newest matters for a resume). A failed upload is logged as one
 line and retried with exponential backoff (2 s doubling to 60 s) until it succeeds or a newer bundle supersedes
-it. ``RemoteLeaseLost`` (another attempt took the bucket) ends the uploads for this attempt, with one line. The
-uploader only ever reads local bundles.
+it. ``RemoteLeaseLost`` (another attempt took the bucket) ends the uploads for this attempt, with one line. After each
+bundle published, the bucket's retention runs (``keep``: ``remote/retention.py``). The uploader only ever reads local
+bundles.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from sc_app.checkpoint.manifest import ManifestError
 from sc_app.checkpoint.remote.fence import RemoteLease, RemoteLeaseLost
+from sc_app.checkpoint.remote.retention import prune_remote
 from sc_app.checkpoint.remote.store import RemoteError, Store
 from sc_app.checkpoint.remote.upload import UploadResult, upload_bundle
 
@@ -36,9 +38,11 @@ class Uploader:
         on_result: Callable[[UploadResult], None] = lambda r: None,
         on_failure: Callable[[Path, str], None] = lambda b, why: None,
         backoff_s: tuple[float, float] = BACKOFF_S,
+        keep: int | None = None,
     ) -> None:
         self.store, self.lease, self.hmac_key, self.deadline_s = store, lease, hmac_key, deadline_s
         self.on_result, self.on_failure, self.backoff_s = on_result, on_failure, backoff_s
+        self.keep = keep  # checkpoint.keep: the bucket's retention after each bundle published (None: none)
         self.results: list[UploadResult] = []
         self.lost: str | None = None
         self.failures = 0
@@ -68,6 +72,16 @@ class Uploader:
                     return False
                 self._cond.wait(left)
             return self.lost is None
+
+    def _prune(self) -> None:
+        try:
+            removed = prune_remote(self.store, self.keep or 1, lineage=self.lease.lineage, hmac_key=self.hmac_key,
+                                   lease=self.lease)  # fmt: skip
+        except (RemoteError, RemoteLeaseLost) as exc:  # the bundle is published; an old one left is no failure
+            log.warning("remote tier: retention did not prune the bucket: %s; older bundles stay", exc)
+            return
+        if removed:
+            log.info("remote tier: pruned %s from the bucket (checkpoint.keep=%d)", ", ".join(removed), self.keep)
 
     def stop(self) -> None:
         with self._cond:
@@ -108,6 +122,8 @@ class Uploader:
                     self._cond.wait_for(lambda b=bundle: self._stop or self._pending is not b, timeout=wait)
                 continue
             failures = 0
+            if result.published and self.keep is not None:
+                self._prune()
             self.results.append(result)
             with self._cond:
                 self._busy = None

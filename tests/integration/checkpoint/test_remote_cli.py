@@ -74,3 +74,23 @@ def test_preflight_brings_the_buckets_newest_home_and_decides_to_resume_it(
     assert f"brought step_4 home from {s3_remote.url}" in out.stdout
     assert "checked step_4: ok\ndecision: resume step_4 (step 4)" in out.stdout, out.stdout
     assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_4"]  # only the newest is brought
+
+
+def test_prune_the_bucket_by_the_local_rules(cli: InProcess, s3_remote: Any, rgw: Any, tmp_path: Path) -> None:
+    """The newest bundle that counts is the anchor and stays; a newer one that does not count is left alone; an
+    older one that does not count is left for the operator; the others beyond --keep leave the record, then their
+    objects go."""
+    store, _ = open_bucket(s3_remote, lineage=LINEAGE)
+    lease = acquire(store, "run-a", LINEAGE)
+    for step in (2, 4, 6, 8, 10):
+        upload_bundle(store, make_bundle(tmp_path, step, lineage=LINEAGE), lease, hmac_key=None, deadline_s=60)
+    c = rgw.client()
+    c.delete_object(Bucket=rgw.bucket, Key=store.key(BUNDLES, "step_10.run-a.e1", "manifest.json"))  # 10: no count
+    c.delete_object(Bucket=rgw.bucket, Key=store.key(BUNDLES, "step_4.run-a.e1", "train_dataloader.pt"))  # 4: no count
+    out = cli("ckpt", "prune", *flags(s3_remote), "--keep", "2", "--json")
+    assert out.rc == 0, out.out
+    assert json.loads(out.stdout) == {"removed": ["step_2"]}  # anchor 8, kept 6; 4 does not count; 2 goes
+    listed = json.loads(cli("ckpt", "list", *flags(s3_remote), "--json").stdout)
+    assert [b["name"] for b in listed["bundles"]] == ["step_10", "step_8", "step_6", "step_4"]
+    assert list(store.list(store.key(BUNDLES, "step_2.run-a.e1") + "/")) == []  # its objects are gone too
+    assert "step_2.run-a.e1" not in listed["unpublished"]

@@ -252,3 +252,19 @@ def test_a_bundle_past_its_deadline_is_abandoned_and_never_published(s3_remote: 
         upload_bundle(store, bundle, lease, hmac_key=None, deadline_s=0.05)
     record, _ = read_record(store)
     assert record is not None and record.bundles == ()
+
+
+def test_a_runs_uploader_keeps_the_bucket_to_checkpoint_keep(s3_remote: Any, tmp_path: Path) -> None:
+    from sc_app.checkpoint.remote.uploader import Uploader
+
+    store = _store(s3_remote)
+    lease = acquire(store, "run-a", LINEAGE)
+    up = Uploader(store, lease, hmac_key=None, deadline_s=60, keep=2)
+    try:
+        for step in (2, 4, 6):
+            up.submit(make_bundle(tmp_path, step, lineage=LINEAGE))
+            assert up.drain(60)
+    finally:
+        up.stop()
+    record, _ = read_record(store)
+    assert record is not None and [b.step for b in record.newest_first()] == [6, 4]
