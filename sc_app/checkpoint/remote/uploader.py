@@ -115,7 +115,7 @@ class Uploader:
                 log.warning("remote tier: upload of %s failed (%s); retrying in %.0f s", bundle.name, exc, wait)
                 self.on_failure(bundle, str(exc))
                 with self._cond:
-                    if self._pending is None:
+                    if self._pending is None and bundle.exists():  # (local retention may have removed it)
                         self._pending = bundle  # retried unless a newer bundle supersedes it meanwhile
                     self._busy = None
                     self._cond.notify_all()
