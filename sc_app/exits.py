@@ -42,6 +42,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.progress.RecoveryExhausted": EXIT_FAILED,  # in-job recovery spent its bound (retries, restarts)
     "sc_app.attempt.ray_start.RayStartFailed": EXIT_FAILED,  # ray.init failed (timed out twice): rerun later
     "sc_app.rl.hooks.RewardFailed": EXIT_FAILED,  # a reward function failed at run time: one line naming it
+    "sc_app.attempt.remote_tier.RemoteUnavailable": EXIT_FAILED,  # the bucket's newest could not be brought home
 }
 _PREFIX = {EXIT_SUPERSEDED: "superseded: "}
 

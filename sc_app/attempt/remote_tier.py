@@ -36,6 +36,11 @@ from sc_app.progress import SaveRecord, UploadRecord
 log = logging.getLogger(__name__)
 
 
+class RemoteUnavailable(RuntimeError):
+    """The bucket holds a bundle newer than anything local and it could not be downloaded now (exit 1: a rerun may
+    succeed); resuming from something older would redo work and let retention count the bucket's bundle anyway."""
+
+
 @dataclass
 class RemoteTier:
     cfg: AppConfig
@@ -70,9 +75,11 @@ class RemoteTier:
                                lineage=lineage or (self.record.lineage if self.record else None),
                                hmac_key=hmac_key_from_env(),
                                concurrency=self.cfg.checkpoint.remote.max_concurrency)  # fmt: skip
-        except RemoteError as exc:  # the bucket failed while listing: resume from what is local
-            log.warning("remote tier: could not look for a newer bundle on the bucket: %s", exc)
-            return None
+        except (RemoteError, OSError) as exc:  # never resume from something older than the bucket holds
+            raise RemoteUnavailable(
+                f"checkpoint.remote.url={self.cfg.checkpoint.remote.url}: could not bring the bucket's newest bundle "
+                f"home ({exc}); nothing was started: rerun when the bucket (and the disk) can be used"
+            ) from None
 
     def start(self, run_id: str, lineage: str, resumed: Path | None) -> None:
         remote = self.cfg.checkpoint.remote

@@ -24,12 +24,16 @@ from sc_app.checkpoint import layout
 from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, parse_manifest
 from sc_app.checkpoint.remote.fence import BUNDLES
 from sc_app.checkpoint.remote.record import Published
-from sc_app.checkpoint.remote.store import RemoteError, Store
+from sc_app.checkpoint.remote.store import NotFound, RemoteError, Store
 from sc_app.io import hashing
 from sc_app.io.durable import fsync_tree_dirs, write_durable
 from sc_app.io.safe_files import unsafe_rel
 
 log = logging.getLogger(__name__)
+
+
+class Corrupt(RemoteError):
+    """A downloaded file's bytes differ from the manifest's (size or digest): that bundle never resumes."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ def check(
     key = store.key(BUNDLES, entry.dir, layout.MANIFEST_FILE)
     try:
         raw, _ = store.get_small(key, MAX_MANIFEST_BYTES)
-    except RemoteError as exc:
+    except NotFound as exc:  # any other failure of the server is no verdict on the bundle: it propagates
         return RemoteBundle(entry, (f"manifest: {exc}",))
     if hashing.digest_bytes(raw, hashing.BLAKE3) != entry.manifest:
         changed = f"{store.where(key)}: not the manifest the record published (changed on the server)"
@@ -145,7 +149,7 @@ def _fetch_file(store: Store, bundle: RemoteBundle, rel: str, want: dict[str, ob
             for chunk in body.iter_chunks(hashing.CHUNK):
                 size += len(chunk)
                 if size > int(str(want["size"])):
-                    raise RemoteError(f"{store.where(key)}: longer than the manifest's {want['size']} bytes")
+                    raise Corrupt(f"{store.where(key)}: longer than the manifest's {want['size']} bytes")
                 h.update(chunk)
                 view = memoryview(chunk)
                 while view:  # a full disk raises OSError
@@ -160,5 +164,5 @@ def _fetch_file(store: Store, bundle: RemoteBundle, rel: str, want: dict[str, ob
     finally:
         body.close()
     if (h.hexdigest(), size) != (want["digest"], want["size"]):
-        raise RemoteError(f"{store.where(key)}: its bytes do not match the manifest's digest; not resuming from it")
+        raise Corrupt(f"{store.where(key)}: its bytes do not match the manifest's digest; not resuming from it")
     del length

@@ -1,7 +1,9 @@
 """Resume from the bucket: when the local directory has no verified bundle as new as the bucket's newest, bring that
 one home (``bundles.download``) before the resume decision runs, which then verifies and resumes it like any local
 bundle. A remote bundle that does not count (manifest changed or missing, a file missing or of the wrong size) is
-passed over with one line for the next older one; a download that fails leaves nothing behind.
+passed over with one line for the next older one, and so is one whose bytes differ from its manifest; a download that
+fails leaves nothing behind. A server (or local disk) that fails meanwhile is no verdict on the bundle: the error
+propagates, and the run stops rather than resume from something older than the bucket holds.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sc_app.checkpoint import layout
-from sc_app.checkpoint.remote.bundles import RemoteBundle, check, download
+from sc_app.checkpoint.remote.bundles import Corrupt, RemoteBundle, check, download
 from sc_app.checkpoint.remote.record import RemoteRecord
-from sc_app.checkpoint.remote.store import RemoteError, Store
+from sc_app.checkpoint.remote.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ def bring_newer(
         root.mkdir(parents=True, exist_ok=True)
         try:
             path = download(store, bundle, root, concurrency=concurrency)
-        except RemoteError as exc:
+        except Corrupt as exc:  # that bundle never resumes: the next older one may (a server failure propagates)
             log.warning("remote tier: could not bring %s home: %s", bundle.name, exc)
             skipped.append(f"{bundle.name}: {exc}")
             record = RemoteRecord(record.lineage, record.run_id, record.epoch, record.acquired_at,

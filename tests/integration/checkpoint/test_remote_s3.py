@@ -268,3 +268,30 @@ def test_a_runs_uploader_keeps_the_bucket_to_checkpoint_keep(s3_remote: Any, tmp
         up.stop()
     record, _ = read_record(store)
     assert record is not None and [b.step for b in record.newest_first()] == [6, 4]
+
+
+def test_a_server_down_while_bringing_home_stops_the_run_rather_than_resume_older(
+    s3_remote: Any, rgw: Any, tmp_path: Path
+) -> None:
+    from sc_app.attempt.remote_tier import RemoteUnavailable, open_remote
+    from sc_app.checkpoint import BundleRules
+    from sc_app.config.app import AppConfig
+
+    store = _store(s3_remote)
+    _upload(store, make_bundle(tmp_path / "a", 4, lineage=LINEAGE), acquire(store, "run-a", LINEAGE))
+    local = tmp_path / "b"
+    make_bundle(local, 2, lineage=LINEAGE)  # older than the bucket's
+    remote = s3_remote.model_copy(update={"request_timeout_s": 1.0})
+    cfg = AppConfig().model_copy(update={"checkpoint": AppConfig().checkpoint.model_copy(update={"remote": remote})})
+    tier = open_remote(cfg, local)
+    assert tier is not None
+    before = tree(local)
+    rgw.kill_gateway()
+    try:
+        with pytest.raises(RemoteUnavailable, match="could not bring the bucket's newest bundle home") as err:
+            tier.bring_home(BundleRules.of_dir(local))
+    finally:
+        rgw.restart_gateway()
+    assert "\n" not in str(err.value)
+    assert tree(local) == before and sorted(p.name for p in local.iterdir()) == ["step_2"]
+    assert tier.bring_home(BundleRules.of_dir(local)) is not None  # the server back: step_4 comes home
