@@ -284,6 +284,8 @@ class AppConfig(_Section):
             if not self.task.path:
                 raise ValueError("task.name=jsonl needs task.path: a JSONL file of {'prompt', 'answer'} lines")
         check_engine(self)
+        if self.checkpoint.remote.enabled and not self.checkpoint.enabled:
+            raise ValueError("checkpoint.remote.url needs checkpoint.enabled=true: bundles are written locally first")
         rows = self.grpo.prompts_per_step * self.grpo.group_size
         if rows < self.trainer.num_workers:
             raise ValueError(

@@ -100,3 +100,8 @@ def test_bad_remote_config_is_one_line(setting: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=r"checkpoint\.remote") as err:
         load_config(None, [setting])
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_remote_tier_without_checkpoints_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"checkpoint\.remote\.url needs checkpoint\.enabled=true"):
+        load_config(None, ["checkpoint.enabled=false", "checkpoint.remote.url=s3://bkt/p"])
