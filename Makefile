@@ -18,13 +18,19 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/sc-app run $(ARGS)
 
-# tests/k8s/test_netpol_enforced.py turns NetworkPolicies into nftables rules: as root, install nft when it is
-# missing (without root that test is skipped and says why).
+# tests/k8s/test_netpol_enforced.py turns NetworkPolicies into nftables rules, and the remote-tier tests run a real S3
+# server (Ceph's RADOS Gateway: one mon, one memstore OSD, radosgw; tests/support/rgw.py): as root, install what is
+# missing (without root those tests are skipped and say why).
 test-sysdeps:
 	@if [ "$$(id -u)" = 0 ] && ! command -v nft >/dev/null 2>&1; then \
 	  apt-get install -y -qq nftables >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nftables >/dev/null 2>&1; } || \
 	  echo "nftables could not be installed: tests/k8s/test_netpol_enforced.py will be skipped"; fi
+	@if [ "$$(id -u)" = 0 ] && ! command -v radosgw >/dev/null 2>&1; then \
+	  CEPH="ceph-mon ceph-osd radosgw"; \
+	  apt-get install -y -qq --no-install-recommends $$CEPH >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $$CEPH >/dev/null 2>&1; } || \
+	  echo "Ceph's radosgw could not be installed: the remote-tier (S3) tests will be skipped"; fi
 
 # Two pytest workers, a whole file to each at a time, handed out in conftest's order (longest first by
 # tests/durations.json; xdist's own reorder, by number of tests per file, would start the long e2e files last).

@@ -31,6 +31,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.attempt.run.CheckpointDirUnusable": EXIT_BAD_INPUT,
     "sc_app.attempt.setup.ResumeRefused": EXIT_BAD_INPUT,
     "sc_app.attempt.ray_start.RayTmpdirUnusable": EXIT_BAD_INPUT,  # RAY_TMPDIR missing, a file, unwritable
+    "sc_app.checkpoint.remote.fence.RemoteRefused": EXIT_BAD_INPUT,  # the bucket: credentials, access, no CAS
     # a newer run took the lease (fencing)
     "sc_app.checkpoint.lease.LeaseLost": EXIT_SUPERSEDED,
     # the job failed; a rerun resumes from the newest complete bundle
@@ -41,6 +42,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.progress.RecoveryExhausted": EXIT_FAILED,  # in-job recovery spent its bound (retries, restarts)
     "sc_app.attempt.ray_start.RayStartFailed": EXIT_FAILED,  # ray.init failed (timed out twice): rerun later
     "sc_app.rl.hooks.RewardFailed": EXIT_FAILED,  # a reward function failed at run time: one line naming it
+    "sc_app.attempt.remote_tier.RemoteUnavailable": EXIT_FAILED,  # the bucket's newest could not be brought home
 }
 _PREFIX = {EXIT_SUPERSEDED: "superseded: "}
 

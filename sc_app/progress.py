@@ -117,7 +117,20 @@ class RecoveryExhausted(RuntimeError):
     usual retry path resumes it from the newest bundle."""
 
 
-ProgressRecord = StepRecord | SaveRecord | SaveFailedRecord | StopRecord | FaultRecord
+@dataclass(frozen=True)
+class UploadRecord:
+    """A bundle was published on the remote tier (``checkpoint.remote``), or its upload failed (``error``).
+    ``step``: the bundle's; ``lag_steps``: newest local bundle's step minus the newest one on the bucket."""
+
+    step: int
+    bundle: str
+    bytes: int
+    seconds: float
+    lag_steps: int
+    error: str = ""
+
+
+ProgressRecord = StepRecord | SaveRecord | SaveFailedRecord | StopRecord | FaultRecord | UploadRecord
 
 
 @dataclass(frozen=True)
@@ -162,6 +175,13 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
                 f"{record.step - record.last_saved_step} steps behind): {record.error}"
             )
         return f"{head}  SAVE FAILED: {record.error}"
+    if isinstance(record, UploadRecord):
+        if record.error:
+            return f"{head}  upload of {record.bundle} failed (retried): {record.error}"
+        return (
+            f"{head}  uploaded {record.bundle} ({record.bytes / 2**20:.1f} MiB in {record.seconds:.2f}s, "
+            f"remote {record.lag_steps} steps behind)"
+        )
     if isinstance(record, FaultRecord):
         redo = "" if record.restored_step is None else (
             f", restored step_{record.restored_step}, {record.steps_redone} steps to redo"

@@ -101,3 +101,34 @@ def interrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     return built_once(tmp_path_factory, "interrupted_run", interrupted.build, interrupted.save, interrupted.load)
 
+
+@pytest.fixture(scope="session")
+def rgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3 server (Ceph RADOS Gateway, ``tests/support/rgw.py``), one per worker process, started on first use
+    and stopped by PID at the end; skipped, saying why, where Ceph's packages are not installed."""
+    from tests.support.rgw import Rgw, skip_reason
+
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    server = Rgw(tmp_path_factory.mktemp("rgw")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_remote(rgw: Any, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``checkpoint.remote`` for a prefix of its own on the suite's radosgw, credentials in the environment."""
+    import uuid
+
+    from sc_app.config.remote import RemoteConfig
+
+    for key, value in rgw.env().items():
+        monkeypatch.setenv(key, value)
+    prefix = f"{request.node.name[:40].replace('[', '-').replace(']', '')}-{uuid.uuid4().hex[:6]}"
+    return RemoteConfig(
+        url=f"s3://{rgw.bucket}/{prefix}", endpoint=rgw.endpoint, region="us-east-1", addressing_style="path",
+        part_size_mib=5, request_timeout_s=10, bundle_deadline_s=120,
+    )  # fmt: skip

@@ -28,6 +28,7 @@ from sc_app.attempt import cluster_fit
 from sc_app.attempt.actor_watch import CONTROLLER, NODE, ActorsDied, JobActors, live_node_resources
 from sc_app.attempt.in_job_restore import drive_restoring
 from sc_app.attempt.poll import drive
+from sc_app.attempt.remote_tier import RemoteTier, open_remote
 from sc_app.attempt.restore_policy import Death
 from sc_app.attempt.setup import RestoreFailed, ResumeRefused, Setup, setup_single_controller
 from sc_app.checkpoint import BundleRules, ResumePlan, choose_bundle, layout, volume
@@ -104,6 +105,7 @@ class Attempt:
     calls: JobCallbacks
     lease: Lease | None = None
     keeper: LeaseKeeper | None = None  # renews ``lease``; an in-job restore moves it one epoch on through it
+    remote: RemoteTier | None = None  # checkpoint.remote: the bucket (``remote_tier``)
 
     def plan(self, moment: Moment, *, unrestorable: Mapping[str, str] | None = None) -> ResumePlan:
         """The one place this attempt decides which bundle it resumes (``choose_bundle`` with its rules).
@@ -235,8 +237,12 @@ def run_job(cfg: AppConfig, calls: JobCallbacks | None = None) -> RunResult:
     if problem:
         raise CheckpointDirUnusable(problem)
     read_lease(root)  # a malformed LEASE is refused here (LeaseError), before anything else happens
+    remote = open_remote(cfg, root)  # the bucket's checks (RemoteRefused), before anything is taken or started
     rules = BundleRules.for_run(cfg, dataset=lambda: dataset)
-    attempt = Attempt(cfg, uuid.uuid4().hex[:12], rules, dataset, started, calls)
+    if remote is not None:
+        remote.bring_home(rules)  # the bucket's newest bundle, when nothing local is as new
+        calls = remote.watch(calls)  # published bundles go to the uploader; its uploads are reported
+    attempt = Attempt(cfg, uuid.uuid4().hex[:12], rules, dataset, started, calls, remote=remote)
     plan = attempt.plan("look")  # before the lease: moves nothing; a refusal is announced and raised
     if plan.decision == "resume" and plan.step >= cfg.run.max_steps:
         attempt.announce(plan)
@@ -261,12 +267,15 @@ def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
     keeper = attempt.keeper = LeaseKeeper(lease, cfg.checkpoint.lease_ttl_s)
     outcome, final_step = "failed", None
     try:
-        attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=_recorded_lineage(plan)))
+        adopt = _recorded_lineage(plan) or (attempt.remote.lineage() if attempt.remote else None)
+        attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=adopt))
         try:
             plan = attempt.plan("start")  # as the holder: now it may move leftovers aside
         except ResumeRefused:
             outcome = "refused"
             raise
+        if attempt.remote is not None:  # take the bucket; catch it up with the bundle resumed from
+            attempt.remote.start(attempt.run_id, attempt.rules.lineage or "", plan.bundle if plan.step else None)
         watch = StopWatch(root, attempt.run_id, lease.fencing_epoch)
         result = _train(attempt, plan, lambda: attempt.calls.stop_requested() or watch.requested() is not None)
         outcome, final_step = result.outcome, result.summary.final_step
@@ -276,6 +285,8 @@ def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
         raise
     finally:
         keeper.stop()
+        if attempt.remote is not None:
+            attempt.remote.finish(wait=outcome == "done")
         if outcome != "superseded":
             newest = layout.step_dirs(root)
             current = attempt.lease or lease  # an in-job restore moved the epoch on

@@ -1,4 +1,5 @@
-"""``sc-app ckpt list|verify|prune|rollback``: operator tools for the bundles of a checkpoint directory.
+"""``sc-app ckpt list|verify|prune|rollback``: operator tools for the bundles of a checkpoint directory (``list`` and
+``verify`` and ``prune`` also of the remote tier, ``--remote s3://bucket/prefix``: ``ckpt_remote.py``).
 
 Every bundle is judged by the directory's ``BundleRules`` (``sc_app.checkpoint.selection``): a bundle of another
 lineage is listed and verified as BAD, never pruned nor counted, and never a rollback target.
@@ -11,6 +12,7 @@ import json
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.selection import BundleRules
+from sc_app.cli.ckpt_remote import add_remote, cmd_remote, cmd_remote_prune
 from sc_app.cli.options import add_checkpoint_dir, add_json, checkpoint_root
 from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK, Parser, fail
 
@@ -19,16 +21,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     ck = sub.add_parser("ckpt", help="operator tools for checkpoint bundles")
     cks = ck.add_subparsers(dest="ckpt_command", required=True, parser_class=Parser)
     ls = cks.add_parser("list", help="list bundles (sizes and structure, no hashing)")
-    add_checkpoint_dir(ls)
+    add_checkpoint_dir(ls, required=False)
+    add_remote(ls)
     add_json(ls)
     ls.set_defaults(func=cmd_ckpt_list)
     ver = cks.add_parser("verify", help="check every file's digest and the replay digests")
-    add_checkpoint_dir(ver)
+    add_checkpoint_dir(ver, required=False)
+    add_remote(ver)
     ver.add_argument("bundle", nargs="*", help="bundle names (default: all)")
     add_json(ver)
     ver.set_defaults(func=cmd_ckpt_verify)
     pr = cks.add_parser("prune", help="keep the newest N bundles (the newest verified one always stays)")
-    add_checkpoint_dir(pr)
+    add_checkpoint_dir(pr, required=False)
+    add_remote(pr)
     pr.add_argument("--keep", type=int, required=True)
     add_json(pr)
     pr.set_defaults(func=cmd_ckpt_prune)
@@ -41,7 +46,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     rb.set_defaults(func=cmd_ckpt_rollback)
 
 
+def _one_tier(args: argparse.Namespace) -> str | None:
+    if (args.checkpoint_dir is None) == (args.remote is None):
+        return "give exactly one of --checkpoint-dir DIR and --remote s3://bucket/prefix"
+    return None
+
+
 def cmd_ckpt_list(args: argparse.Namespace) -> int:
+    if problem := _one_tier(args):
+        return fail(problem)
+    if args.remote is not None:
+        return cmd_remote(args, digests=False)
     root = checkpoint_root(args, must_exist=True)
     try:
         entries, leftover_dirs = layout.step_entries(root), layout.tmp_dirs(root)
@@ -66,6 +81,10 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
 
 
 def cmd_ckpt_verify(args: argparse.Namespace) -> int:
+    if problem := _one_tier(args):
+        return fail(problem)
+    if args.remote is not None:
+        return cmd_remote(args, digests=True)
     root = checkpoint_root(args, must_exist=True)
     not_names = [b for b in args.bundle if layout.parse_step(b) is None]
     if not_names:
@@ -102,6 +121,10 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
 
     if args.keep < 1:
         return fail("--keep must be >= 1: the newest verified bundle is always kept")
+    if problem := _one_tier(args):
+        return fail(problem)
+    if args.remote is not None:
+        return cmd_remote_prune(args)
     root = checkpoint_root(args, must_exist=True)
     holder = live_holder(root)
     if holder is not None:

@@ -2,7 +2,9 @@
 
 The decision is ``sc_app.checkpoint.choose_bundle``'s, with the rules ``sc-app run`` applies (the config's
 compat and dataset when ``--config``/``--set`` is given). It moves leftovers and bad bundles to quarantine only when
-no run holds a live lease on the directory and the volume is writable, under the directory lock.
+no run holds a live lease on the directory and the volume is writable, under the directory lock. With a config that
+sets ``checkpoint.remote``, it first checks the bucket and brings its newest bundle home when nothing local is as
+new (``sc_app.attempt.remote_tier``), so the driver resumes from it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     cfg = resolve(args) if (args.config or args.overrides) else None
     why_read_only = _why_read_only(root, dry_run=args.dry_run)
     rules = _rules(cfg, root, on_corrupt=args.on_corrupt)
+    if cfg is not None and why_read_only is None:  # checkpoint.remote: the bucket's newest, when nothing local is
+        from sc_app.attempt.remote_tier import open_remote
+
+        remote = open_remote(cfg, root)  # RemoteRefused: one line, exit 2
+        if remote is not None and (brought := remote.bring_home(rules)) is not None:
+            print(f"brought {brought.path.name} home from {cfg.checkpoint.remote.url}")
     if why_read_only is None and root.is_dir():
         from sc_app.checkpoint.lease import dir_lock, live_holder
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sc_app.config.engine import OLD_LOGPROBS_HELP, EngineSettings, check_engine
 from sc_app.config.input import MAX_SECONDS, check_section
+from sc_app.config.remote import RemoteConfig
 from sc_app.config.tree import (
     ConfigError,
     Override,
@@ -254,6 +255,7 @@ class CheckpointConfig(_Section):
         description="The writer lease expires this long after its holder's last heartbeat (renewed every third of "
         "it); until then no other command tidies the directory.",
     )
+    remote: RemoteConfig = Field(default_factory=RemoteConfig)
 
 
 class AppConfig(_Section):
@@ -282,6 +284,8 @@ class AppConfig(_Section):
             if not self.task.path:
                 raise ValueError("task.name=jsonl needs task.path: a JSONL file of {'prompt', 'answer'} lines")
         check_engine(self)
+        if self.checkpoint.remote.enabled and not self.checkpoint.enabled:
+            raise ValueError("checkpoint.remote.url needs checkpoint.enabled=true: bundles are written locally first")
         rows = self.grpo.prompts_per_step * self.grpo.group_size
         if rows < self.trainer.num_workers:
             raise ValueError(

@@ -74,6 +74,7 @@ _SECTION_KEYS = {
     "TrainerConfig": "trainer",
     "GenerationWorkersConfig": "generation",
     "CheckpointConfig": "checkpoint",
+    "RemoteConfig": "checkpoint.remote",
 }
 
 

@@ -102,6 +102,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     _g("sc_app_last_save_timestamp_seconds", "Unix time the newest bundle was published."),
     _g("sc_app_last_resume_timestamp_seconds", "Unix time this attempt resumed (absent for a fresh start)."),
     _g("sc_app_last_emergency_save_timestamp_seconds", "Unix time of the newest emergency bundle."),
+    _g("sc_app_upload_seconds", "Seconds the newest remote-tier upload took (behind training)."),
+    _g("sc_app_upload_bytes", "Bytes of the newest bundle uploaded to the remote tier."),
+    _g("sc_app_upload_lag_steps", "Newest local bundle's step minus the newest one published on the bucket."),
+    _g("sc_app_last_uploaded_step", "Step of the newest bundle published on the remote tier."),
+    _c("sc_app_uploads", "Bundles this attempt published on the remote tier."),
+    _c("sc_app_failed_uploads", "Remote-tier uploads that failed (retried; the local bundle is complete)."),
     _c("sc_app_run_log_dropped", "Run-log records lost because the log volume was slower than training."),
     MetricSpec(
         "sc_app_faults",
@@ -202,6 +208,15 @@ class JobMetrics:
                 self._set("sc_app_last_emergency_save_timestamp_seconds", now)
         elif ev.name == "save_failed":
             self._inc("sc_app_failed_saves")
+        elif ev.name == "upload":
+            self._inc("sc_app_uploads")
+            self._set("sc_app_upload_seconds", d.get("seconds"))
+            self._set("sc_app_upload_bytes", d.get("bytes"))
+            self._set("sc_app_upload_lag_steps", d.get("lag_steps"))
+            self._set("sc_app_last_uploaded_step", ev.step)
+        elif ev.name == "upload_failed":
+            self._inc("sc_app_failed_uploads")
+            self._set("sc_app_upload_lag_steps", d.get("lag_steps"))
         elif ev.name == "fault":
             kind = str(d.get("fault"))
             self._inc("sc_app_faults", kind=kind, outcome=str(d.get("outcome")))

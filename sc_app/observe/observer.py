@@ -32,7 +32,15 @@ from sc_app.observe.goodput import Ledger, ledger
 from sc_app.observe.reader import RunHistory, RunLogMissing, read_history
 from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, LoggedEvent, LoggedStep, Stamp, StepMetrics
 from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
-from sc_app.progress import FaultRecord, ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord
+from sc_app.progress import (
+    FaultRecord,
+    ProgressRecord,
+    SaveFailedRecord,
+    SaveRecord,
+    StepRecord,
+    StopRecord,
+    UploadRecord,
+)
 
 if TYPE_CHECKING:
     from sc_app.config.app import AppConfig
@@ -107,6 +115,12 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
         return None, [Event("stop_requested", record.step, {"emergency": record.emergency} if record.emergency else {})]
     if isinstance(record, FaultRecord):
         return None, [fault_event(record)]
+    if isinstance(record, UploadRecord):
+        data = {"bundle": record.bundle, "bytes": record.bytes, "seconds": record.seconds}
+        data["lag_steps"] = record.lag_steps
+        if record.error:
+            return None, [Event("upload_failed", record.step, {**data, "error": record.error})]
+        return None, [Event("upload", record.step, data)]
     raise TypeError(f"not a progress record: {record!r}")
 
 

@@ -39,6 +39,8 @@ EventName = Literal[
     "emergency_save",  # the bundle cut on SIGTERM was published (same fields as save)
     "save_failed",  # a save failed (e.g. full disk), older bundles intact: error, in_a_row, last_saved_step
     "prune",  # retention removed bundles: removed
+    "upload",  # a bundle was published on the remote tier: bundle, bytes, seconds, lag_steps
+    "upload_failed",  # a remote-tier upload failed (retried): bundle, error, lag_steps
     "stop_requested",  # SIGTERM: finish the step, cut a bundle, exit 143
     "dropped",  # records the writer could not keep (buffer full, write failed) since the last such line
     "recovered",  # steps an earlier attempt trained but never logged (killed first), from its bundle: steps

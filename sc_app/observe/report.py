@@ -79,6 +79,7 @@ class Summary:
     dropped_records: int
     unreadable_lines: int
     goodput: dict[str, Any] = field(default_factory=dict)  # the run's ledger (sc_app.observe.goodput), as_event()
+    remote: dict[str, Any] = field(default_factory=dict)  # checkpoint.remote: uploads, failed, seconds max, lag
     missing_count: int = 0  # every missing step, however many
     files: dict[str, str] = field(default_factory=dict)
 
@@ -146,7 +147,21 @@ def summarize(h: RunHistory) -> Summary:
         dropped_records=dropped,
         unreadable_lines=h.skipped,
         goodput=ledger(h).as_event(),
+        remote=_remote(h),
     )
+
+
+def _remote(h: RunHistory) -> dict[str, Any]:
+    """The remote tier's uploads (``upload`` / ``upload_failed`` events); empty when the run had none."""
+    ups, failed = h.events_named("upload"), h.events_named("upload_failed")
+    if not ups and not failed:
+        return {}
+    seconds = [v for e in ups if (v := _num(e, "seconds")) is not None]
+    out: dict[str, Any] = {"uploads": len(ups), "failed": len(failed), "seconds_max": max(seconds, default=None)}
+    out["bytes"] = sum(int(_num(e, "bytes") or 0) for e in ups)
+    out["lag_steps_last"] = _num(sorted(ups + failed, key=lambda e: e.stamp.t)[-1], "lag_steps")
+    out["newest_step"] = max((int(e.step or 0) for e in ups), default=None)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- figures
@@ -287,6 +302,16 @@ def goodput_figure(h: RunHistory) -> Figure:
 
 
 # ---------------------------------------------------------------------------------------------- files
+def _remote_lines(r: dict[str, Any]) -> list[str]:
+    if not r:
+        return []
+    return [
+        f"- remote tier: {r['uploads']} bundles uploaded ({r['bytes'] / 2**20:.1f} MiB), {r['failed']} failed "
+        f"uploads (retried); newest on the bucket step_{r['newest_step']}, upload max "
+        f"{_fmt(r['seconds_max'], ' s')}, last lag {r['lag_steps_last']} steps"
+    ]
+
+
 def _fmt(v: float | None, unit: str = "", digits: int = 3) -> str:
     return "—" if v is None else f"{v:.{digits}f}{unit}"
 
@@ -307,6 +332,7 @@ def markdown(s: Summary, h: RunHistory | None = None) -> str:
         f"{_fmt(s.save_window_ms_max, ' ms', 1)}",
         f"- run-log records lost (slow volume): {s.dropped_records}; unreadable lines: {s.unreadable_lines}",
         *_notice_lines(s),
+        *_remote_lines(s.remote),
         "",
         "| attempt | run id | from step | resumed from | final step | exit code |",
         "|---|---|---|---|---|---|",

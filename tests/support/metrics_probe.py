@@ -56,6 +56,8 @@ def main(port: int) -> None:
     m.event(Event("fault", 13, fault))
     m.event(Event("fault", 13, {**fault, "fault": "data_plane.clear", "attempts": 2, "recovery_s": 0.125}))
     m.event(Event("goodput", 13, {"goodput": 0.75}))
+    m.event(Event("upload", 12, {"bundle": "step_12", "bytes": 4096, "seconds": 2.5, "lag_steps": 1}))
+    m.event(Event("upload_failed", 13, {"bundle": "step_13", "error": "s3://b/k: 503", "lag_steps": 1}))
     print(json.dumps({"steps": 3, "commit_waits": waits * 3}), flush=True)
     # keep the gauges alive until the test closes our stdin (bounded: the test never needs more than minutes)
     deadline = time.monotonic() + 600

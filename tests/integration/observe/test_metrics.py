@@ -106,6 +106,9 @@ def test_the_driver_metrics_are_served_on_rays_export_port_and_stay_there(probe:
     assert one(got, "ray_sc_app_emergency_saves_total") == 1
     assert one(got, "ray_sc_app_failed_saves_total") == 1
     assert one(got, "ray_sc_app_resumes_total") == 1
+    assert one(got, "ray_sc_app_uploads_total") == 1 and one(got, "ray_sc_app_failed_uploads_total") == 1
+    assert one(got, "ray_sc_app_upload_seconds") == 2.5 and one(got, "ray_sc_app_upload_bytes") == 4096
+    assert one(got, "ray_sc_app_upload_lag_steps") == 1 and one(got, "ray_sc_app_last_uploaded_step") == 12
     assert one(got, "ray_sc_app_last_resume_timestamp_seconds") == 1_700_000_000.0
     assert one(got, "ray_sc_app_last_emergency_save_timestamp_seconds") == 1_700_000_100.0
     assert one(got, "ray_sc_app_run_log_dropped_total") == 5

@@ -1,0 +1,148 @@
+"""The attempt's side of the remote tier (``checkpoint.remote``, ``docs/object-storage.md``), in the order
+``run_job`` calls it:
+
+* ``open_remote`` — before anything is taken or started (before Ray): the bucket's checks (credentials, bucket,
+  write access, conditional writes, lineage); a refusal is one line, exit 2 (``RemoteRefused``);
+* ``RemoteTier.bring_home`` — before the resume decision: the bucket's newest bundle is downloaded when the local
+  directory has no verified bundle as new (then the decision verifies and resumes it like any local one);
+* ``RemoteTier.start`` — once this attempt holds the local lease and knows its lineage: take the bucket (epoch + 1)
+  and start the uploader, which first catches the bucket up with the bundle the attempt resumes from;
+* ``RemoteTier.saved`` — every bundle published locally is handed to the uploader (behind training);
+* ``RemoteTier.finish`` — at the end: wait up to ``checkpoint.remote.drain_s`` for a run that ended by itself, not
+  at all for a stop request (the local bundle is complete; the next attempt catches the bucket up).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sc_app.checkpoint import BundleRules, choose_bundle, hmac_key_from_env
+from sc_app.checkpoint.lineage import read_lineage
+from sc_app.checkpoint.remote.fence import RemoteRefused, acquire
+from sc_app.checkpoint.remote.probe import open_bucket
+from sc_app.checkpoint.remote.record import RemoteRecord
+from sc_app.checkpoint.remote.store import RemoteError, Store
+from sc_app.checkpoint.remote.sync import BroughtHome, bring_newer
+from sc_app.checkpoint.remote.upload import UploadResult
+from sc_app.checkpoint.remote.uploader import Uploader
+from sc_app.config.app import AppConfig
+from sc_app.progress import SaveRecord, UploadRecord
+
+log = logging.getLogger(__name__)
+
+
+class RemoteUnavailable(RuntimeError):
+    """The bucket holds a bundle newer than anything local and it could not be downloaded now (exit 1: a rerun may
+    succeed); resuming from something older would redo work and let retention count the bucket's bundle anyway."""
+
+
+@dataclass
+class RemoteTier:
+    cfg: AppConfig
+    root: Path
+    store: Store
+    record: RemoteRecord | None
+    uploader: Uploader | None = None
+    shown: Callable[[Any], None] = field(default=lambda r: None)  # the run's own on_progress
+    newest_local: int = 0  # the newest bundle published locally (or resumed from)
+    newest_remote: int = 0  # the newest published on the bucket
+    _done: queue.SimpleQueue[UploadRecord] = field(default_factory=queue.SimpleQueue)
+
+    def watch(self, calls: Any) -> Any:
+        """``calls`` (``JobCallbacks``) whose ``on_progress`` also feeds the uploader and reports its uploads
+        (``UploadRecord``, from the caller's thread: the uploader thread only queues them)."""
+        self.shown = calls.on_progress
+        return replace(calls, on_progress=self.progress)
+
+    def lineage(self) -> str | None:
+        """The bucket's lineage: what a checkpoint dir without one (an emptyDir whose predecessor took the bucket
+        but never published) adopts, so the job can take the bucket again."""
+        return self.record.lineage if self.record is not None else None
+
+    def bring_home(self, rules: BundleRules) -> BroughtHome | None:
+        def local_newest() -> int | None:
+            plan = choose_bundle(rules, tidy=False)
+            return plan.step if plan.decision == "resume" else None
+
+        lineage = read_lineage(self.root) if self.root.is_dir() else None
+        try:
+            return bring_newer(self.store, self.record, self.root, local_newest=local_newest,
+                               lineage=lineage or (self.record.lineage if self.record else None),
+                               hmac_key=hmac_key_from_env(),
+                               concurrency=self.cfg.checkpoint.remote.max_concurrency)  # fmt: skip
+        except (RemoteError, OSError) as exc:  # never resume from something older than the bucket holds
+            raise RemoteUnavailable(
+                f"checkpoint.remote.url={self.cfg.checkpoint.remote.url}: could not bring the bucket's newest bundle "
+                f"home ({exc}); nothing was started: rerun when the bucket (and the disk) can be used"
+            ) from None
+
+    def start(self, run_id: str, lineage: str, resumed: Path | None) -> None:
+        remote = self.cfg.checkpoint.remote
+        try:
+            lease = acquire(self.store, run_id, lineage)
+        except RemoteError as exc:
+            raise RemoteRefused(f"checkpoint.remote.url={remote.url}: cannot take the bucket ({exc})") from None
+        published = [b.step for b in self.record.bundles] if self.record else []
+        self.newest_remote = max(published, default=0)
+        self.uploader = Uploader(
+            self.store,
+            lease,
+            hmac_key=hmac_key_from_env(),
+            deadline_s=remote.bundle_deadline_s,
+            on_result=self._uploaded,
+            on_failure=self._failed,
+            keep=self.cfg.checkpoint.keep,  # the bucket's retention, by the local tier's rules
+        )
+        if resumed is not None:
+            self.newest_local = max(self.newest_local, int(resumed.name.removeprefix("step_")))
+            self.uploader.submit(resumed)  # catch the bucket up (nothing is uploaded when it lists the step)
+
+    def _uploaded(self, result: UploadResult) -> None:  # the uploader's thread
+        self.newest_remote = max(self.newest_remote, result.step)
+        if result.published:
+            lag = max(0, self.newest_local - self.newest_remote)
+            self._done.put(UploadRecord(result.step, f"step_{result.step}", result.bytes, result.seconds, lag))
+
+    def _failed(self, bundle: Path, why: str) -> None:  # the uploader's thread
+        lag = max(0, self.newest_local - self.newest_remote)
+        step = int(bundle.name.removeprefix("step_")) if bundle.name.startswith("step_") else 0
+        self._done.put(UploadRecord(step, bundle.name, 0, 0.0, lag, error=why))
+
+    def progress(self, record: Any) -> None:
+        """Every progress record of the run: a published bundle (``SaveRecord``) goes to the uploader; then the
+        record, then the uploads that ended since, are shown."""
+        if isinstance(record, SaveRecord) and self.uploader is not None:
+            self.newest_local = max(self.newest_local, record.step)
+            self.uploader.submit(self.root / record.bundle)
+        self.shown(record)
+        self._flush()
+
+    def _flush(self) -> None:
+        while True:
+            try:
+                self.shown(self._done.get_nowait())
+            except queue.Empty:
+                return
+
+    def finish(self, *, wait: bool) -> None:
+        if self.uploader is None:
+            return
+        if wait and not self.uploader.drain(self.cfg.checkpoint.remote.drain_s):
+            log.warning("remote tier: the newest bundle is not on the bucket yet (checkpoint.remote.drain_s=%g); the "
+                        "next attempt uploads it", self.cfg.checkpoint.remote.drain_s)  # fmt: skip
+        self.uploader.stop()
+        self._flush()
+
+
+def open_remote(cfg: AppConfig, root: Path) -> RemoteTier | None:
+    """The bucket checked and opened, or None when the run has no remote tier. ``RemoteRefused``: one line."""
+    if not cfg.checkpoint.enabled or not cfg.checkpoint.remote.enabled:
+        return None
+    lineage = read_lineage(root) if root.is_dir() else None
+    store, record = open_bucket(cfg.checkpoint.remote, lineage=lineage)
+    return RemoteTier(cfg, root, store, record)

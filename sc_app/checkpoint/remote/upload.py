@@ -1,0 +1,118 @@
+"""Upload one committed local bundle to the bucket and publish it there.
+
+Order (each step only after the one before succeeded):
+  the record still names this attempt (else ``RemoteLeaseLost``) and does not list the step yet (else: done)
+  → every file the manifest lists, streamed from the local bundle and hashed *as it is sent*, its digest and size
+    compared with the manifest's (a local file changed since the commit: ``RemoteError``, nothing published)
+  → ``manifest.json`` last, one small PUT with ``If-None-Match: *`` (never overwritten)
+  → every object's size checked on the server (HEAD)
+  → the record's compare-and-swap that lists the bundle (``fence.publish``): the commit point.
+A failure anywhere leaves objects under this attempt's own ``bundles/step_N.<run>.e<epoch>/`` that no record
+names: never a bundle; the local bundle is only ever read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sc_app.checkpoint.layout import MANIFEST_FILE
+from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, read_manifest
+from sc_app.checkpoint.remote.fence import BUNDLES, RemoteLease, holds, publish
+from sc_app.checkpoint.remote.record import Published, bundle_dir
+from sc_app.checkpoint.remote.store import PreconditionFailed, RemoteError, Store
+from sc_app.io import hashing
+from sc_app.io.durable import utc_stamp
+from sc_app.io.safe_files import open_regular, read_regular
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    step: int
+    dir: str  # under <prefix>/bundles/
+    bytes: int
+    seconds: float
+    published: bool  # False: the record already listed this step (nothing uploaded)
+
+
+class HashingReader:
+    """A non-seekable reader of a file descriptor that hashes exactly the bytes it hands out, in order; past
+    ``deadline`` (``time.monotonic()``) it refuses to read on, which ends the upload (s3transfer aborts it)."""
+
+    def __init__(self, fd: int, alg: str, deadline: float = float("inf"), what: str = "") -> None:
+        self._fd = fd
+        self._h = hashing.new(alg)
+        self.size = 0
+        self._deadline, self._what = deadline, what
+
+    def read(self, n: int = -1) -> bytes:
+        if time.monotonic() > self._deadline:
+            raise DeadlineExceeded(f"{self._what}: the bundle's upload passed its deadline; retried later")
+        chunk = os.read(self._fd, n if n is not None and n >= 0 else hashing.CHUNK)
+        self._h.update(chunk)
+        self.size += len(chunk)
+        return chunk
+
+    def readable(self) -> bool:
+        return True
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+class DeadlineExceeded(RemoteError):
+    """The bundle's upload ran past ``checkpoint.remote.bundle_deadline_s``; it is retried later."""
+
+
+def upload_bundle(
+    store: Store, bundle: Path, lease: RemoteLease, *, hmac_key: bytes | None, deadline_s: float
+) -> UploadResult:
+    """Upload ``bundle`` (a committed local ``step_N``) and publish it (the module docstring)."""
+    t0 = time.monotonic()
+    manifest = read_manifest(bundle, hmac_key=hmac_key)
+    raw_manifest = read_regular(bundle / MANIFEST_FILE, MAX_MANIFEST_BYTES)
+    step = manifest.step
+    if holds(store, lease).published(step) is not None:
+        return UploadResult(step, "", 0, time.monotonic() - t0, published=False)
+    name = bundle_dir(step, lease.run_id, lease.epoch)
+    total = 0
+    for rel, entry in sorted(manifest.files.items()):
+        if time.monotonic() - t0 > deadline_s:
+            raise DeadlineExceeded(f"upload of {bundle.name} passed its deadline of {deadline_s:g} s; retried later")
+        total += _upload_file(store, bundle, rel, store.key(BUNDLES, name, rel), manifest.hash_alg, entry,
+                              t0 + deadline_s)  # fmt: skip
+    key = store.key(BUNDLES, name, MANIFEST_FILE)
+    try:
+        store.put_small(key, raw_manifest, if_none_match=True)
+    except PreconditionFailed:  # an earlier try of this very attempt got this far: the same bytes, or refuse
+        there, _ = store.get_small(key, MAX_MANIFEST_BYTES)
+        if there != raw_manifest:
+            raise RemoteError(f"{store.where(key)}: a different manifest is already there; not publishing") from None
+    for rel, entry in manifest.files.items():
+        head = store.head(store.key(BUNDLES, name, rel))
+        if head.size != int(entry["size"]):
+            raise RemoteError(f"{store.where(store.key(BUNDLES, name, rel))}: {head.size} bytes on the server, the "
+                              f"manifest says {entry['size']}; not publishing")  # fmt: skip
+    entry = Published(step, name, hashing.digest_bytes(raw_manifest, hashing.BLAKE3), lease.run_id, lease.epoch,
+                      utc_stamp())  # fmt: skip
+    published = publish(store, lease, entry)
+    return UploadResult(step, name, total + len(raw_manifest), time.monotonic() - t0, published)
+
+
+def _upload_file(
+    store: Store, bundle: Path, rel: str, key: str, alg: str, entry: dict[str, object], deadline: float
+) -> int:
+    fd = open_regular(bundle / rel)
+    try:
+        reader = HashingReader(fd, alg, deadline, f"{bundle.name}/{rel}")
+        store.upload_stream(key, reader)  # type: ignore[arg-type]
+    finally:
+        os.close(fd)
+    if (reader.hexdigest(), reader.size) != (entry["digest"], entry["size"]):
+        raise RemoteError(
+            f"{bundle / rel}: its bytes no longer match the bundle's manifest ({reader.size} bytes read); "
+            "not publishing it (the local bundle is left as it is: `sc-app ckpt verify` says more)"
+        )
+    return reader.size
