@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Start pod "ckpt-debug" for `sc-app ckpt ...` / `sc-app preflight --dry-run` on a RayJob's checkpoint claim.
 # Everything is read off the RayJob's head pod template, nothing guessed: image and pull secrets, the claim and its
-# mount path, the pod's user/group, and the head container's SC_APP_* env — among it SC_APP_CHECKPOINT_HMAC_KEY
-# from its Secret, so `sc-app ckpt verify` in the pod checks manifest signatures like the job does. The pod passes
+# mount path, the pod's user/group, the head container's SC_APP_* env and its HMAC keyring (the hmac-keys Secret
+# volume at SC_APP_CHECKPOINT_HMAC_KEY_FILE; a job of an older chart: SC_APP_CHECKPOINT_HMAC_KEY from its Secret),
+# so `sc-app ckpt verify` in the pod checks manifest signatures like the job does. The pod passes
 # the "restricted" Pod Security Standard (non-root, seccomp RuntimeDefault, no privilege escalation, all
 # capabilities dropped, no service account token) and carries requests and limits (the preflight initContainer's)
 # so namespaces with a ResourceQuota admit it. Suspend the job first: one writer on the volume.
@@ -31,6 +32,9 @@ resources = preflight.get("resources") or {"requests": {"cpu": "250m", "memory":
 env = [e for e in head.get("env", []) if e.get("name", "").startswith("SC_APP_")]
 hmac = next((e for e in env if e["name"] == "SC_APP_CHECKPOINT_HMAC_KEY"), None)
 ref = ((hmac or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+ring_mount = next((m for m in head.get("volumeMounts", []) if m.get("name") == "hmac-keys"), None)
+ring_volume = next((v for v in tmpl.get("volumes", []) if v.get("name") == "hmac-keys"), None)
+ring = (ring_mount and ring_volume) or None
 sc = dict(tmpl.get("securityContext") or {})
 pod_sc = {"runAsNonRoot": True, "runAsUser": sc.get("runAsUser", 10001), "runAsGroup": sc.get("runAsGroup", 10001),
           "fsGroup": sc.get("fsGroup", 10001), "seccompProfile": {"type": "RuntimeDefault"}}
@@ -48,15 +52,21 @@ pod = {
             "env": env, "resources": resources,
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                                 "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-            "volumeMounts": [{"name": "checkpoints", "mountPath": mount}],
+            "volumeMounts": [{"name": "checkpoints", "mountPath": mount}] + ([ring_mount] if ring else []),
         }],
-        "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}],
+        "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}]
+                   + ([ring_volume] if ring else []),
     },
 }
 print(mount)
 secret, key = ref.get("name"), ref.get("key")
-print(f"HMAC key from secret/{secret} (key {key}): ckpt verify checks signatures" if ref
-      else "no SC_APP_CHECKPOINT_HMAC_KEY on the RayJob: manifests are hashed, not signed")
+if ring:
+    keys = ", ".join(i["key"] for i in ring_volume["secret"].get("items", [])) or "all keys"
+    ring_secret, ring_path = ring_volume["secret"]["secretName"], ring_mount["mountPath"]
+    print(f"HMAC keyring from secret/{ring_secret} ({keys}) at {ring_path}: ckpt verify checks signatures")
+else:
+    print(f"HMAC key from secret/{secret} (key {key}): ckpt verify checks signatures" if ref
+          else "no HMAC key on the RayJob: manifests are hashed, not signed")
 print(json.dumps(pod))
 '
 

@@ -195,7 +195,7 @@ def restricted_violations(pod: dict) -> list[str]:
 
 
 def test_ckpt_shell_pod_is_admitted_and_verifies_signatures(tmp_path: Path) -> None:
-    from sc_app.checkpoint.manifest import HMAC_ENV
+    from sc_app.checkpoint.manifest import HMAC_ENV, HMAC_FILE_ENV
     from tests.k8s.k8s_helpers import validate_core_object
 
     rayjob = _rayjob({"checkpoint": {"hmac": {"existingSecret": "ckpt-hmac", "secretKey": "key"}}})
@@ -208,20 +208,23 @@ def test_ckpt_shell_pod_is_admitted_and_verifies_signatures(tmp_path: Path) -> N
     assert restricted_violations(pod) == []
     tmpl = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     (container,) = pod["spec"]["containers"]
-    # The HMAC key the job's containers get, by the same Secret reference: `ckpt verify` checks signatures there.
-    job_key = next(e for e in tmpl["containers"][0]["env"] if e["name"] == HMAC_ENV)
-    assert next(e for e in container["env"] if e["name"] == HMAC_ENV) == job_key
-    assert job_key["valueFrom"]["secretKeyRef"] == {"name": "ckpt-hmac", "key": "key"}
+    # The HMAC keyring the job's containers get, the same Secret volume at the same path (the path in SC_APP_*
+    # env): `ckpt verify` checks signatures there, and no key is in the pod's environment.
+    assert next(e for e in container["env"] if e["name"] == HMAC_FILE_ENV)["value"] == "/etc/sc-app-hmac"
+    assert not [e for e in container["env"] if e["name"] == HMAC_ENV]
+    job_ring = next(v for v in tmpl["volumes"] if v["name"] == "hmac-keys")
+    assert job_ring["secret"]["secretName"] == "ckpt-hmac" and job_ring in pod["spec"]["volumes"]
+    assert {"name": "hmac-keys", "mountPath": "/etc/sc-app-hmac", "readOnly": True} in container["volumeMounts"]
+    assert "HMAC keyring from secret/ckpt-hmac (key) at /etc/sc-app-hmac" in proc.stdout, proc.stdout
     # Requests and limits for cpu and memory (a namespace with a ResourceQuota refuses pods without them).
     for part in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(container["resources"][part]), container["resources"]
     assert container["resources"] == tmpl["initContainers"][0]["resources"]
     # Where and what: the job's own mount path, claim, image and pull secret.
-    assert container["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/data/ckpt"}]
+    assert container["volumeMounts"][0] == {"name": "checkpoints", "mountPath": "/data/ckpt"}
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "demo-sc-app-ckpt"
     assert container["image"] == tmpl["containers"][0]["image"]
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
-    assert "HMAC key from secret/ckpt-hmac (key key): ckpt verify checks signatures" in proc.stdout
     assert "sc-app ckpt verify --checkpoint-dir /data/ckpt" in proc.stdout
 
 

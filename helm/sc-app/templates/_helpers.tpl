@@ -117,17 +117,15 @@ max-worker-port: {{ $p.maxWorkerPort | quote }}
 {{- end -}}
 
 {{/*
-Env of an sc-app container: the HMAC key, the release's extraEnv, then the group's.
+Env of an sc-app container: the HMAC keyring's path, the release's extraEnv, then the group's.
 Called with (dict "root" $ "group" <head or worker group values>).
 */}}
 {{- define "sc-app.env" -}}
 {{- $v := .root.Values -}}
 {{- if $v.checkpoint.hmac.existingSecret }}
-- name: SC_APP_CHECKPOINT_HMAC_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ $v.checkpoint.hmac.existingSecret }}
-      key: {{ $v.checkpoint.hmac.secretKey }}
+# The keyring's directory (a path, not the key): Ray processes see where the keys are mounted, never a key.
+- name: SC_APP_CHECKPOINT_HMAC_KEY_FILE
+  value: {{ $v.checkpoint.hmac.mountPath | quote }}
 {{- end }}
 {{- if $v.logs.toStderr }}
 - name: RAY_LOG_TO_STDERR
@@ -256,5 +254,39 @@ Call with (dict "resources" <resources> "root" $).
     {{- else }} {}
     {{- end }}
 {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The Secret keys of the HMAC keyring, oldest first (the last signs): checkpoint.hmac.keys, else [secretKey]. */}}
+{{- define "sc-app.hmacKeys" -}}
+{{- $h := .Values.checkpoint.hmac -}}
+{{- toJson (default (list $h.secretKey) $h.keys) -}}
+{{- end -}}
+
+{{/* The keyring mounted read-only where SC_APP_CHECKPOINT_HMAC_KEY_FILE points (every sc-app container). */}}
+{{- define "sc-app.hmacMounts" -}}
+{{- if .Values.checkpoint.hmac.existingSecret }}
+- name: hmac-keys
+  mountPath: {{ .Values.checkpoint.hmac.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
+The Secret as a directory of key files named 00-<key>, 01-<key>, ... in keyring order, so the name that sorts last
+(sc_app.checkpoint.hmac_keys) is the newest key whatever the keys are called; group-readable by fsGroup only.
+*/}}
+{{- define "sc-app.hmacVolumes" -}}
+{{- $h := .Values.checkpoint.hmac -}}
+{{- if $h.existingSecret }}
+- name: hmac-keys
+  secret:
+    secretName: {{ $h.existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- range $i, $k := include "sc-app.hmacKeys" . | fromJsonArray }}
+      - key: {{ $k }}
+        path: {{ printf "%02d-%s" $i $k }}
+      {{- end }}
 {{- end }}
 {{- end -}}

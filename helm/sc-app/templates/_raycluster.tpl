@@ -131,6 +131,7 @@ spec:
           mountPath: {{ include "sc-app.configDir" $root }}
           readOnly: true
         {{- include "sc-app.scratchMounts" $root | nindent 8 }}
+        {{- include "sc-app.hmacMounts" $root | nindent 8 }}
   {{- end }}
   containers:
     - name: {{ ternary "ray-head" "ray-worker" $head }}
@@ -180,6 +181,7 @@ spec:
           readOnly: true
         {{- end }}
         {{- include "sc-app.scratchMounts" $root | nindent 8 }}
+        {{- include "sc-app.hmacMounts" $root | nindent 8 }}
         - name: ray-tmp
           mountPath: /tmp/ray
         - name: dshm
@@ -217,6 +219,7 @@ spec:
         {{- else }} {}
         {{- end }}
     {{- include "sc-app.scratchVolumes" $root | nindent 4 }}
+    {{- include "sc-app.hmacVolumes" $root | nindent 4 }}
     # Ray's object store lives in /dev/shm; sized like KubeRay does unless shmSize says otherwise.
     - name: dshm
       emptyDir:

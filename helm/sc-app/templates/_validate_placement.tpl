@@ -1,0 +1,2 @@
+{{- define "sc-app.validatePlacement" -}}
+{{- end -}}
