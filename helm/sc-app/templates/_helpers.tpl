@@ -95,10 +95,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* The sc-app config as mounted: user config with checkpoint.dir, ray.address (and model.path) forced. */}}
+{{/* The sc-app config as mounted: user config with checkpoint.dir, ray.address (and model.path) forced, and each
+role some worker group hosts mapped to its custom Ray resource (sc-app.roleResource). */}}
 {{- define "sc-app.config" -}}
 {{- $forced := dict "checkpoint" (dict "dir" .Values.checkpoint.mountPath) "ray" (dict "address" "auto") -}}
 {{- with include "sc-app.modelPath" . }}{{ $_ := set $forced "model" (dict "path" .) }}{{ end -}}
+{{- $roles := include "sc-app.hostedRoles" . | fromJson -}}
+{{- range $role := list "trainer" "generation" -}}
+{{- if hasKey $roles $role -}}
+{{- $_ := set $forced $role (dict "resources" (dict (include "sc-app.roleResource" $role) 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $roles "data_plane" -}}
+{{- $_ := set $forced "data_plane" (dict "storage_node_resource" (include "sc-app.roleResource" "data_plane")) -}}
+{{- end -}}
 {{- $cfg := mustMergeOverwrite (deepCopy (default (dict) .Values.config)) $forced -}}
 {{- toYaml $cfg -}}
 {{- end -}}
@@ -289,4 +299,35 @@ The Secret as a directory of key files named 00-<key>, 01-<key>, ... in keyring 
         path: {{ printf "%02d-%s" $i $k }}
       {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The custom Ray resource of an sc-app role: sc_app_trainer, sc_app_generation, sc_app_data_plane. */}}
+{{- define "sc-app.roleResource" -}}sc_app_{{ . }}{{- end -}}
+
+{{/* Roles some worker group with pods hosts, as a JSON object role -> true. */}}
+{{- define "sc-app.hostedRoles" -}}
+{{- $out := dict -}}
+{{- range .Values.workerGroups -}}
+{{- if gt (int .replicas) 0 -}}
+{{- range $r := default (list) .roles -}}{{- $_ := set $out $r true -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
+A group's pod affinity with placement.sameZone merged in: a required podAffinity term on the release's pods over
+placement.zoneKey, appended to the group's own terms. Called with (dict "root" $ "group" <group values>).
+*/}}
+{{- define "sc-app.affinity" -}}
+{{- $aff := deepCopy (default (dict) .group.affinity) -}}
+{{- if .root.Values.placement.sameZone -}}
+{{- $pa := default (dict) $aff.podAffinity -}}
+{{- $terms := default (list) $pa.requiredDuringSchedulingIgnoredDuringExecution -}}
+{{- $sel := dict "matchLabels" (include "sc-app.selectorLabels" .root | fromYaml) -}}
+{{- $terms = append $terms (dict "labelSelector" $sel "topologyKey" .root.Values.placement.zoneKey) -}}
+{{- $_ := set $pa "requiredDuringSchedulingIgnoredDuringExecution" $terms -}}
+{{- $_ := set $aff "podAffinity" $pa -}}
+{{- end -}}
+{{- with $aff }}{{ toYaml . }}{{ end -}}
 {{- end -}}
