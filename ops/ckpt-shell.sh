@@ -7,16 +7,21 @@
 # the "restricted" Pod Security Standard (non-root, seccomp RuntimeDefault, no privilege escalation, all
 # capabilities dropped, no service account token) and carries requests and limits (the preflight initContainer's)
 # so namespaces with a ResourceQuota admit it. Suspend the job first: one writer on the volume.
-# Usage: ops/ckpt-shell.sh NAMESPACE RAYJOB_NAME        (needs kubectl and python3)
+# EXPORT_CLAIM (optional): a claim mounted read-write at /exports, where `sc-app export` writes a policy onto a
+# volume (RUNBOOKS section 11): never into the checkpoint claim, whose root is checkpoint.dir (export refuses it).
+# Usage: ops/ckpt-shell.sh NAMESPACE RAYJOB_NAME [EXPORT_CLAIM]        (needs kubectl and python3)
 set -euo pipefail
-ns="${1:?usage: $0 NAMESPACE RAYJOB_NAME}"
-job="${2:?usage: $0 NAMESPACE RAYJOB_NAME}"
+ns="${1:?usage: $0 NAMESPACE RAYJOB_NAME [EXPORT_CLAIM]}"
+job="${2:?usage: $0 NAMESPACE RAYJOB_NAME [EXPORT_CLAIM]}"
+export_claim="${3:-}"
+[[ -z "${export_claim}" || "${export_claim}" =~ ^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$ ]] \
+  || { echo "EXPORT_CLAIM '${export_claim}' is not a claim name" >&2; exit 2; }
 pod=ckpt-debug
 
 # RayJob JSON on stdin -> the debug pod's JSON on stdout (line 1: mount path; line 2: HMAC note; line 3: pod).
 build_pod='
 import json, sys
-job_name, pod_name = sys.argv[1], sys.argv[2]
+job_name, pod_name, export_claim = sys.argv[1], sys.argv[2], sys.argv[3]
 job = json.load(sys.stdin)
 try:
     tmpl = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
@@ -58,6 +63,12 @@ pod = {
                    + ([ring_volume] if ring else []),
     },
 }
+if export_claim:
+    if export_claim == claim:
+        sys.exit(f"EXPORT_CLAIM {export_claim} is the checkpoint claim: its root is checkpoint.dir, where sc-app "
+                 "export refuses to write; name a claim of its own (RUNBOOKS section 11)")
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "exports", "mountPath": "/exports"})
+    pod["spec"]["volumes"].append({"name": "exports", "persistentVolumeClaim": {"claimName": export_claim}})
 print(mount)
 secret, key = ref.get("name"), ref.get("key")
 if ring:
@@ -71,11 +82,14 @@ print(json.dumps(pod))
 '
 
 rayjob=$(kubectl -n "${ns}" get rayjob "${job}" -o json) || { echo "rayjob/${job}: cannot read it in namespace ${ns}" >&2; exit 2; }
-built=$(python3 -c "${build_pod}" "${job}" "${pod}" <<< "${rayjob}") || exit 2
+built=$(python3 -c "${build_pod}" "${job}" "${pod}" "${export_claim}" <<< "${rayjob}") || exit 2
 mount=$(sed -n 1p <<< "${built}")
 note=$(sed -n 2p <<< "${built}")
 sed -n 3p <<< "${built}" | kubectl -n "${ns}" create -f -
 kubectl -n "${ns}" wait --for=condition=Ready "pod/${pod}" --timeout=300s
 echo "${note}"
 echo "ready: kubectl -n ${ns} exec -it ${pod} -- sc-app ckpt verify --checkpoint-dir ${mount}"
+if [[ -n "${export_claim}" ]]; then
+  echo "export: kubectl -n ${ns} exec ${pod} -- sc-app export --checkpoint-dir ${mount} --out /exports/<new dir>"
+fi
 echo "done:  kubectl -n ${ns} delete pod ${pod}"

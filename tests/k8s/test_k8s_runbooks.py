@@ -119,6 +119,15 @@ if tool == "kubectl":
         docs = scenario["phases"][phase]
         current = docs[min(served - 1, len(docs) - 1)]["headPod"]
         sys.exit(0 if args[args.index("exec") + 1] == current and args[-1] == scenario["bundle_path"] else 1)
+    elif words("exec", "printenv"):  # the HMAC key must not be in the head's environment
+        sys.exit(0 if scenario.get("hmac_env") else 1)
+    elif words("exec", "cat"):  # the saved bundle's manifest
+        sig = scenario.get("signature", {"alg": "hmac-sha256-bytes", "key_id": "0123456789abcdef", "value": "v"})
+        print(json.dumps({"signature": sig}))
+    elif words("exec", "ckpt", "verify"):
+        sys.exit(scenario.get("verify_rc", 0))
+    elif words("exec", "ray", "status"):
+        print(scenario.get("ray_status", "Resources\n 0.0/2000.0 sc_app_trainer\n"))
     elif words("exec", "sh", "-c"):  # the read-only-root probe on the head
         print(scenario.get("root_probe", "touch: cannot touch '/.sc-app-smoke': Read-only file system\ntmp-writable"))
     elif words("delete", "pod"):
@@ -262,7 +271,7 @@ SAVED_4 = {"newestBundleSource": "saved", "newestBundleStep": 4, "freshStart": F
          1, "FAIL: the new driver on h-b started fresh although step_4 was published"),
         ([_status("h-b", live={"resumedFromStep": 2, "freshStart": False, "newestBundleSource": "resumed"})],
          1, "FAIL: the new driver resumed from step 2, older than step_4"),
-        ([_status("h-a", live=SAVED_4)], 1, "FAIL: no new head resumed from a bundle within 15s"),
+        ([_status("h-a", live=SAVED_4)], 1, "FAIL: no new head resumed from a bundle within 40s"),
     ],
     ids=["head-loss-absorbed", "kuberay-retry", "fresh-start", "older-bundle", "never-resumed"],
 )
@@ -271,7 +280,7 @@ def test_cluster_smoke_requires_a_resume_by_a_new_head(tmp_path: Path, after_los
         "bundle_path": "/data/ckpt/step_4",  # the RayJob's mount path, not /checkpoints
         "phases": [[_status("h-a"), _status("h-a", live=SAVED_4)], after_loss],
     }
-    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "15"}
+    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "40"}
     proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == rc, proc.stderr
@@ -311,7 +320,7 @@ def test_cluster_smoke_suspends_and_resumes_after_the_resume_check(tmp_path: Pat
     scenario = {"bundle_path": "/data/ckpt/step_4",
                 "phases": [[_status("h-a"), _status("h-a", live=SAVED_4)],
                            [_status("h-b", live={"resumedFromStep": 4, "freshStart": False})]]}
-    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "15"}
+    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "40"}
     proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -333,3 +342,35 @@ def test_cluster_smoke_fails_when_the_head_root_is_writable(tmp_path: Path) -> N
     assert proc.returncode == 1, proc.stderr
     assert "FAIL: head h-a: expected a read-only root with a writable /tmp, got: tmp-writable" in proc.stderr
     assert not [c for c in calls(env) if "delete" in c["args"] and "pod" in c["args"]], "nothing was preempted"
+
+
+def _ring_and_roles_rayjob() -> dict:
+    job = _rayjob({"checkpoint": {"hmac": {"existingSecret": "ckpt-hmac"}}})
+    job["spec"]["rayClusterSpec"]["workerGroupSpecs"] = [{"groupName": "t", "resources": {"sc_app_trainer": "1000"}}]
+    return job
+
+
+@pytest.mark.parametrize(("extra", "rc", "expected"), [
+    ({}, 0, "step_4 signed by key id 0123456789abcdef; verified with the mounted keyring; no key in the head's "
+            "environment"),
+    ({"hmac_env": True}, 1, "FAIL: head h-a: the HMAC key is in the environment (SC_APP_CHECKPOINT_HMAC_KEY)"),
+    ({"signature": {"alg": "hmac-sha256-bytes", "value": "v"}}, 1,
+     "FAIL: step_4 is not signed with a key id although checkpoint.hmac is set"),
+    ({"verify_rc": 2}, 1, "FAIL: sc-app ckpt verify with the mounted keyring failed on h-a"),
+    ({"ray_status": "Resources\n 0.0/4.0 CPU\n"}, 1,
+     "FAIL: Ray does not advertise sc_app_trainer (workerGroups[].roles)"),
+], ids=["ok", "key-in-env", "no-key-id", "verify-fails", "role-not-advertised"])  # fmt: skip
+def test_cluster_smoke_checks_the_keyring_and_the_roles_on_the_live_head(tmp_path: Path, extra, rc, expected) -> None:
+    phase0 = [_status("h-a"), _status("h-a", live=SAVED_4)]
+    after = [_status("h-b", live={"resumedFromStep": 4, "freshStart": False})]
+    scenario = {"bundle_path": "/data/ckpt/step_4", "phases": [phase0, after], **extra}
+    env = fake_tools(tmp_path, _ring_and_roles_rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "30"}
+    proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == rc and expected in proc.stderr, proc.stderr
+    if rc == 0:
+        assert "Ray advertises the roles' resources: sc_app_trainer" in proc.stderr
+        cats = [c["args"][-1] for c in calls(env) if "exec" in c["args"] and "cat" in c["args"]]
+        assert cats == ["/data/ckpt/step_4/manifest.json"]
+    else:
+        assert not [c for c in calls(env) if "delete" in c["args"] and "pod" in c["args"]], "nothing was preempted"
