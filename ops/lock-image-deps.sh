@@ -9,6 +9,13 @@
 # triton, most nvidia-*), else the copy in pip's report, which pip read from the wheel itself (as of this lock:
 # cuda-bindings, cuda-pathfinder, nvidia-nvjitlink; SOURCES.txt marks them).
 #
+# vLLM: the `vllm-cuda` extra (the CUDA `vllm` the image installs when its torch is the CUDA build, ops/image_vllm.py)
+# is resolved together with the main dependencies, so vllm's own dependencies are pinned here too and cannot move
+# torch or transformers. LOCK_PIN_EXISTING=1 (default) passes the current lock as constraints, so a regeneration adds
+# what is new without moving what is locked (LOCK_UNPIN="a b" frees those names); 0 re-resolves everything at the
+# newest versions pyproject allows. vllm 0.32 caps numpy < 2.4 (mistral-common): this lock was made with
+# LOCK_UNPIN=numpy LOCK_ALLOW_DOWNGRADE=1, which moved numpy 2.4.6 -> 2.3.x and nothing else.
+#
 # Resolution ignores this host's pip configuration (--isolated): a local CPU-only index or find-links dir would
 # hand pip a torch+cpu wheel and no CUDA wheels at all. Index: LOCK_INDEX_URL (default PyPI); needs pip >= 23;
 # only metadata is fetched (PEP 658), no wheel is installed.
@@ -23,8 +30,12 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-${repo}/.venv/bin/python}"
-platform="${LOCK_PLATFORM:-manylinux_2_28_x86_64}"
+# The base image (python:3.11-slim-bookworm) has glibc 2.36: wheels tagged up to manylinux_2_36 run on it. vLLM
+# 0.32 needs llguidance 1.7, whose x86_64 wheels are manylinux_2_31 only (a 2_28 platform found no llguidance).
+platform="${LOCK_PLATFORM:-manylinux_2_36_x86_64}"
 index="${LOCK_INDEX_URL:-https://pypi.org/simple}"
+pin_existing="${LOCK_PIN_EXISTING:-1}"
+read -r -a unpin <<< "${LOCK_UNPIN-}"  # names left out of those pins, e.g. "numpy" when a new dependency caps it
 read -r -a sdist_only <<< "${LOCK_SDIST_ONLY-antlr4-python3-runtime==4.9.3}"  # "" = none
 [[ "${platform}" =~ ^manylinux_2_([0-9]+)_([a-z0-9_]+)$ ]] \
   || { echo "LOCK_PLATFORM must look like manylinux_2_28_x86_64, got '${platform}'" >&2; exit 2; }
@@ -41,7 +52,8 @@ trap 'rm -rf "${work}"' EXIT
 pip_isolated=(env PIP_CONFIG_FILE=/dev/null "${python}" -m pip)
 mapfile -t deps < <("${python}" - "${repo}/pyproject.toml" <<'PY'
 import sys, tomllib
-print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + project["optional-dependencies"]["vllm-cuda"]))
 PY
 )
 mkdir -p "${work}/wheels"
@@ -52,7 +64,19 @@ if ((${#sdist_only[@]})); then
     [[ "${whl}" == *-none-any.whl ]] || { echo "${whl##*/} is not pure Python: it cannot stand in for ${platform}" >&2; exit 1; }
   done
 fi
-"${pip_isolated[@]}" install --isolated --index-url "${index}" --find-links "${work}/wheels" \
+pins=()
+if [[ "${pin_existing}" == 1 && -f "${repo}/ops/image-constraints.txt" ]]; then
+  "${python}" - "${repo}/ops/image-constraints.txt" "${unpin[@]}" > "${work}/pins.txt" <<'PY'
+import sys
+from packaging.utils import canonicalize_name
+drop = {canonicalize_name(n) for n in sys.argv[2:]}
+for row in open(sys.argv[1]).read().splitlines():
+    if row and not row.startswith("#") and canonicalize_name(row.split("==", 1)[0]) not in drop:
+        print(row)
+PY
+  pins=(--constraint "${work}/pins.txt")
+fi
+"${pip_isolated[@]}" install --isolated --index-url "${index}" --find-links "${work}/wheels" "${pins[@]}" \
   --dry-run --ignore-installed --quiet --report "${work}/report.json" \
   "${platforms[@]}" --python-version 3.11 --implementation cp --only-binary=:all: "${deps[@]}"
 "${python}" "${repo}/ops/lock_report.py" "${work}/report.json" "${repo}/ops/image-constraints.txt" \

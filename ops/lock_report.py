@@ -9,10 +9,11 @@ platform. Three jobs:
   looks like under `--only-binary=:all:` (pip backtracks to an old release that has a wheel: hydra-core 0.11 for
   want of an antlr4 wheel). Build such a package into the script's wheel dir, or set LOCK_ALLOW_DOWNGRADE=1 when
   the downgrade is meant;
-* vendor the core metadata (PEP 658 `.metadata` file, headers only) of torch and of every CUDA-family wheel it
-  pulls in (`nvidia-*`, `cuda-*`, `triton`) into tests/k8s/fixtures/wheel-metadata/, so the default test suite
-  checks offline that the lock pins each of them as their Requires-Dist demand. Where a `.metadata` file is not
-  reachable (an index without PEP 658), the requirement lines come from pip's report, which read the same file.
+* vendor the core metadata (PEP 658 `.metadata` file, headers only) of torch, of every CUDA-family wheel it
+  pulls in (`nvidia-*`, `cuda-*`, `triton`) and of the CUDA `vllm` into tests/k8s/fixtures/wheel-metadata/, so
+  the default test suite checks offline that the lock pins each of them as their Requires-Dist demand. Where a
+  `.metadata` file is not reachable (an index without PEP 658), the requirement lines come from pip's report,
+  which read the same file.
 
     python ops/lock_report.py REPORT LOCK FIXTURE_DIR PLATFORM
 """
@@ -26,11 +27,13 @@ import urllib.request
 from email.parser import HeaderParser
 from pathlib import Path
 
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 GPU_PREFIXES = ("nvidia-", "cuda-")
 GPU_NAMES = {"torch", "triton"}
+ENGINE_NAMES = {"vllm"}  # the CUDA vLLM (vllm-cuda extra): its Requires-Dist are checked against the lock too
 KEPT_HEADERS = ("Metadata-Version", "Name", "Version", "Requires-Python", "Requires-Dist", "Provides-Extra")
 
 
@@ -47,9 +50,7 @@ def read_lock(path: Path) -> dict[str, str]:
 
 
 def downgrades(old: dict[str, str], new: dict[str, str]) -> list[str]:
-    return [
-        f"{n} {old[n]} -> {v}" for n, v in sorted(new.items()) if n in old and Version(v) < Version(old[n])
-    ]
+    return [f"{n} {old[n]} -> {v}" for n, v in sorted(new.items()) if n in old and Version(v) < Version(old[n])]
 
 
 def _fetch_metadata(url: str) -> str | None:
@@ -75,15 +76,37 @@ def _from_report(meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def leads_to_gpu(install: list[dict]) -> set[str]:
+    """Names of the resolved packages that are CUDA-family or depend (transitively, within the resolution) on one:
+    vLLM pulls CUDA wheels through packages of other names (flashinfer-python, tilelang, ...), so the offline test
+    can walk from torch and vllm to every CUDA wheel the lock pins only through vendored metadata."""
+    resolved = {canonicalize_name(i["metadata"]["name"]) for i in install}
+    deps = {
+        canonicalize_name(i["metadata"]["name"]): {
+            canonicalize_name(Requirement(r).name) for r in i["metadata"].get("requires_dist", [])
+        }
+        & resolved
+        for i in install
+    }
+    hit = {n for n in resolved if is_gpu_family(n)}
+    while True:
+        more = {n for n, ds in deps.items() if n not in hit and ds & hit}
+        if not more:
+            return hit
+        hit |= more
+
+
 def vendor_metadata(install: list[dict], fixture_dir: Path, platform: str) -> list[str]:
-    """Write <name>-<version>.metadata for every GPU-family wheel; returns the names read from pip's report."""
+    """Write <name>-<version>.metadata for every GPU-family wheel, the CUDA vllm and every package through which a
+    CUDA wheel is pulled in; returns the names read from pip's report."""
     fixture_dir.mkdir(parents=True, exist_ok=True)
     for old in fixture_dir.glob("*.metadata"):
         old.unlink()
     sources, fallback = [], []
+    wanted = leads_to_gpu(install) | ENGINE_NAMES
     for item in sorted(install, key=lambda i: canonicalize_name(i["metadata"]["name"])):
         meta = item["metadata"]
-        if not is_gpu_family(meta["name"]):
+        if canonicalize_name(meta["name"]) not in wanted:
             continue
         url = item["download_info"]["url"]
         text = _fetch_metadata(url)
@@ -108,7 +131,8 @@ def write_lock(install: list[dict], lock: Path, platform: str) -> dict[str, str]
     lock.write_text(
         "# Exact versions of every Python package in the image, resolved from pyproject.toml's pins for\n"
         f"# {platform} / CPython 3.11: torch's CUDA build with its nvidia-*, cuda-* and triton wheels pinned as\n"
-        "# torch's metadata requires (tests/k8s/fixtures/wheel-metadata/). Regenerate: ops/lock-image-deps.sh\n"
+        "# torch's metadata requires, and the CUDA vllm (vllm-cuda extra) with its dependencies\n"
+        "# (tests/k8s/fixtures/wheel-metadata/). Regenerate: ops/lock-image-deps.sh\n"
         + "".join(f"{n}=={v}\n" for n, v in rows)
     )
     return {canonicalize_name(n): v for n, v in rows}
@@ -128,14 +152,20 @@ def main(argv: list[str]) -> int:
         )
         return 1
     if not any(is_gpu_family(n) and n != "torch" for n in new):
-        print(f"lock-image-deps: torch resolved without CUDA wheels for {platform}: not the image's build",
-              file=sys.stderr)
+        print(
+            f"lock-image-deps: torch resolved without CUDA wheels for {platform}: not the image's build",
+            file=sys.stderr,
+        )
         return 1
     write_lock(install, lock, platform)
     fallback = vendor_metadata(install, fixture_dir, platform)
     if fallback:
-        print("lock-image-deps: no .metadata file reachable for " + ", ".join(fallback)
-              + "; their requirements were taken from pip's report", file=sys.stderr)
+        print(
+            "lock-image-deps: no .metadata file reachable for "
+            + ", ".join(fallback)
+            + "; their requirements were taken from pip's report",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -11,8 +11,11 @@ signature is looked at (``strict_json.parse``), so neither form can be read two 
 the integer itself (``2.0``, ``2e0`` and ``true`` are refused: no numeric coercion where the schema says int).
 
 Invariants: a manifest is written only after every file it lists is fsynced; a file is handed to any
-deserialiser only after its digest matches the manifest; when an HMAC key is configured
-(env ``SC_APP_CHECKPOINT_HMAC_KEY``), unsigned or mis-signed manifests are refused. A manifest is read only as a
+deserialiser only after its digest matches the manifest; when an HMAC keyring is configured
+(``sc_app.checkpoint.hmac_keys``: a mounted key file, or the deprecated env ``SC_APP_CHECKPOINT_HMAC_KEY``), unsigned
+or mis-signed manifests are refused. A signature names its key's id (``key_id``): the ring's key of that id checks
+it, and a manifest signed before key ids existed verifies with any key of the ring, so a rotated ring (a newer key
+added, the old ones kept) verifies every bundle it verified before. A manifest is read only as a
 regular file of at most ``MAX_MANIFEST_BYTES`` and accepted only with exactly the keys and types of
 ``ManifestDoc`` (every path it lists is checked by the verifier, ``sc_app.checkpoint.verify``).
 """
@@ -22,14 +25,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+from sc_app.checkpoint.hmac_keys import HMAC_ENV as HMAC_ENV
+from sc_app.checkpoint.hmac_keys import HMAC_FILE_ENV, HmacKey, Keyring, key_id, keyring_from_env
+from sc_app.checkpoint.hmac_keys import HmacKeyError as HmacKeyError
 from sc_app.checkpoint.layout import MANIFEST_FILE
-from sc_app.config.input import ConfigError
 from sc_app.io import hashing
 from sc_app.io.digest import canonical_bytes
 from sc_app.io.safe_files import FileProblem, read_regular
@@ -38,42 +43,31 @@ from sc_app.io.strict_json import Hex64, Name, NonNegInt, PosInt, Scalar, Schema
 MANIFEST_FORMAT = "sc-app/bundle"
 SCHEMA_VERSION = 2  # written now: names its file hash algorithm
 READABLE_VERSIONS = (1, 2)  # 1: sha256 digests under "sha256", no hash_alg
-HMAC_ENV = "SC_APP_CHECKPOINT_HMAC_KEY"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024  # ~150 bytes per listed file
+KEY_ID = re.compile(r"[0-9a-f]{16}")
 
 
 class ManifestError(ValueError):
     """The manifest is missing, unparsable, unsupported or mis-signed; the message names the file."""
 
 
-class HmacKeyError(ConfigError):
-    """``SC_APP_CHECKPOINT_HMAC_KEY`` is set but unusable (empty, not UTF-8): signing is never silently off."""
-
-
-def hmac_key_from_env() -> bytes | None:
-    """The signing key; None only when the variable is unset. Set but empty or undecodable: ``HmacKeyError``."""
-    value = os.environ.get(HMAC_ENV)
-    if value is None:
-        return None
-    try:
-        key = value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise HmacKeyError(
-            f"{HMAC_ENV} is not UTF-8 text; set it to the signing key (or unset it to turn signing off)"
-        ) from None
-    if not key.strip():
-        raise HmacKeyError(f"{HMAC_ENV} is set but empty; set it to the signing key, or unset it to turn signing off")
-    return key
+def hmac_key_from_env() -> Keyring | None:
+    """This process's HMAC keyring (``hmac_keys.keyring_from_env``); None only when no key source is set."""
+    return keyring_from_env()
 
 
 SIG_BYTES = "hmac-sha256-bytes"  # signs the manifest file's bytes (written now)
 SIG_DOC = "hmac-sha256"  # signed the canonical form of the parsed document (bundles written before: still read)
-_SIG_TAIL = ',\n  "signature": {{"alg": "{alg}", "value": "{value}"}}\n}}\n'
+_SIG_TAIL = ',\n  "signature": {{"alg": "{alg}", "value": "{value}"}}\n}}\n'  # before key ids
+_SIG_TAIL_KID = ',\n  "signature": {{"alg": "{alg}", "key_id": "{kid}", "value": "{value}"}}\n}}\n'
 
 
-def _signed_tail(value: str) -> bytes:
-    """The exact bytes ``render`` ends a signed manifest with (the signature member and the closing brace)."""
-    return _SIG_TAIL.format(alg=SIG_BYTES, value=value).encode()
+def _signed_tail(value: str, kid: str | None = None) -> bytes:
+    """The exact bytes ``render`` ends a signed manifest with (the signature member and the closing brace); the
+    key id is a label outside the signed bytes: a changed id only picks another key, whose HMAC cannot match."""
+    if kid is None:
+        return _SIG_TAIL.format(alg=SIG_BYTES, value=value).encode()
+    return _SIG_TAIL_KID.format(alg=SIG_BYTES, kid=kid, value=value).encode()
 
 
 def _signable(doc: dict[str, Any]) -> bytes:
@@ -207,6 +201,7 @@ class DatasetEntry(StrictModel):
 
 class Signature(StrictModel):
     alg: Literal["hmac-sha256-bytes", "hmac-sha256"]
+    key_id: str | None = None  # the signing key's id (hmac_keys.key_id); absent in manifests signed before
     value: str
 
 
@@ -249,7 +244,7 @@ class ManifestDocV1(_ManifestBody):
     files: dict[str, FileEntryV1]
 
 
-def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
+def read_manifest(bundle: Path, *, hmac_key: HmacKey | None = None) -> Manifest:
     """The manifest of ``bundle`` (read as a regular file, never through a link), checked in full."""
     path = bundle / MANIFEST_FILE
     try:
@@ -261,7 +256,7 @@ def read_manifest(bundle: Path, *, hmac_key: bytes | None = None) -> Manifest:
     return parse_manifest(raw, path, hmac_key=hmac_key)
 
 
-def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> Manifest:
+def parse_manifest(raw: bytes, path: Path, *, hmac_key: HmacKey | None = None) -> Manifest:
     """``raw`` (the bytes of ``path``) as a manifest: JSON, then format and version, then the full schema, then the
     signature when a key is configured. Any failure is a ``ManifestError`` naming ``path``."""
     try:
@@ -284,35 +279,53 @@ def parse_manifest(raw: bytes, path: Path, *, hmac_key: bytes | None = None) -> 
     except SchemaError as exc:
         raise ManifestError(f"{path}: manifest does not have the schema of an sc-app bundle ({exc})") from None
     if hmac_key is not None:
-        _check_signature(raw, doc, path, hmac_key)
+        _check_signature(raw, doc, path, Keyring.of(hmac_key))
     return Manifest(doc)
 
 
-def _check_signature(raw: bytes, doc: dict[str, Any], path: Path, hmac_key: bytes) -> None:
+def _check_signature(raw: bytes, doc: dict[str, Any], path: Path, ring: Keyring) -> None:
     sig = doc.get("signature")
     if not isinstance(sig, dict) or sig.get("alg") not in (SIG_BYTES, SIG_DOC):
-        raise ManifestError(f"{path}: unsigned manifest but an HMAC key is configured ({HMAC_ENV}); refusing")
+        raise ManifestError(f"{path}: unsigned manifest but an HMAC key is configured ({HMAC_FILE_ENV}); refusing")
     value = str(sig.get("value", ""))
+    kid = sig.get("key_id")
+    if kid is not None and not KEY_ID.fullmatch(str(kid)):
+        raise ManifestError(f"{path}: manifest signature has a malformed key_id {kid!r}; refusing")
     if sig["alg"] == SIG_BYTES:
-        tail = _signed_tail(value)
+        tail = _signed_tail(value, kid)
         # the signature must be the last member in render's exact form; everything before it is what was signed
         signed = raw[: -len(tail)] + b"\n}" if raw.endswith(tail) else None
     else:
         signed = _signable(doc)
-    want = hmac.new(hmac_key, signed, hashlib.sha256).hexdigest() if signed is not None else ""
-    if not (signed is not None and hmac.compare_digest(want, value)):
+    if kid is not None:
+        key = ring.by_id(kid)
+        if key is None:
+            raise ManifestError(
+                f"{path}: manifest signature is by key id {kid}, which is not in the keyring "
+                f"(ids {', '.join(ring.ids)}); add that key to the ring as an older key ({HMAC_FILE_ENV}): "
+                "rotating keeps the old ones"
+            )
+        candidates: tuple[bytes, ...] = (key,)
+    else:
+        candidates = ring.keys  # signed before key ids: any key of the ring
+    ok = signed is not None and any(
+        hmac.compare_digest(hmac.new(k, signed, hashlib.sha256).hexdigest(), value) for k in candidates
+    )
+    if not ok:
         raise ManifestError(
             f"{path}: manifest signature does not match the configured key (or the signed bytes were changed); refusing"
         )
 
 
-def render(doc: dict[str, Any], hmac_key: bytes | None) -> bytes:
-    """The manifest file's bytes; ``doc`` holds ``hash_alg`` and ``files`` as ``{"digest", "size"}``. With a key,
-    the HMAC of the unsigned rendering (up to its closing brace) is appended as the last member, ``signature``."""
+def render(doc: dict[str, Any], hmac_key: HmacKey | None) -> bytes:
+    """The manifest file's bytes; ``doc`` holds ``hash_alg`` and ``files`` as ``{"digest", "size"}``. With a key
+    (or a ring: its newest key signs), the HMAC of the unsigned rendering (up to its closing brace) is appended as
+    the last member, ``signature``, with the signing key's id."""
     full = {"format": MANIFEST_FORMAT, "schema_version": SCHEMA_VERSION, **doc}
     full.pop("signature", None)
     body = json.dumps(full, indent=2, sort_keys=True)  # ends with "\n}"
     if hmac_key is None:
         return (body + "\n").encode()
-    value = hmac.new(hmac_key, body.encode(), hashlib.sha256).hexdigest()
-    return body[: -len("\n}")].encode() + _signed_tail(value)
+    key = Keyring.of(hmac_key).signing
+    value = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+    return body[: -len("\n}")].encode() + _signed_tail(value, key_id(key))

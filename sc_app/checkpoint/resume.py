@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.hmac_keys import HmacKey
 from sc_app.checkpoint.manifest import Manifest
 from sc_app.checkpoint.quarantine import QuarantineError, check_quarantine, move_aside
 from sc_app.checkpoint.verify import BundleReport, verify_bundle
@@ -64,7 +65,7 @@ def plan_resume(
     root: str | Path,
     *,
     on_corrupt: Literal["fallback", "strict"] = "fallback",
-    hmac_key: bytes | None = None,
+    hmac_key: HmacKey | None = None,
     expected_compat: dict[str, Any] | None = None,
     tidy: bool = True,
     unrestorable: Mapping[str, str] | None = None,
@@ -86,7 +87,7 @@ def plan_resume(
 def _plan(
     root: Path,
     on_corrupt: Literal["fallback", "strict"],
-    hmac_key: bytes | None,
+    hmac_key: HmacKey | None,
     expected_compat: dict[str, Any] | None,
     tidy: bool,
     unrestorable: Mapping[str, str],

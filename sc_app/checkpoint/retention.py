@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.hmac_keys import HmacKey
 from sc_app.checkpoint.verify import lineage_problem, verify_bundle
 from sc_app.io.durable import fsync_dir
 
@@ -50,7 +51,7 @@ def prune(
     root: str | Path,
     keep: int,
     *,
-    hmac_key: bytes | None = None,
+    hmac_key: HmacKey | None = None,
     newest_verified: Path | None = None,
     expected_lineage: str | None = None,
 ) -> list[str]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.dataset import DatasetRecord, DatasetUnusable, changed_dataset_problem
+from sc_app.checkpoint.hmac_keys import HmacKey
 from sc_app.checkpoint.lineage import read_lineage
 from sc_app.checkpoint.manifest import hmac_key_from_env
 from sc_app.checkpoint.resume import ResumePlan, incompatible_line, plan_resume
@@ -47,7 +48,7 @@ class BundleRules:
 
     root: Path
     lineage: str | None
-    hmac_key: bytes | None = None
+    hmac_key: HmacKey | None = None
     compat: dict[str, Any] | None = None
     on_corrupt: OnCorrupt = "fallback"
     dataset: DatasetProbe | None = None

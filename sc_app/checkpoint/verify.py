@@ -19,6 +19,7 @@ from typing import Any
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.bundle_files import BundleFiles
 from sc_app.checkpoint.contents import MAX_SIDECAR_BYTES, check_contents, limit_for
+from sc_app.checkpoint.hmac_keys import HmacKey
 from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, parse_manifest
 from sc_app.data_plane import schema
 from sc_app.data_plane.replay_index import check_sidecar
@@ -131,7 +132,7 @@ def verify_bundle(
     path: Path,
     *,
     deep: bool = True,
-    hmac_key: bytes | None = None,
+    hmac_key: HmacKey | None = None,
     expected_compat: dict[str, Any] | None = None,
     expected_lineage: str | None = None,
 ) -> BundleReport:
@@ -151,7 +152,7 @@ def verify_bundle(
     return report
 
 
-def _read_manifest(tree: Tree, hmac_key: bytes | None) -> Manifest:
+def _read_manifest(tree: Tree, hmac_key: HmacKey | None) -> Manifest:
     try:
         raw = tree.read(layout.MANIFEST_FILE, MAX_MANIFEST_BYTES)
     except FileProblem as exc:
@@ -167,7 +168,7 @@ def _verify(
     tree: Tree,
     report: BundleReport,
     deep: bool,
-    hmac_key: bytes | None,
+    hmac_key: HmacKey | None,
     expected_compat: dict[str, Any] | None,
     expected_lineage: str | None,
 ) -> None:

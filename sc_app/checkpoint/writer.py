@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sc_app.checkpoint import layout
+from sc_app.checkpoint.hmac_keys import HmacKey
 from sc_app.checkpoint.lease import LeaseLost
 from sc_app.checkpoint.manifest import render
 from sc_app.checkpoint.quarantine import move_aside
@@ -44,7 +45,7 @@ class BundleWriter:
         root: str | Path,
         step: int,
         *,
-        hmac_key: bytes | None = None,
+        hmac_key: HmacKey | None = None,
         lease: Lease | None = None,
         hash_alg: str = hashing.DEFAULT,
     ) -> None:

@@ -75,6 +75,8 @@ def submit(kube: Kube, release: Release) -> list[str]:
         )
     live: dict[str, dict[str, Any] | None] = {}
     notes = _check_claims(kube, [o for _, o in companions if o["kind"] == "PersistentVolumeClaim"])
+    made = {o["metadata"]["name"] for _, o in companions if o["kind"] == "Secret"}
+    _check_secrets(kube, job, made)
     for res, obj in companions:
         current = kube.get(res, obj["metadata"]["name"])
         if current is not None and obj["kind"] not in KEPT_KINDS:
@@ -123,6 +125,46 @@ def _check_claims(kube: Kube, claims: list[dict[str, Any]]) -> list[str]:
         if problem:
             raise K8sError(problem)
     return notes
+
+
+def _secret_needs(job: dict[str, Any]) -> dict[str, set[str]]:
+    """Secret name -> the keys the job's pods mount from it (every Secret volume, ``items`` or all), and the Ray
+    token Secret KubeRay reads (``authOptions``): what a pod or KubeRay waits for when it is missing."""
+    needs: dict[str, set[str]] = {}
+    cluster = job["spec"].get("rayClusterSpec") or {}
+    groups = [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]
+    for group in groups:
+        for vol in ((group.get("template") or {}).get("spec") or {}).get("volumes") or []:
+            sec = vol.get("secret")
+            if sec and sec.get("secretName") and not sec.get("optional"):
+                needs.setdefault(sec["secretName"], set()).update(i["key"] for i in sec.get("items") or [])
+    auth = (cluster.get("authOptions") or {}).get("secretName")
+    if auth:
+        needs.setdefault(auth, set()).add("auth_token")
+    return needs
+
+
+def _check_secrets(kube: Kube, job: dict[str, Any], made: set[str]) -> None:
+    """Refuse (before anything is written) a Secret the job needs that is missing or lacks a key it mounts (the HMAC
+    keyring of checkpoint.hmac.existingSecret, rayAuth.existingSecret, extraVolumes): its pods would wait in
+    ContainerCreating until preRunningDeadlineSeconds, retry after retry. Reading them needs no more RBAC than
+    submit has anyway (it reads the Secrets it creates)."""
+    for name, keys in sorted(_secret_needs(job).items()):
+        if name in made:
+            continue
+        found = kube.get(kube.resource("v1", "Secret"), name)
+        if found is None:
+            raise K8sError(
+                f"secret/{name} does not exist in namespace {kube.namespace} and the job's pods mount it "
+                f"(checkpoint.hmac.existingSecret, rayAuth.existingSecret or extraVolumes): create it first; "
+                "nothing written"
+            )
+        missing = sorted(keys - set(found.get("data") or {}) - set(found.get("stringData") or {}))
+        if missing:
+            raise K8sError(
+                f"secret/{name} has no key {', '.join(missing)} (it has: {', '.join(sorted(found.get('data') or {}))});"
+                " add it or fix checkpoint.hmac.keys / secretKey; nothing written"
+            )
 
 
 @dataclass

@@ -12,12 +12,16 @@ as soon as it returns); ``write_captured`` writes only that copy and is safe on 
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+from sc_app.rl import gpu_floor
+from sc_app.rl.hooks import InputError
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -74,6 +78,30 @@ class GenerationBackend(Protocol):
     def generate(self, prompt_indices: list[int]) -> Rollout: ...
 
 
+class GpuUnusable(InputError):
+    """A worker given GPUs on a node that cannot run the image's CUDA build (``gpu_floor``): one line, exit 2."""
+
+
+def probe_gpu(num_gpus: float) -> gpu_floor.GpuReport:
+    """What torch.cuda and nvidia-smi (mounted by the NVIDIA container toolkit; absent is fine) report here."""
+    smi = None
+    try:
+        proc = subprocess.run(gpu_floor.SMI_QUERY, capture_output=True, text=True, timeout=30, check=False)
+        smi = gpu_floor.parse_smi(proc.stdout) if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        smi = None
+    available = torch.cuda.is_available()
+    caps = [tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())] if available else []
+    return gpu_floor.GpuReport(num_gpus, torch.__version__, torch.version.cuda, available, caps, smi)  # type: ignore[arg-type]
+
+
 def device_for(num_gpus: float) -> torch.device:
-    """CUDA when a GPU is assigned to this worker and visible, else the CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() and num_gpus > 0 else "cpu")
+    """CUDA when this worker is given GPUs; ``GpuUnusable`` (one line) when the node cannot run the image's CUDA
+    build (driver below the floor, compute capability too low, a CPU torch, no visible device) instead of the
+    silent CPU fallback that trained a GPU job on a CPU."""
+    if num_gpus <= 0:
+        return torch.device("cpu")
+    problem = gpu_floor.check(probe_gpu(num_gpus))
+    if problem is not None:
+        raise GpuUnusable(problem)
+    return torch.device("cuda")

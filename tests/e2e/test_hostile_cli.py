@@ -149,6 +149,21 @@ def test_an_hmac_key_set_but_unusable_is_an_error_not_signing_off(
     assert not (ckpt / LEASE_FILE).exists()
 
 
+@pytest.mark.parametrize(("env", "named"), [
+    ({"SC_APP_CHECKPOINT_HMAC_KEY_FILE": "/nonexistent/hmac"}, "does not exist; mount the key Secret there"),
+    ({"SC_APP_CHECKPOINT_HMAC_KEY_FILE": "/dev/null"}, "holds no key"),
+    ({"SC_APP_CHECKPOINT_HMAC_KEY_FILE": "/dev/null", "SC_APP_CHECKPOINT_HMAC_KEY": "k"}, "both"),
+], ids=["missing", "empty", "both"])  # fmt: skip
+@pytest.mark.parametrize("command", ["ckpt verify", "preflight", "run"])
+def test_an_hmac_key_file_that_is_unusable_is_an_error_not_signing_off(
+    cli: InProcess, ckpt: Path, command: str, env: dict[str, str], named: str
+) -> None:
+    result = cli(*COMMANDS[command], "--checkpoint-dir", str(ckpt), env=env)
+    refused(result, 2, "SC_APP_CHECKPOINT_HMAC_KEY_FILE", named)
+    still_verifies(ckpt)
+    assert not (ckpt / LEASE_FILE).exists()
+
+
 OUTS = {
     "inside a bundle": ("{ck}/step_2/policy/x", "inside the checkpoint directory"),
     "a bogus newest bundle": ("{ck}/step_99", "inside the checkpoint directory"),

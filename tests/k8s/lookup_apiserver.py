@@ -18,6 +18,7 @@ from tests.k8s.fake_apiserver import QuietHTTPServer
 # kind → (plural, group/version) for what the chart looks up.
 RESOURCES: dict[str, tuple[str, str]] = {
     "Secret": ("secrets", "v1"),
+    "ConfigMap": ("configmaps", "v1"),  # kube-root-ca.crt: in every namespace of a real cluster
     "PersistentVolumeClaim": ("persistentvolumeclaims", "v1"),
     "RayJob": ("rayjobs", "ray.io/v1"),
 }

@@ -32,6 +32,8 @@ if "inspect" in args:
     fmt = args[args.index("--format") + 1]
     size = "104857600" if args[-1] == "localhost/sc-app-base:bookworm" else "734003200"
     print({"{{.Size}}": size, "{{.Config.User}}": "10001:10001", "{{.State.Running}}": "true"}[fmt])
+elif "run" in args and "/run/sc-app-engine-check.py" in args:
+    print(scenario.get("engine", "vllm engine ok: vllm 0.32.0 on cpu, 12.5 s"))
 elif "run" in args and "du" in args:
     print("614400\t/opt/sc-app")
 elif "run" in args and "-d" in args:
@@ -75,7 +77,8 @@ def test_a_kill_while_training_and_a_resume_from_that_bundle_pass(tmp_path: Path
     assert size_line in proc.stderr and proc.stdout.strip() == size_line, proc.stdout
     # Every container of the image runs as the chart runs it by default: read-only root, /tmp and $HOME writable.
     runs = [json.loads(line) for line in (tmp_path / "scenario.json.runs").read_text().splitlines()]
-    assert len(runs) == 4  # the contract check, the size probe, the killed run, the resumed run
+    assert len(runs) == 5  # the contract check, the size probe, the engine, the killed run, the resumed run
+    assert "vllm engine ok: vllm 0.32.0 on cpu" in proc.stderr
     for args in runs:
         assert {"--read-only", "--read-only-tmpfs=false", "/tmp:rw,mode=1777"} <= set(args), args
         assert "/home/scapp:rw,mode=0700,uid=10001,gid=10001" in args, args
@@ -98,3 +101,10 @@ def test_a_resume_from_another_bundle_fails_the_smoke(tmp_path: Path) -> None:
     run2 = "starting fresh: no step_N bundle\ndone: step 200 in 30.0s\n"
     proc = smoke(tmp_path, {"bundles": [2, 4], "run1_log": run1, "run2_log": run2})
     assert proc.returncode == 1 and "FAIL: second run did not resume from step_4" in proc.stderr, proc.stderr
+
+
+def test_an_image_whose_engine_does_not_start_fails_the_smoke(tmp_path: Path) -> None:
+    run1 = "".join(STEP.format(n=n, m=200) for n in range(1, 4))
+    proc = smoke(tmp_path, {"bundles": [2], "run1_log": run1, "run2_log": "", "engine": "ModuleNotFoundError: vllm"})
+    assert proc.returncode == 1 and "FAIL: no vLLM engine starts in the image" in proc.stderr, proc.stderr
+    assert not (tmp_path / "work" / "checkpoints").exists() or not any((tmp_path / "work" / "checkpoints").iterdir())

@@ -288,8 +288,8 @@ def test_existing_claim_hmac_and_auth_secret_are_referenced_not_created() -> Non
         assert template["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "shared-ckpt-rwx"
         for c in _containers(template):
             env = {e["name"]: e for e in c["env"]}
-            ref = env["SC_APP_CHECKPOINT_HMAC_KEY"]["valueFrom"]["secretKeyRef"]
-            assert ref == {"name": "sc-app-hmac", "key": "key"}
+            assert "SC_APP_CHECKPOINT_HMAC_KEY" not in env, "the key is a mounted file, never an env var"
+            assert env["SC_APP_CHECKPOINT_HMAC_KEY_FILE"]["value"] == "/etc/sc-app-hmac"
             assert env["NCCL_DEBUG"]["value"] == "WARN"
             assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/mnt/ckpt"}
     groups = cluster_spec(job)["workerGroupSpecs"]
@@ -302,7 +302,10 @@ def test_existing_claim_hmac_and_auth_secret_are_referenced_not_created() -> Non
     assert "schedulerName" not in trainer["spec"]
     # Per-group extras land on that group only, after the release-wide ones.
     (ray,) = trainer["spec"]["containers"]
-    assert [e["name"] for e in ray["env"]] == ["SC_APP_CHECKPOINT_HMAC_KEY", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME"]
+    assert [e["name"] for e in ray["env"]] == ["SC_APP_CHECKPOINT_HMAC_KEY_FILE", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME"]
+    hmac = next(v for v in trainer["spec"]["volumes"] if v["name"] == "hmac-keys")
+    assert hmac["secret"]["secretName"] == "sc-app-hmac"
+    assert hmac["secret"]["items"] == [{"key": "key", "path": "00-key"}]
     assert ray["envFrom"] == [{"secretRef": {"name": "wandb-credentials"}}]
     assert {"name": "nccl-topo", "mountPath": "/etc/nccl", "readOnly": True} in ray["volumeMounts"]
     assert {"name": "nccl-topo", "configMap": {"name": "nccl-topology"}} in trainer["spec"]["volumes"]

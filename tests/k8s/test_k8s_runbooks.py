@@ -119,6 +119,15 @@ if tool == "kubectl":
         docs = scenario["phases"][phase]
         current = docs[min(served - 1, len(docs) - 1)]["headPod"]
         sys.exit(0 if args[args.index("exec") + 1] == current and args[-1] == scenario["bundle_path"] else 1)
+    elif words("exec", "printenv"):  # the HMAC key must not be in the head's environment
+        sys.exit(0 if scenario.get("hmac_env") else 1)
+    elif words("exec", "cat"):  # the saved bundle's manifest
+        sig = scenario.get("signature", {"alg": "hmac-sha256-bytes", "key_id": "0123456789abcdef", "value": "v"})
+        print(json.dumps({"signature": sig}))
+    elif words("exec", "ckpt", "verify"):
+        sys.exit(scenario.get("verify_rc", 0))
+    elif words("exec", "ray", "status"):
+        print(scenario.get("ray_status", "Resources\n 0.0/2000.0 sc_app_trainer\n"))
     elif words("exec", "sh", "-c"):  # the read-only-root probe on the head
         print(scenario.get("root_probe", "touch: cannot touch '/.sc-app-smoke': Read-only file system\ntmp-writable"))
     elif words("delete", "pod"):
@@ -195,7 +204,7 @@ def restricted_violations(pod: dict) -> list[str]:
 
 
 def test_ckpt_shell_pod_is_admitted_and_verifies_signatures(tmp_path: Path) -> None:
-    from sc_app.checkpoint.manifest import HMAC_ENV
+    from sc_app.checkpoint.manifest import HMAC_ENV, HMAC_FILE_ENV
     from tests.k8s.k8s_helpers import validate_core_object
 
     rayjob = _rayjob({"checkpoint": {"hmac": {"existingSecret": "ckpt-hmac", "secretKey": "key"}}})
@@ -208,20 +217,23 @@ def test_ckpt_shell_pod_is_admitted_and_verifies_signatures(tmp_path: Path) -> N
     assert restricted_violations(pod) == []
     tmpl = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     (container,) = pod["spec"]["containers"]
-    # The HMAC key the job's containers get, by the same Secret reference: `ckpt verify` checks signatures there.
-    job_key = next(e for e in tmpl["containers"][0]["env"] if e["name"] == HMAC_ENV)
-    assert next(e for e in container["env"] if e["name"] == HMAC_ENV) == job_key
-    assert job_key["valueFrom"]["secretKeyRef"] == {"name": "ckpt-hmac", "key": "key"}
+    # The HMAC keyring the job's containers get, the same Secret volume at the same path (the path in SC_APP_*
+    # env): `ckpt verify` checks signatures there, and no key is in the pod's environment.
+    assert next(e for e in container["env"] if e["name"] == HMAC_FILE_ENV)["value"] == "/etc/sc-app-hmac"
+    assert not [e for e in container["env"] if e["name"] == HMAC_ENV]
+    job_ring = next(v for v in tmpl["volumes"] if v["name"] == "hmac-keys")
+    assert job_ring["secret"]["secretName"] == "ckpt-hmac" and job_ring in pod["spec"]["volumes"]
+    assert {"name": "hmac-keys", "mountPath": "/etc/sc-app-hmac", "readOnly": True} in container["volumeMounts"]
+    assert "HMAC keyring from secret/ckpt-hmac (key) at /etc/sc-app-hmac" in proc.stdout, proc.stdout
     # Requests and limits for cpu and memory (a namespace with a ResourceQuota refuses pods without them).
     for part in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(container["resources"][part]), container["resources"]
     assert container["resources"] == tmpl["initContainers"][0]["resources"]
     # Where and what: the job's own mount path, claim, image and pull secret.
-    assert container["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/data/ckpt"}]
+    assert container["volumeMounts"][0] == {"name": "checkpoints", "mountPath": "/data/ckpt"}
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "demo-sc-app-ckpt"
     assert container["image"] == tmpl["containers"][0]["image"]
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
-    assert "HMAC key from secret/ckpt-hmac (key key): ckpt verify checks signatures" in proc.stdout
     assert "sc-app ckpt verify --checkpoint-dir /data/ckpt" in proc.stdout
 
 
@@ -259,7 +271,7 @@ SAVED_4 = {"newestBundleSource": "saved", "newestBundleStep": 4, "freshStart": F
          1, "FAIL: the new driver on h-b started fresh although step_4 was published"),
         ([_status("h-b", live={"resumedFromStep": 2, "freshStart": False, "newestBundleSource": "resumed"})],
          1, "FAIL: the new driver resumed from step 2, older than step_4"),
-        ([_status("h-a", live=SAVED_4)], 1, "FAIL: no new head resumed from a bundle within 15s"),
+        ([_status("h-a", live=SAVED_4)], 1, "FAIL: no new head resumed from a bundle within 40s"),
     ],
     ids=["head-loss-absorbed", "kuberay-retry", "fresh-start", "older-bundle", "never-resumed"],
 )
@@ -268,7 +280,7 @@ def test_cluster_smoke_requires_a_resume_by_a_new_head(tmp_path: Path, after_los
         "bundle_path": "/data/ckpt/step_4",  # the RayJob's mount path, not /checkpoints
         "phases": [[_status("h-a"), _status("h-a", live=SAVED_4)], after_loss],
     }
-    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "15"}
+    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "40"}
     proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == rc, proc.stderr
@@ -308,7 +320,7 @@ def test_cluster_smoke_suspends_and_resumes_after_the_resume_check(tmp_path: Pat
     scenario = {"bundle_path": "/data/ckpt/step_4",
                 "phases": [[_status("h-a"), _status("h-a", live=SAVED_4)],
                            [_status("h-b", live={"resumedFromStep": 4, "freshStart": False})]]}
-    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "15"}
+    env = fake_tools(tmp_path, _rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "40"}
     proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -330,3 +342,35 @@ def test_cluster_smoke_fails_when_the_head_root_is_writable(tmp_path: Path) -> N
     assert proc.returncode == 1, proc.stderr
     assert "FAIL: head h-a: expected a read-only root with a writable /tmp, got: tmp-writable" in proc.stderr
     assert not [c for c in calls(env) if "delete" in c["args"] and "pod" in c["args"]], "nothing was preempted"
+
+
+def _ring_and_roles_rayjob() -> dict:
+    job = _rayjob({"checkpoint": {"hmac": {"existingSecret": "ckpt-hmac"}}})
+    job["spec"]["rayClusterSpec"]["workerGroupSpecs"] = [{"groupName": "t", "resources": {"sc_app_trainer": "1000"}}]
+    return job
+
+
+@pytest.mark.parametrize(("extra", "rc", "expected"), [
+    ({}, 0, "step_4 signed by key id 0123456789abcdef; verified with the mounted keyring; no key in the head's "
+            "environment"),
+    ({"hmac_env": True}, 1, "FAIL: head h-a: the HMAC key is in the environment (SC_APP_CHECKPOINT_HMAC_KEY)"),
+    ({"signature": {"alg": "hmac-sha256-bytes", "value": "v"}}, 1,
+     "FAIL: step_4 is not signed with a key id although checkpoint.hmac is set"),
+    ({"verify_rc": 2}, 1, "FAIL: sc-app ckpt verify with the mounted keyring failed on h-a"),
+    ({"ray_status": "Resources\n 0.0/4.0 CPU\n"}, 1,
+     "FAIL: Ray does not advertise sc_app_trainer (workerGroups[].roles)"),
+], ids=["ok", "key-in-env", "no-key-id", "verify-fails", "role-not-advertised"])  # fmt: skip
+def test_cluster_smoke_checks_the_keyring_and_the_roles_on_the_live_head(tmp_path: Path, extra, rc, expected) -> None:
+    phase0 = [_status("h-a"), _status("h-a", live=SAVED_4)]
+    after = [_status("h-b", live={"resumedFromStep": 4, "freshStart": False})]
+    scenario = {"bundle_path": "/data/ckpt/step_4", "phases": [phase0, after], **extra}
+    env = fake_tools(tmp_path, _ring_and_roles_rayjob(), scenario) | {"SMOKE_POLL_S": "0", "SMOKE_TIMEOUT_S": "30"}
+    proc = subprocess.run(["bash", str(REPO_ROOT / "ops" / "cluster-smoke.sh"), "ml"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == rc and expected in proc.stderr, proc.stderr
+    if rc == 0:
+        assert "Ray advertises the roles' resources: sc_app_trainer" in proc.stderr
+        cats = [c["args"][-1] for c in calls(env) if "exec" in c["args"] and "cat" in c["args"]]
+        assert cats == ["/data/ckpt/step_4/manifest.json"]
+    else:
+        assert not [c for c in calls(env) if "delete" in c["args"] and "pod" in c["args"]], "nothing was preempted"

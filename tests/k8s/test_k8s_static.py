@@ -105,14 +105,19 @@ def _applicable(msg: Message, extras: set[str]) -> list[Requirement]:
     return [r for r in reqs if r.marker is None or any(r.marker.evaluate({**IMAGE_ENV, "extra": e}) for e in extras)]
 
 
-def test_image_lock_pins_torch_cuda_wheels_as_its_metadata_requires() -> None:
-    """torch's CUDA wheel (manylinux x86_64, cp311; metadata vendored by ops/lock-image-deps.sh) and, transitively,
-    every nvidia-*/cuda-*/triton wheel it pulls in: each requirement that applies on the image's platform is in the
-    lock at a version it allows, torch's own nvidia-*/triton requirements are exact pins at exactly that version,
-    and the lock carries no CUDA-family package the closure does not need."""
+def test_image_lock_pins_torch_and_vllm_cuda_wheels_as_their_metadata_requires() -> None:
+    """torch's CUDA wheel and the CUDA vllm (manylinux x86_64, cp311; metadata vendored by ops/lock-image-deps.sh)
+    and, transitively, every nvidia-*/cuda-*/triton wheel they pull in: each requirement that applies on the image's
+    platform is in the lock at a version it allows (so every dependency of vllm is locked with the rest), torch's
+    own nvidia-*/triton requirements are exact pins at exactly that version, and the lock carries no CUDA-family
+    package the closure does not need."""
     lock, metas = _image_lock(), _vendored_metadata()
     assert metas["torch"]["Version"] == lock["torch"], "vendored torch metadata is stale: run ops/lock-image-deps.sh"
-    todo, seen = [("torch", {""})], set()
+    assert metas["vllm"]["Version"] == lock["vllm"], "vendored vllm metadata is stale: run ops/lock-image-deps.sh"
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["vllm-cuda"] == [f"vllm=={lock['vllm']}"], "the image's vllm is locked"
+    roots = {canonicalize_name(Requirement(r).name) for r in project["dependencies"] + [f"vllm=={lock['vllm']}"]}
+    todo, seen = [(n, {""}) for n in sorted(roots & set(metas))], set()
     while todo:
         name, extras = todo.pop()
         msg = metas.get(name)
@@ -124,13 +129,15 @@ def test_image_lock_pins_torch_cuda_wheels_as_its_metadata_requires() -> None:
             assert req.specifier.contains(lock[dep], prereleases=True), f"{name} requires {req}, lock {lock[dep]}"
             if name == "torch" and (dep.startswith("nvidia-") or dep == "triton"):
                 assert [s.operator for s in req.specifier] == ["=="], f"torch pins {req} exactly"
-            if _gpu_family(dep) and (dep, frozenset(req.extras)) not in seen:
+            # CUDA wheels, and the packages through which vllm pulls them (vendored for that reason)
+            if (_gpu_family(dep) or dep in metas) and (dep, frozenset(req.extras)) not in seen:
                 seen.add((dep, frozenset(req.extras)))
                 todo.append((dep, {"", *req.extras}))
     needed = {dep for dep, _ in seen}
     assert {"triton", "nvidia-cudnn-cu13", "nvidia-nccl-cu13", "nvidia-cublas", "cuda-toolkit"} <= needed
+    assert not set(metas) - needed - roots, "vendored metadata nothing reaches: run ops/lock-image-deps.sh"
     stale = {n for n in lock if _gpu_family(n) and n != "torch"} - needed
-    assert not stale, f"the image lock pins CUDA-family packages torch does not need: {sorted(stale)}"
+    assert not stale, f"the image lock pins CUDA-family packages torch and vllm do not need: {sorted(stale)}"
 
 
 @pytest.mark.parametrize("script", OPS_SCRIPTS, ids=[p.name for p in OPS_SCRIPTS])

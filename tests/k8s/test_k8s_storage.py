@@ -187,3 +187,46 @@ def test_a_pending_claim_shows_without_events_access(api, capsys) -> None:
     assert run(kc, "status", "--no-live") == 0
     (claim,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("claim ")]
     assert claim.startswith(f"claim persistentvolumeclaim/{CLAIM}: Pending (class gp2, provisioner ebs.csi.aws.com")
+
+
+def _hmac_values(tmp_path: Path) -> str:
+    """ci/cpu-values.yaml signing with a keyring of two keys of secret/ckpt-hmac."""
+    values = yaml.safe_load((CHART_DIR / "ci" / "cpu-values.yaml").read_text())
+    values["checkpoint"]["hmac"] = {"existingSecret": "ckpt-hmac", "keys": ["k-old", "k-new"]}
+    path = tmp_path / "hmac.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def _secret(*keys: str) -> dict:
+    data = dict.fromkeys(keys, "eA==")
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ckpt-hmac"}, "data": data}
+
+
+@pytest.mark.parametrize(("keys", "expected"), [
+    (None, r"secret/ckpt-hmac does not exist in namespace ml and the job's pods mount it \(checkpoint\.hmac\."
+           r"existingSecret, rayAuth\.existingSecret or extraVolumes\): create it first; nothing written"),
+    (["k-old"], r"secret/ckpt-hmac has no key k-new \(it has: k-old\); add it or fix checkpoint\.hmac\.keys"),
+], ids=["missing-secret", "missing-key"])  # fmt: skip
+def test_submit_refuses_a_missing_hmac_secret_or_key_before_writing_anything(
+    api, capsys, tmp_path: Path, keys, expected
+) -> None:
+    """`helm template`/GitOps renders cannot see the Secret (lookup finds nothing): submit checks it itself."""
+    server, kc = api
+    if keys is not None:
+        server.add("secrets", _secret(*keys))
+    assert run(kc, "submit", "-f", _hmac_values(tmp_path)) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and re.search(expected, err[0]), err
+    assert not [r for r in server.requests if r[0] != "GET"], "nothing may be written"
+
+
+def test_submit_with_the_hmac_secret_goes_ahead(api, capsys, tmp_path: Path) -> None:
+    server, kc = api
+    server.add("secrets", _secret("k-old", "k-new", "unrelated"))
+    assert run(kc, "submit", "-f", _hmac_values(tmp_path)) == 0
+    assert "created rayjob/demo-sc-app" in capsys.readouterr().out
+    job = server.store[("rayjobs", "ml", "demo-sc-app")]
+    (vol,) = [v for v in job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+              if v["name"] == "hmac-keys"]  # fmt: skip
+    assert [i["key"] for i in vol["secret"]["items"]] == ["k-old", "k-new"]

@@ -66,7 +66,9 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
         path.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "KUBECONFIG": str(kubeconfig),
            "PYTHONPATH": str(REPO_ROOT), "RUNBOOK_STATE": str(state), "NS": NS, "RELEASE": RELEASE, "JOB": JOB,
-           "KUBERAY_VERSION": "1.7.0", "CKPT": str(ckpt)}
+           "KUBERAY_VERSION": "1.7.0", "CKPT": str(ckpt), "EXPORT_CLAIM": "policies",
+           "EXPORTS": str(tmp_path / "exports")}
+    (tmp_path / "exports").mkdir()
     env.pop("KUBERNETES_SERVICE_HOST", None)
     yield {"server": server, "env": env, "ckpt": ckpt, "state": state, "tmp": tmp_path, "work": work}
     server.stop()
@@ -214,6 +216,35 @@ def test_section_8_clean_up_both_ways(world) -> None:
     assert not [k for k in world["server"].store if k[0] != "pods"], world["server"].store.keys()
 
 
+def test_section_11_export_onto_a_claim_through_the_debug_pod(world) -> None:
+    """The export runs in ckpt-debug with the job's pods gone, onto the export claim mounted at /exports, never into
+    the checkpoint claim. The world's bundles are of the tiny backend, so export verifies step_6, accepts the
+    target and then refuses ("nothing to export"): what an hf bundle adds is the export itself
+    (tests/e2e/test_hf_run.py exports one)."""
+    install_running(world)
+    (block,) = section_blocks(11)
+    before = sorted(p.name for p in world["ckpt"].iterdir())
+    proc = bash(world, block)
+    assert proc.returncode == 2, proc.stderr
+    assert "step_6 holds a model.backend=tiny policy: there is nothing to export" in proc.stderr, proc.stderr
+    assert "inside the checkpoint directory" not in proc.stderr
+    (export,) = [c for c in calls(world) if "exec" in c["args"]]
+    assert export["ray_pods"] == 0, "exported only once the job's pods were gone"
+    out = export["args"][export["args"].index("--out") + 1]
+    assert out.startswith(world["env"]["EXPORTS"] + "/policy-")
+    pod = json.loads((world["state"] / "created-pod.json").read_text())
+    assert {"name": "exports", "persistentVolumeClaim": {"claimName": "policies"}} in pod["spec"]["volumes"]
+    assert {"name": "exports", "mountPath": "/exports"} in pod["spec"]["containers"][0]["volumeMounts"]
+    assert sorted(p.name for p in world["ckpt"].iterdir()) == before and not any((world["tmp"] / "exports").iterdir())
+
+
+def test_ckpt_shell_refuses_the_checkpoint_claim_as_export_claim(world) -> None:
+    install_running(world)
+    proc = bash(world, f'ops/ckpt-shell.sh "$NS" "$JOB" {JOB}-ckpt')
+    assert proc.returncode == 2
+    assert f"EXPORT_CLAIM {JOB}-ckpt is the checkpoint claim: its root is checkpoint.dir" in proc.stderr, proc.stderr
+
+
 def operator_install_line() -> str:
     """Section 1's pinned install of the KubeRay operator."""
     (line,) = [ln for ln in section_blocks(1)[0].splitlines() if ln.startswith("helm install kuberay-operator")]
@@ -236,7 +267,7 @@ def test_section_12_operator_timeout(world) -> None:
 
 def test_every_runbook_section_with_cluster_commands_is_run_here() -> None:
     text = Path(__file__).read_text()
-    for number in (4, 5, 6, 7, 8, 10, 12):
+    for number in (4, 5, 6, 7, 8, 10, 11, 12):
         assert section_blocks(number) and f"section_blocks({number})" in text
     assert shutil.which("jq"), "section 6 uses jq"
 

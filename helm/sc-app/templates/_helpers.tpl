@@ -95,10 +95,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* The sc-app config as mounted: user config with checkpoint.dir, ray.address (and model.path) forced. */}}
+{{/* The sc-app config as mounted: user config with checkpoint.dir, ray.address (and model.path) forced, and each
+role some worker group hosts mapped to its custom Ray resource (sc-app.roleResource). */}}
 {{- define "sc-app.config" -}}
 {{- $forced := dict "checkpoint" (dict "dir" .Values.checkpoint.mountPath) "ray" (dict "address" "auto") -}}
 {{- with include "sc-app.modelPath" . }}{{ $_ := set $forced "model" (dict "path" .) }}{{ end -}}
+{{- $roles := include "sc-app.hostedRoles" . | fromJson -}}
+{{- range $role := list "trainer" "generation" -}}
+{{- if hasKey $roles $role -}}
+{{- $_ := set $forced $role (dict "resources" (dict (include "sc-app.roleResource" $role) 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $roles "data_plane" -}}
+{{- $_ := set $forced "data_plane" (dict "storage_node_resource" (include "sc-app.roleResource" "data_plane")) -}}
+{{- end -}}
 {{- $cfg := mustMergeOverwrite (deepCopy (default (dict) .Values.config)) $forced -}}
 {{- toYaml $cfg -}}
 {{- end -}}
@@ -117,17 +127,15 @@ max-worker-port: {{ $p.maxWorkerPort | quote }}
 {{- end -}}
 
 {{/*
-Env of an sc-app container: the HMAC key, the release's extraEnv, then the group's.
+Env of an sc-app container: the HMAC keyring's path, the release's extraEnv, then the group's.
 Called with (dict "root" $ "group" <head or worker group values>).
 */}}
 {{- define "sc-app.env" -}}
 {{- $v := .root.Values -}}
 {{- if $v.checkpoint.hmac.existingSecret }}
-- name: SC_APP_CHECKPOINT_HMAC_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ $v.checkpoint.hmac.existingSecret }}
-      key: {{ $v.checkpoint.hmac.secretKey }}
+# The keyring's directory (a path, not the key): Ray processes see where the keys are mounted, never a key.
+- name: SC_APP_CHECKPOINT_HMAC_KEY_FILE
+  value: {{ $v.checkpoint.hmac.mountPath | quote }}
 {{- end }}
 {{- if $v.logs.toStderr }}
 - name: RAY_LOG_TO_STDERR
@@ -257,4 +265,69 @@ Call with (dict "resources" <resources> "root" $).
     {{- end }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The Secret keys of the HMAC keyring, oldest first (the last signs): checkpoint.hmac.keys, else [secretKey]. */}}
+{{- define "sc-app.hmacKeys" -}}
+{{- $h := .Values.checkpoint.hmac -}}
+{{- toJson (default (list $h.secretKey) $h.keys) -}}
+{{- end -}}
+
+{{/* The keyring mounted read-only where SC_APP_CHECKPOINT_HMAC_KEY_FILE points (every sc-app container). */}}
+{{- define "sc-app.hmacMounts" -}}
+{{- if .Values.checkpoint.hmac.existingSecret }}
+- name: hmac-keys
+  mountPath: {{ .Values.checkpoint.hmac.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
+The Secret as a directory of key files named 00-<key>, 01-<key>, ... in keyring order, so the name that sorts last
+(sc_app.checkpoint.hmac_keys) is the newest key whatever the keys are called; group-readable by fsGroup only.
+*/}}
+{{- define "sc-app.hmacVolumes" -}}
+{{- $h := .Values.checkpoint.hmac -}}
+{{- if $h.existingSecret }}
+- name: hmac-keys
+  secret:
+    secretName: {{ $h.existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- range $i, $k := include "sc-app.hmacKeys" . | fromJsonArray }}
+      - key: {{ $k }}
+        path: {{ printf "%02d-%s" $i $k }}
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The custom Ray resource of an sc-app role: sc_app_trainer, sc_app_generation, sc_app_data_plane. */}}
+{{- define "sc-app.roleResource" -}}sc_app_{{ . }}{{- end -}}
+
+{{/* Roles some worker group with pods hosts, as a JSON object role -> true. */}}
+{{- define "sc-app.hostedRoles" -}}
+{{- $out := dict -}}
+{{- range .Values.workerGroups -}}
+{{- if gt (int .replicas) 0 -}}
+{{- range $r := default (list) .roles -}}{{- $_ := set $out $r true -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
+A group's pod affinity with placement.sameZone merged in: a required podAffinity term on the release's pods over
+placement.zoneKey, appended to the group's own terms. Called with (dict "root" $ "group" <group values>).
+*/}}
+{{- define "sc-app.affinity" -}}
+{{- $aff := deepCopy (default (dict) .group.affinity) -}}
+{{- if .root.Values.placement.sameZone -}}
+{{- $pa := default (dict) $aff.podAffinity -}}
+{{- $terms := default (list) $pa.requiredDuringSchedulingIgnoredDuringExecution -}}
+{{- $sel := dict "matchLabels" (include "sc-app.selectorLabels" .root | fromYaml) -}}
+{{- $terms = append $terms (dict "labelSelector" $sel "topologyKey" .root.Values.placement.zoneKey) -}}
+{{- $_ := set $pa "requiredDuringSchedulingIgnoredDuringExecution" $terms -}}
+{{- $_ := set $aff "podAffinity" $pa -}}
+{{- end -}}
+{{- with $aff }}{{ toYaml . }}{{ end -}}
 {{- end -}}

@@ -30,6 +30,14 @@ workerGroupSpecs:
     replicas: {{ .replicas }}
     minReplicas: {{ .replicas }}
     maxReplicas: {{ .replicas }}
+    {{- with .roles }}
+    # The roles' custom Ray resources (sc-app.roleResource): the chart's config asks for them, so the roles'
+    # actors land only on this group's pods. A tag, not a count: each actor asks for 1.
+    resources:
+      {{- range $r := . }}
+      {{ include "sc-app.roleResource" $r }}: "1000"
+      {{- end }}
+    {{- end }}
     rayStartParams:
       {{- $w := merge (include "sc-app.portParams" $root | fromYaml) (deepCopy (default (dict) .rayStartParams)) }}
       {{- range $k, $val := $w }}
@@ -94,9 +102,22 @@ spec:
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $g.affinity }}
+  {{- with include "sc-app.affinity" (dict "root" $root "group" $g) }}
   affinity:
-    {{- toYaml . | nindent 4 }}
+    {{- . | nindent 4 }}
+  {{- end }}
+  {{- with $g.topologySpread }}
+  topologySpreadConstraints:
+    - maxSkew: {{ .maxSkew | default 1 }}
+      topologyKey: {{ .topologyKey | default "kubernetes.io/hostname" }}
+      whenUnsatisfiable: {{ .whenUnsatisfiable | default "DoNotSchedule" }}
+      labelSelector:
+        matchLabels:
+          {{- include "sc-app.selectorLabels" $root | nindent 10 }}
+          sc-app/role: {{ $.role }}
+          {{- if not $head }}
+          sc-app/worker-group: {{ $g.name }}
+          {{- end }}
   {{- end }}
   {{- if $head }}
   initContainers:
@@ -131,6 +152,7 @@ spec:
           mountPath: {{ include "sc-app.configDir" $root }}
           readOnly: true
         {{- include "sc-app.scratchMounts" $root | nindent 8 }}
+        {{- include "sc-app.hmacMounts" $root | nindent 8 }}
   {{- end }}
   containers:
     - name: {{ ternary "ray-head" "ray-worker" $head }}
@@ -180,6 +202,7 @@ spec:
           readOnly: true
         {{- end }}
         {{- include "sc-app.scratchMounts" $root | nindent 8 }}
+        {{- include "sc-app.hmacMounts" $root | nindent 8 }}
         - name: ray-tmp
           mountPath: /tmp/ray
         - name: dshm
@@ -217,6 +240,7 @@ spec:
         {{- else }} {}
         {{- end }}
     {{- include "sc-app.scratchVolumes" $root | nindent 4 }}
+    {{- include "sc-app.hmacVolumes" $root | nindent 4 }}
     # Ray's object store lives in /dev/shm; sized like KubeRay does unless shmSize says otherwise.
     - name: dshm
       emptyDir:

@@ -28,6 +28,8 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- include "sc-app.validateConfig" . -}}
 {{- include "sc-app.validateExtraContainers" . -}}
 {{- include "sc-app.validateExtendedResources" . -}}
+{{- include "sc-app.validateHmac" . -}}
+{{- include "sc-app.validatePlacement" . -}}
 {{- end -}}
 
 {{/* RayJob fields KubeRay's ValidateRayJobSpec refuses (checked only with mode RayJob). */}}

@@ -37,7 +37,7 @@ def main(args: list[str]) -> None:
             sys.exit(f'Error from server (NotFound): rayjobs.ray.io "{name}" not found')
         print(json.dumps(obj))
     elif "create" in words and "-" in args:
-        sys.stdin.read()
+        (state() / "created-pod.json").write_text(sys.stdin.read())  # what the test checks: the debug pod's spec
         print("pod/ckpt-debug created")
     elif "wait" in words:
         print("pod/ckpt-debug condition met")

@@ -36,7 +36,7 @@ def test_hmac_signed_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     (signed / "manifest.json").write_text(json.dumps(doc))
     assert any("signature" in p for p in verify_bundle(signed, hmac_key=key).problems)
     monkeypatch.setenv(HMAC_ENV, "abc")
-    assert hmac_key_from_env() == b"abc"
+    assert hmac_key_from_env().keys == (b"abc",)
     monkeypatch.delenv(HMAC_ENV)
     assert hmac_key_from_env() is None
 
