@@ -39,8 +39,10 @@ from sc_app.config.app import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
 from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
 from sc_app.rl import hooks
+from sc_app.waits import Bound, ProcessHung, StopCut, bounded
 
 log = logging.getLogger(__name__)
+
 
 class CheckpointDirUnusable(RuntimeError):
     """The checkpoint directory cannot be used (not a directory, read-only, full); one line naming it."""
@@ -299,10 +301,13 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
             raise
         return attempt.nothing_trained(plan, "stopped")
     attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
+    job = ClusterJob(attempt, stop_requested)
     try:
-        job = ClusterJob(attempt, stop_requested)
         summary, plan = drive_restoring(job, plan, cfg.run.max_in_job_restores)
         return RunResult(plan, summary, attempt.seconds(), _outcome(cfg, summary))
+    except StopCut as exc:  # a stop during a set-up: it was torn down; the plan's bundle stays the resume point
+        log.warning("%s; the set-up was torn down", exc)
+        return attempt.nothing_trained(job.plan or plan, "stopped")
     finally:
         shutdown_transferqueue()
         if owns_ray:
@@ -320,11 +325,17 @@ class ClusterJob:
         self.attempt, self.stop_requested = attempt, stop_requested
         self._step = 0
         self._watch: JobActors | None = None  # the driven setup's actors (None while a setup is being built)
+        self.plan: ResumePlan | None = None  # the plan of the newest set-up started
 
     def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
-        self._watch = None
-        setup, plan = start_controller(self.attempt, plan)
+        """Set the job up from ``plan`` within ``run.setup_timeout_s``; every wait in it ends on a stop request
+        (``StopCut``) or at that deadline (``ProcessHung``: a hung process, handled like a dead one)."""
+        self._watch, self.plan = None, plan
+        limit = self.attempt.cfg.run.setup_timeout_s
+        with bounded(Bound.within(limit, self.stop_requested, why=f"set-up past run.setup_timeout_s={limit:g}s")):
+            setup, plan = start_controller(self.attempt, plan)
         self._step = plan.step if plan.decision == "resume" else 0
+        self.plan = plan
         return setup, plan
 
     def drive(self, setup: Setup) -> RunSummary:
@@ -336,6 +347,7 @@ class ClusterJob:
             on_progress=self._progress,
             stop_requested=self.stop_requested,
             watch=self._watch.check,
+            hang_s=self.attempt.cfg.run.hang_timeout_s,
         )
 
     def _progress(self, record: ProgressRecord) -> None:
@@ -345,7 +357,9 @@ class ClusterJob:
 
     def what_died(self, setup: Setup, exc: JobFailed) -> Death:
         """From the driven setup's watch; a death while a setup was being built (no watch: that setup tore itself
-        down) is named by its error alone."""
+        down) is named by its error alone; a hung process by its ``ProcessHung`` (it is alive: no death to wait for)."""
+        if isinstance(exc, ProcessHung):
+            return Death(exc.kind, exc.names, exc.since)
         if not isinstance(exc, ActorsDied) and self._watch is not None:
             # the death surfaced as an error first; the GCS records it at once for a dead process, only after its
             # health check for a lost node (Ray's default: about 15 s) — and the fit check needs the node gone
