@@ -54,6 +54,13 @@ class Bound:
     def within(cls, seconds: float, stop: Callable[[], bool] = lambda: False, why: str = "") -> Bound:
         return cls(time.monotonic() + seconds, stop, why or f"no answer within {seconds:g}s")
 
+    def capped(self, seconds: float) -> Bound:
+        """This bound, ending ``seconds`` from now at the latest (a call with a deadline of its own)."""
+        until = time.monotonic() + seconds
+        if self.until is not None and self.until <= until:
+            return self
+        return Bound(until, self.stop, f"no answer within {seconds:g}s")
+
 
 _BOUND: ContextVar[Bound | None] = ContextVar("sc_app_wait_bound", default=None)
 

@@ -164,6 +164,9 @@ def _init_ray(cfg: AppConfig) -> bool:
     from sc_app.attempt import ray_start
 
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
+    # Ray's own logger goes where the process's logging sends it (sc-app run: libraries.log, not the console):
+    # configure_logging=False keeps ray.init from installing its console handler again
+    logging.getLogger("ray").propagate = True
     verbose = cfg.run.log_level == "DEBUG"
     if cfg.ray.address is None:
         ray_start.check_ray_tmpdir()  # before Ray writes anything there
@@ -175,6 +178,7 @@ def _init_ray(cfg: AppConfig) -> bool:
                 namespace=cfg.ray.namespace,
                 log_to_driver=verbose,
                 logging_level=logging.WARNING,
+                configure_logging=False,
                 _metrics_export_port=cfg.ray.metrics_export_port,
             ),
             ray.shutdown,
@@ -190,6 +194,7 @@ def _init_ray(cfg: AppConfig) -> bool:
             namespace=cfg.ray.namespace,
             log_to_driver=verbose,
             logging_level=logging.WARNING,
+            configure_logging=False,
             runtime_env={"env_vars": env_vars} if env_vars else None,
         ),
         ray.shutdown,

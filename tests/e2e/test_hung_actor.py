@@ -27,6 +27,7 @@ import pytest
 
 from sc_app.observe.goodput import ledger
 from sc_app.observe.reader import read_history
+from tests.support.console import foreign_lines
 from tests.support.proc import actor_pids, finish, read_trace, run_args, sc_app, start_logged, wait_for
 from tests.support.restart import attempts_of
 
@@ -70,6 +71,8 @@ def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
     assert took < BUDGET_S + 30, f"exited {took:.0f}s after SIGTERM against a {BUDGET_S:g}s budget"
     assert f"emergency checkpoint did not finish within checkpoint.emergency_budget_s={BUDGET_S:g}s" in out, out[-3000:]
     assert "the controller actor had not answered for" in out and "Traceback" not in out, out[-3000:]
+    assert not foreign_lines(out), foreign_lines(out)[:5]  # TransferQueue's shutdown warning: libraries.log
+    assert "transfer_queue" in (ckpt / "logs" / "libraries.log").read_text()
 
     faults = list(read_history(ckpt / "logs").events_named("fault"))
     assert [f.data["fault"] for f in faults] == ["hang", "hang"], out[-3000:]
