@@ -164,9 +164,7 @@ def _init_ray(cfg: AppConfig) -> bool:
     from sc_app.attempt import ray_start
 
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
-    # Ray's own logger goes where the process's logging sends it (sc-app run: libraries.log, not the console):
-    # configure_logging=False keeps ray.init from installing its console handler again
-    logging.getLogger("ray").propagate = True
+    logging.getLogger("ray").propagate = True  # with configure_logging=False: to libraries.log, not the console
     verbose = cfg.run.log_level == "DEBUG"
     if cfg.ray.address is None:
         ray_start.check_ray_tmpdir()  # before Ray writes anything there
