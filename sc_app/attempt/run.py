@@ -152,13 +152,13 @@ def keep_sigterm_handler() -> Iterator[None]:
         utils.set_sigterm_handler = original
 
 
-def init_ray(cfg: AppConfig) -> bool:
+def init_ray(cfg: AppConfig, stop_requested: Callable[[], bool] = lambda: False) -> bool:
     """Start (embedded) or join (cluster) Ray; returns True when this process started it."""
     with keep_sigterm_handler():
-        return _init_ray(cfg)
+        return _init_ray(cfg, stop_requested)
 
 
-def _init_ray(cfg: AppConfig) -> bool:
+def _init_ray(cfg: AppConfig, stop_requested: Callable[[], bool]) -> bool:
     """One line (``ray_start.RayStartFailed``) instead of Ray's traceback when Ray cannot start; a start-up that
     timed out is retried once (``ray_start.start_ray``)."""
     from sc_app.attempt import ray_start
@@ -181,6 +181,7 @@ def _init_ray(cfg: AppConfig) -> bool:
             ),
             ray.shutdown,
             what="its embedded node",
+            stop_requested=stop_requested,
         )
         return True
     # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
@@ -197,6 +198,7 @@ def _init_ray(cfg: AppConfig) -> bool:
         ),
         ray.shutdown,
         what=f"a connection to the cluster at ray.address={cfg.ray.address}",
+        stop_requested=stop_requested,
     )
     return False
 
@@ -298,9 +300,9 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
     """Ray up, the controller set up (falling back past bundles that cannot be restored), driven to its end."""
     cfg = attempt.cfg
     try:
-        owns_ray = init_ray(cfg)
-    except SystemExit as exc:  # ray.init's own SIGTERM handler, before ours is back: a stop like any other
-        if exc.code != signal.SIGTERM:
+        owns_ray = init_ray(cfg, stop_requested)
+    except (SystemExit, StopCut) as exc:  # ray.init's SIGTERM handler before ours is back; a stop during a retry
+        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
             raise
         return attempt.nothing_trained(plan, "stopped")
     attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
@@ -331,8 +333,7 @@ class ClusterJob:
         self.plan: ResumePlan | None = None  # the plan of the newest set-up started
 
     def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
-        """Set the job up from ``plan`` within ``run.setup_timeout_s``; every wait in it ends on a stop request
-        (``StopCut``) or at that deadline (``ProcessHung``: a hung process, handled like a dead one)."""
+        """Set up from ``plan``; each wait ends on a stop (StopCut) or past run.setup_timeout_s (ProcessHung)."""
         self._watch, self.plan = None, plan
         limit = self.attempt.cfg.run.setup_timeout_s
         with bounded(Bound.within(limit, self.stop_requested, why=f"set-up past run.setup_timeout_s={limit:g}s")):
