@@ -101,6 +101,7 @@ def _run(cfg: AppConfig, observer: JobObserver, libraries: LibraryLogs) -> int:
 
     def on_ray_ready() -> None:
         stop.install()
+        libraries.route_ray_errors()  # "(raylet) A worker died ..." lines: libraries.log, not the console
         observer.ray_ready()
 
     print(

@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import queue
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 LIBRARIES_LOG = "libraries.log"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -53,6 +55,7 @@ class LibraryLogs:
         self.path: Path | None = None
         self._listener: logging.handlers.QueueListener | None = None
         self._console: list[logging.Handler] = []
+        self._undo: list[Callable[[], None]] = []
 
     def install(self) -> LibraryLogs:
         """Hold library records from now on; the root's own handlers keep only sc-app's."""
@@ -79,8 +82,29 @@ class LibraryLogs:
         self._listener.start()
         return self.path
 
+    def route_ray_errors(self) -> None:
+        """Ray's driver prints what its raylets publish (``(raylet) A worker died or was killed ...``) straight to
+        stdout, whatever ``log_to_driver`` says: make those records of the ``ray.raylet`` logger instead (a library
+        record like any other). Ray looks the printer up by name for each message, so this works once Ray is up."""
+        from ray._private import worker
+
+        original = worker.print_to_stdstream
+        raylet = logging.getLogger("ray.raylet")
+
+        def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
+            if data.get("pid") != "raylet":
+                return original(data, ignore_prefix=ignore_prefix)
+            for line in data.get("lines", []):
+                raylet.warning("%s", line)
+            return None
+
+        worker.print_to_stdstream = to_log
+        self._undo.append(lambda: setattr(worker, "print_to_stdstream", original))
+
     def close(self) -> None:
         """Flush to the file; without one, print what was held one line each. The root's handlers as before."""
+        while self._undo:
+            self._undo.pop()()
         self.root.removeHandler(self.held)
         logging.captureWarnings(False)
         if self._listener is not None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its "(raylet)" prefix
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d+\s+[A-Z]+\s+(\S+)")
 
 
 def foreign_lines(out: str) -> list[str]:
     bad = []
-    for line in out.splitlines():
+    for line in map(lambda raw: _ANSI.sub("", raw), out.splitlines()):
         logged = _LOG_LINE.match(line)
         if logged is not None:
             if not logged.group(1).startswith("sc_app"):

@@ -9,6 +9,8 @@ import io
 import logging
 from pathlib import Path
 
+import pytest
+
 from sc_app.observe.library_logs import LIBRARIES_LOG, LibraryLogs, is_library
 from tests.support.console import foreign_lines
 
@@ -77,3 +79,26 @@ def test_what_counts_as_a_library() -> None:
 
     assert is_library(rec("ray")) and is_library(rec("py.warnings")) and is_library(rec("root"))
     assert is_library(rec("sc_appx")) and not is_library(rec("sc_app")) and not is_library(rec("sc_app.cli.run"))
+
+
+def test_the_errors_rays_driver_prints_become_library_records(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``(raylet) A worker died ...``: Ray's driver prints what its raylets publish straight to stdout; routed, it is
+    a ``ray.raylet`` record in ``libraries.log``, not console output; closing puts Ray's printer back."""
+    from ray._private import worker
+
+    original = worker.print_to_stdstream
+    ray_logger = logging.getLogger("ray")
+    monkeypatch.setattr(ray_logger, "propagate", True)  # as sc_app.attempt.run starts Ray
+    monkeypatch.setattr(ray_logger, "handlers", [])
+    libraries = LibraryLogs().install()  # the process's root
+    libraries.route_ray_errors()
+    assert worker.print_to_stdstream is not original
+    worker.print_to_stdstream({"lines": ["A worker died or was killed"], "pid": "raylet", "is_err": False}, False)
+    libraries.open(tmp_path)
+    libraries.close()
+    assert worker.print_to_stdstream is original
+    captured = capfd.readouterr()
+    assert "A worker died" not in captured.out + captured.err
+    assert "ray.raylet: A worker died or was killed" in (tmp_path / LIBRARIES_LOG).read_text()
