@@ -1,17 +1,30 @@
 """Driving the controller to its end: progress handed over in order, a stop request turned into an emergency
-bundle within its budget, and Ray's errors turned into what the job means by them."""
+bundle within its budget, a hung job noticed, and Ray's errors turned into what the job means by them.
+
+No wait here outlives its bound (``sc_app.waits``): the driver waits in short slices, so a stop request and the
+emergency deadline are looked at every poll whatever the job does. Two heartbeats tell a hung job from a slow one
+(``Heartbeat``): the controller actor answers the driver's progress call (a SIGSTOPped or deadlocked controller
+does not), and the job reports a step, a save or a fault (a hung trainer rank, storage unit or TransferQueue
+controller leaves the controller waiting on it). Either silent for ``run.hang_timeout_s`` ends the drive with
+``ProcessHung``, a ``JobFailed``: the in-job restore treats it like a dead process. While a stop is being served
+the emergency budget alone bounds the drive.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 
+from sc_app import waits
 from sc_app.progress import JobFailed, ProgressRecord, RunSummary
 
 POLL_SECONDS = 0.5  # how often the driver collects progress and checks for a stop request
+HANG = "hang"  # the FaultRecord kind of a job that reported nothing for run.hang_timeout_s (a process of it hangs)
 
 
 class EmergencyTimeout(RuntimeError):
@@ -37,41 +50,114 @@ def job_errors() -> Iterator[None]:
         raise cause from None
 
 
+@dataclass
+class Heartbeat:
+    """The two heartbeats of a driven job (module docstring), on ``clock`` (``time.monotonic``). Pure."""
+
+    hang_s: float
+    clock: Callable[[], float] = time.monotonic
+    asked_at: float | None = None  # when the unanswered progress call was issued (None: none in flight)
+    last_record: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        self.last_record = self.clock()
+
+    def asked(self) -> None:
+        self.asked_at = self.clock()
+
+    def answered(self, records: int) -> None:
+        self.asked_at = None
+        if records:
+            self.last_record = self.clock()
+
+    def silent(self) -> waits.ProcessHung | None:
+        """Which heartbeat stopped for longer than ``hang_s``, as the error that ends the drive; None: both beat."""
+        now, why = self.clock(), f"no answer within run.hang_timeout_s={self.hang_s:g}s"
+        if self.asked_at is not None and now - self.asked_at > self.hang_s:
+            return waits.ProcessHung("controller", "the controller actor", now - self.asked_at, why)
+        if now - self.last_record > self.hang_s:
+            return waits.ProcessHung(
+                HANG,
+                "the job (no step, save or fault reported: a trainer rank, a data-plane process or a generation "
+                "worker hangs)",
+                now - self.last_record,
+                f"run.hang_timeout_s={self.hang_s:g}s",
+            )
+        return None
+
+    def silent_for(self) -> float:
+        return 0.0 if self.asked_at is None else self.clock() - self.asked_at
+
+
 def drive(
-    actor: object,
+    actor: Any,
     *,
     emergency_budget_s: float,
     on_progress: Callable[[ProgressRecord], None],
     stop_requested: Callable[[], bool],
     poll_seconds: float = POLL_SECONDS,
     watch: Callable[[], None] = lambda: None,
+    hang_s: float = 300.0,
 ) -> RunSummary:
     """Run the controller to its end, handing every progress record to ``on_progress`` in order. Once
     ``stop_requested()`` is true the controller is asked to stop (finish the step, cut a bundle of it) and given
     ``emergency_budget_s``; past that it is killed — nothing half-written is renamed, so the newest older bundle
     stays the resume point — and ``EmergencyTimeout`` is raised. ``watch`` is called every poll: it raises
-    (``ActorsDied``) when an actor of the job died in a way no call would report."""
+    (``ActorsDied``) when an actor of the job died in a way no call would report; a silent heartbeat raises
+    ``ProcessHung``."""
+    beat = Heartbeat(hang_s)
     deadline: float | None = None
-    if stop_requested():  # asked before training started (e.g. SIGTERM while Ray started): train nothing
-        ray.get(actor.request_stop.remote(time.time() + emergency_budget_s))  # type: ignore[attr-defined]
-        deadline = time.monotonic() + emergency_budget_s
-    ref = actor.run.remote()  # type: ignore[attr-defined]
     seen = 0
+
+    def hand_over(records: list[ProgressRecord]) -> None:
+        nonlocal seen
+        for record in records:
+            seen += 1
+            on_progress(record)
+
+    def ask_stop() -> float:
+        actor.request_stop.remote(time.time() + emergency_budget_s)
+        return time.monotonic() + emergency_budget_s
+
     with job_errors():
+        if stop_requested():  # asked before training started (e.g. SIGTERM while Ray started): train nothing
+            deadline = ask_stop()
+        ref, asking = actor.run.remote(), None
         while True:
             ready, _ = ray.wait([ref], timeout=poll_seconds)
-            for record in ray.get(actor.progress.remote(seen)):  # type: ignore[attr-defined]
-                seen += 1
-                on_progress(record)
-            if ready:
+            if ready:  # every record up to the end: calls to an actor run in order, so one asked now has them all
+                hand_over(
+                    waits.get(actor.progress.remote(seen), what="the controller actor", bound=_end(deadline, hang_s))
+                )
                 return ray.get(ref)
+            if asking is None:
+                asking = actor.progress.remote(seen)
+                beat.asked()
+            if ray.wait([asking], timeout=poll_seconds)[0]:
+                records = ray.get(asking)
+                asking = None
+                beat.answered(len(records))
+                hand_over(records)
             watch()
             if deadline is None and stop_requested():
-                actor.request_stop.remote(time.time() + emergency_budget_s)  # type: ignore[attr-defined]
-                deadline = time.monotonic() + emergency_budget_s
+                deadline = ask_stop()
+            if deadline is None and (hung := beat.silent()) is not None:
+                raise hung
             if deadline is not None and time.monotonic() > deadline:
                 ray.kill(actor)
-                raise EmergencyTimeout(
-                    f"emergency checkpoint did not finish within checkpoint.emergency_budget_s="
-                    f"{emergency_budget_s:g}s; the newest older bundle stays the resume point"
-                )
+                raise EmergencyTimeout(_timeout_line(emergency_budget_s, beat.silent_for()))
+
+
+def _end(deadline: float | None, hang_s: float) -> waits.Bound:
+    """The bound of the last progress call: the emergency deadline while stopping, else ``run.hang_timeout_s``."""
+    if deadline is not None:
+        return waits.Bound(max(deadline, time.monotonic() + 1.0), why="the emergency budget ran out")
+    return waits.Bound.within(hang_s, why=f"run.hang_timeout_s={hang_s:g}s")
+
+
+def _timeout_line(budget_s: float, silent_s: float) -> str:
+    hung = f" (the controller actor had not answered for {silent_s:.0f}s: hung)" if silent_s > 2 * POLL_SECONDS else ""
+    return (
+        f"emergency checkpoint did not finish within checkpoint.emergency_budget_s={budget_s:g}s{hung}; "
+        "the newest older bundle stays the resume point"
+    )

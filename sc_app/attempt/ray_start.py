@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sc_app.waits import StopCut
+
 log = logging.getLogger(__name__)
 
 TIMEOUT_MARK = "timed out during startup"  # ray._private.node.Node.__init__'s message
@@ -69,9 +71,11 @@ def start_ray(
     what: str,
     pause_s: float = RETRY_PAUSE_S,
     sleep: Callable[[float], None] = time.sleep,
+    stop_requested: Callable[[], bool] = lambda: False,
 ) -> None:
     """``init()`` (a ``ray.init`` call), retried once after ``cleanup()`` and ``pause_s`` when it timed out during
-    start-up; any failure left is ``RayStartFailed`` naming ``what`` (the embedded node, or the cluster's address)."""
+    start-up — unless a stop was requested meanwhile (``StopCut``: the run stops, nothing trained); any failure
+    left is ``RayStartFailed`` naming ``what`` (the embedded node, or the cluster's address)."""
     for attempt in (1, 2):
         try:
             init()
@@ -80,6 +84,8 @@ def start_ray(
             log.debug("ray.init failed (try %d)", attempt, exc_info=True)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             _quietly(cleanup)
+            if TIMEOUT_MARK in first and attempt == 1 and stop_requested():
+                raise StopCut(f"a stop was requested while Ray timed out starting {what}: no retry") from None
             if TIMEOUT_MARK in first and attempt == 1:
                 log.warning("Ray timed out starting %s; retrying once in %.0f s (a loaded node?)", what, pause_s)
                 sleep(pause_s)

@@ -40,8 +40,10 @@ from sc_app.config.app import AppConfig
 from sc_app.data_plane.transferqueue import shutdown_transferqueue
 from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
 from sc_app.rl import hooks
+from sc_app.waits import Bound, ProcessHung, StopCut, bounded
 
 log = logging.getLogger(__name__)
+
 
 class CheckpointDirUnusable(RuntimeError):
     """The checkpoint directory cannot be used (not a directory, read-only, full); one line naming it."""
@@ -152,18 +154,19 @@ def keep_sigterm_handler() -> Iterator[None]:
         utils.set_sigterm_handler = original
 
 
-def init_ray(cfg: AppConfig) -> bool:
+def init_ray(cfg: AppConfig, stop_requested: Callable[[], bool] = lambda: False) -> bool:
     """Start (embedded) or join (cluster) Ray; returns True when this process started it."""
     with keep_sigterm_handler():
-        return _init_ray(cfg)
+        return _init_ray(cfg, stop_requested)
 
 
-def _init_ray(cfg: AppConfig) -> bool:
+def _init_ray(cfg: AppConfig, stop_requested: Callable[[], bool]) -> bool:
     """One line (``ray_start.RayStartFailed``) instead of Ray's traceback when Ray cannot start; a start-up that
     timed out is retried once (``ray_start.start_ray``)."""
     from sc_app.attempt import ray_start
 
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
+    logging.getLogger("ray").propagate = True  # with configure_logging=False: to libraries.log, not the console
     verbose = cfg.run.log_level == "DEBUG"
     if cfg.ray.address is None:
         ray_start.check_ray_tmpdir()  # before Ray writes anything there
@@ -175,10 +178,12 @@ def _init_ray(cfg: AppConfig) -> bool:
                 namespace=cfg.ray.namespace,
                 log_to_driver=verbose,
                 logging_level=logging.WARNING,
+                configure_logging=False,
                 _metrics_export_port=cfg.ray.metrics_export_port,
             ),
             ray.shutdown,
             what="its embedded node",
+            stop_requested=stop_requested,
         )
         return True
     # Actors on a running cluster do not inherit this process's environment: carry sc-app's own variables
@@ -190,10 +195,12 @@ def _init_ray(cfg: AppConfig) -> bool:
             namespace=cfg.ray.namespace,
             log_to_driver=verbose,
             logging_level=logging.WARNING,
+            configure_logging=False,
             runtime_env={"env_vars": env_vars} if env_vars else None,
         ),
         ray.shutdown,
         what=f"a connection to the cluster at ray.address={cfg.ray.address}",
+        stop_requested=stop_requested,
     )
     return False
 
@@ -304,16 +311,19 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
     """Ray up, the controller set up (falling back past bundles that cannot be restored), driven to its end."""
     cfg = attempt.cfg
     try:
-        owns_ray = init_ray(cfg)
-    except SystemExit as exc:  # ray.init's own SIGTERM handler, before ours is back: a stop like any other
-        if exc.code != signal.SIGTERM:
+        owns_ray = init_ray(cfg, stop_requested)
+    except (SystemExit, StopCut) as exc:  # ray.init's SIGTERM handler before ours is back; a stop during a retry
+        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
             raise
         return attempt.nothing_trained(plan, "stopped")
     attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
+    job = ClusterJob(attempt, stop_requested)
     try:
-        job = ClusterJob(attempt, stop_requested)
         summary, plan = drive_restoring(job, plan, cfg.run.max_in_job_restores)
         return RunResult(plan, summary, attempt.seconds(), _outcome(cfg, summary))
+    except StopCut as exc:  # a stop during a set-up: it was torn down; the plan's bundle stays the resume point
+        log.warning("%s; the set-up was torn down", exc)
+        return attempt.nothing_trained(job.plan or plan, "stopped")
     finally:
         shutdown_transferqueue()
         if owns_ray:
@@ -331,11 +341,16 @@ class ClusterJob:
         self.attempt, self.stop_requested = attempt, stop_requested
         self._step = 0
         self._watch: JobActors | None = None  # the driven setup's actors (None while a setup is being built)
+        self.plan: ResumePlan | None = None  # the plan of the newest set-up started
 
     def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
-        self._watch = None
-        setup, plan = start_controller(self.attempt, plan)
+        """Set up from ``plan``; each wait ends on a stop (StopCut) or past run.setup_timeout_s (ProcessHung)."""
+        self._watch, self.plan = None, plan
+        limit = self.attempt.cfg.run.setup_timeout_s
+        with bounded(Bound.within(limit, self.stop_requested, why=f"set-up past run.setup_timeout_s={limit:g}s")):
+            setup, plan = start_controller(self.attempt, plan)
         self._step = plan.step if plan.decision == "resume" else 0
+        self.plan = plan
         return setup, plan
 
     def drive(self, setup: Setup) -> RunSummary:
@@ -347,6 +362,7 @@ class ClusterJob:
             on_progress=self._progress,
             stop_requested=self.stop_requested,
             watch=self._watch.check,
+            hang_s=self.attempt.cfg.run.hang_timeout_s,
         )
 
     def _progress(self, record: ProgressRecord) -> None:
@@ -356,7 +372,9 @@ class ClusterJob:
 
     def what_died(self, setup: Setup, exc: JobFailed) -> Death:
         """From the driven setup's watch; a death while a setup was being built (no watch: that setup tore itself
-        down) is named by its error alone."""
+        down) is named by its error alone; a hung process by its ``ProcessHung`` (it is alive: no death to wait for)."""
+        if isinstance(exc, ProcessHung):
+            return Death(exc.kind, exc.names, exc.since)
         if not isinstance(exc, ActorsDied) and self._watch is not None:
             # the death surfaced as an error first; the GCS records it at once for a dead process, only after its
             # health check for a lost node (Ray's default: about 15 s) — and the fit check needs the node gone

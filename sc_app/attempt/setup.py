@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from sc_app.attempt.actor_watch import is_actor_death
+from sc_app.attempt.actor_watch import TRAINER, is_actor_death
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
@@ -41,6 +41,7 @@ from sc_app.rl.generation import GenerationWorker
 from sc_app.rl.hooks import InputError
 from sc_app.rl.trainer import TrainerWorker
 from sc_app.rl.weight_sync.push import WeightSync
+from sc_app.waits import StopCut, get
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +85,10 @@ class SetupOrder:
 
 
 def worker_results(refs: list[Any]) -> list[Any]:
-    """``ray.get(refs)``; a worker's bad input (model directory, dataset, reward) is raised as itself."""
+    """``ray.get(refs)`` bounded by the set-up's deadline and stop request (``sc_app.waits``); a worker's bad input
+    (model directory, dataset, reward) is raised as itself."""
     try:
-        return ray.get(refs)
+        return list(get(refs, what="the trainer or generation workers", kind=TRAINER))
     except ray.exceptions.RayTaskError as exc:
         if isinstance(exc.cause, InputError):
             raise exc.cause from None
@@ -119,7 +121,11 @@ class TQPolicy:
             for i in range(gcfg.num_workers)
         ]
         self.weights = WeightSync(self.trainers)
-        addr, port = ray.get(self.trainers[0].address.remote()) if tcfg.num_workers > 1 else ("", 0)
+        addr, port = (
+            get(self.trainers[0].address.remote(), what="trainer rank 0", kind=TRAINER)
+            if tcfg.num_workers > 1
+            else ("", 0)
+        )
         self._setup = [w.setup.remote(addr, port) for w in self.trainers]
         self._generators_setup = [w.setup.remote(dataset.sha256 if dataset else None) for w in self.generators]
 
@@ -146,7 +152,7 @@ class TQPolicy:
         """The restored trainer version; ``RestoreFailed`` if the bundle's policy does not load into this model."""
         self.trainers_ready()
         try:
-            versions = ray.get(loading)
+            versions = get(loading, what="the trainer workers loading the bundle", kind=TRAINER)
         except ray.exceptions.RayTaskError as exc:
             raise RestoreFailed(
                 policy_dir.parent,
@@ -227,6 +233,8 @@ def setup_single_controller(
         _build(setup, cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
     except BaseException as exc:
         setup.teardown()
+        if isinstance(exc, StopCut | JobFailed):  # a stop request, a hung process: no fault of the bundle
+            raise
         if is_actor_death(exc):  # a process died: the job's fault, not the bundle's (an in-job restore's business)
             raise JobFailed(f"a process of the job died while it was being set up ({_one_line(exc)})") from None
         if (
@@ -318,4 +326,6 @@ def _build(
     setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     setup.handles.append(setup.actor)
     order.enter("actor")
-    ray.get(setup.actor.restore.remote())  # index from the sidecar + inventory check, before any pump
+    get(
+        setup.actor.restore.remote(), what="the controller actor"
+    )  # index from the sidecar + inventory check, before any pump

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 SAFETY = 1.25  # a save under the stop's pressure is not faster than the ones before it
 HISTORY = 3  # the newest saves that predict the next one
+END_MARGIN_S = 2.0  # of a stop's budget, kept for the controller's end to reach the driver
 
 
 @dataclass(frozen=True)
@@ -38,13 +39,34 @@ def plan_emergency(recent_save_s: Sequence[float], left_s: float, *, newest_bund
         return EmergencyPlan(True, None, left_s, f"emergency bundle: no save timed yet, trying within {left_s:.1f}s")
     estimate = max(recent) * SAFETY
     if estimate <= left_s:
-        return EmergencyPlan(True, estimate, left_s,
-                             f"emergency bundle: ~{estimate:.1f}s expected, {left_s:.1f}s left of the stop's budget")
+        return EmergencyPlan(
+            True,
+            estimate,
+            left_s,
+            f"emergency bundle: ~{estimate:.1f}s expected, {left_s:.1f}s left of the stop's budget",
+        )
     return EmergencyPlan(
-        False, estimate, left_s,
+        False,
+        estimate,
+        left_s,
         f"emergency bundle skipped: recent saves took up to {max(recent):.1f}s and only {left_s:.1f}s are left of "
         f"checkpoint.emergency_budget_s; {keep} (checkpoint.save_period is the protection here)",
     )
+
+
+def in_flight_wait(recent_save_s: Sequence[float], left_s: float, *, same_step: bool) -> float:
+    """How long a stop waits for the save in flight before abandoning it (never renamed; the next start quarantines
+    its tmp dir). A save of the step reached is the bundle the stop wants: all of ``left_s`` but ``END_MARGIN_S``
+    (the driver must still see the end before its deadline). One of an older step: until only what an emergency
+    bundle needs is left, so that one can still be tried — half of ``left_s`` when no save was timed yet."""
+    if left_s <= 0:
+        return 0.0
+    if same_step:
+        return max(0.0, left_s - min(END_MARGIN_S, left_s / 5))
+    recent = [s for s in recent_save_s if s >= 0][-HISTORY:]
+    if not recent:
+        return left_s / 2
+    return max(0.0, left_s - max(recent) * SAFETY)
 
 
 def slow_save(step: int, seconds: float, notice_s: float | None) -> str | None:

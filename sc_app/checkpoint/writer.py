@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,10 @@ class BundleExistsError(FileExistsError):
     pass
 
 
+class SaveAbandoned(RuntimeError):
+    """The save was abandoned (a stop could not wait for it): never renamed, its tmp dir left for quarantine."""
+
+
 class BundleWriter:
     def __init__(
         self,
@@ -58,6 +63,8 @@ class BundleWriter:
         self._hmac_key = hmac_key
         self.hash_alg = hashing.check_alg(hash_alg)  # of every file digest the manifest lists
         self._created = False
+        self._abandoned = self._renamed = False
+        self._commit = threading.Lock()  # abandon() vs. the rename: one of them, never both
 
     # paths inside the bundle being written
     @property
@@ -134,19 +141,35 @@ class BundleWriter:
         write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
         fault_point("save.fsync")
         fsync_tree_dirs(self.tmp)
-        with self.held():
+        with self._commit, self.held():
+            if self._abandoned:
+                raise SaveAbandoned(f"{self.tmp.name} was abandoned; not renamed")
             if os.path.lexists(self.final):
                 raise BundleExistsError(f"{self.final} appeared while saving; refusing to overwrite it")
             fault_point("save.rename")
             os.rename(self.tmp, self.final)
             fsync_dir(self.root)
+            self._renamed = True
         self._created = False
         return self.final
+
+    def abandon(self, wait_s: float = 1.0) -> bool:
+        """From now on this bundle is never renamed, and ``abort`` leaves its tmp dir (the next lease holder's tidy
+        quarantines it). False when it was renamed already, or its rename is under way (it publishes)."""
+        if not self._commit.acquire(timeout=wait_s):
+            return False
+        try:
+            if self._renamed:
+                return False
+            self._abandoned = True
+            return True
+        finally:
+            self._commit.release()
 
     def abort(self) -> None:
         """Remove the tmp dir this writer created (and nothing else) — only while this run still holds the lease:
         a fenced-off writer removes nothing (its tmp dir may already be the new holder's to tidy)."""
-        if not self._created:
+        if not self._created or self._abandoned:
             return
         self._created = False
         try:

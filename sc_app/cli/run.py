@@ -11,6 +11,7 @@ import argparse
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sc_app import __version__
@@ -19,8 +20,9 @@ from sc_app.config.app import AppConfig
 from sc_app.exits import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, exit_for, fail
 
 if TYPE_CHECKING:
-    from sc_app.attempt.run import RunResult
+    from sc_app.attempt.run import AttemptStarted, RunResult
     from sc_app.checkpoint import ResumePlan
+    from sc_app.observe.library_logs import LibraryLogs
     from sc_app.observe.observer import JobObserver
 
 
@@ -41,14 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = resolve(args)
     logging.basicConfig(level=cfg.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sc_app.observe.library_logs import LibraryLogs
     from sc_app.observe.observer import JobObserver, ObserveOptions, where_lines
 
     observer = JobObserver(ObserveOptions.of(cfg))  # opens the run log once run_job reports the attempt
+    libraries = LibraryLogs().install()  # Ray's, TransferQueue's, ... records: libraries.log, not the console
     code = EXIT_FAILED
     try:
-        code = _run(cfg, observer)
+        code = _run(cfg, observer, libraries)
         return code
     finally:
+        libraries.close()
         in_flight = sys.exc_info()[1]  # e.g. KeyboardInterrupt, or a bug: the exit event still says what ended it
         observer.finish(code, f"{type(in_flight).__name__}: {in_flight}" if in_flight else "")
         for line in where_lines(cfg, observer):
@@ -79,7 +84,7 @@ def print_plan(plan: ResumePlan) -> None:
         print(f"starting fresh: {plan.reason}", flush=True)
 
 
-def _run(cfg: AppConfig, observer: JobObserver) -> int:
+def _run(cfg: AppConfig, observer: JobObserver, libraries: LibraryLogs) -> int:
     from sc_app.attempt.run import JobCallbacks, run_job
     from sc_app.checkpoint.emergency import progress_notes
     from sc_app.progress import ProgressRecord, format_line
@@ -96,6 +101,7 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
 
     def on_ray_ready() -> None:
         stop.install()
+        libraries.route_ray_errors()  # "(raylet) A worker died ..." lines: libraries.log, not the console
         observer.ray_ready()
 
     print(
@@ -108,7 +114,7 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
         on_progress=on_progress,
         stop_requested=lambda: stop.requested,
         on_ray_ready=on_ray_ready,
-        on_attempt=lambda a: observer.started(a.run_id, a.lease, a.plan),
+        on_attempt=lambda a: _started(observer, libraries, a),
     )
     try:
         result = run_job(cfg, calls)
@@ -119,6 +125,14 @@ def _run(cfg: AppConfig, observer: JobObserver) -> int:
         observer.failed(ended.message)
         return fail(ended.message, ended.code)
     return _ended(cfg, result, observer)
+
+
+def _started(observer: JobObserver, libraries: LibraryLogs, attempt: AttemptStarted) -> None:
+    """The attempt's run log opened, and the library log beside it (from the lease on: nothing is written into the
+    checkpoint directory of a refused run)."""
+    observer.started(attempt.run_id, attempt.lease, attempt.plan)
+    if observer.opts.log_dir is not None:
+        libraries.open(Path(observer.opts.log_dir))
 
 
 def _ended(cfg: AppConfig, result: RunResult, observer: JobObserver) -> int:

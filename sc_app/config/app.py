@@ -58,6 +58,21 @@ class RunConfig(_Section):
         "restored in-job (same Ray cluster, from the newest bundle) at most this many times per attempt; past it, or "
         "when the cluster no longer fits the job, the attempt ends (exit 1) for a retry (docs/recovery.md). 0: off.",
     )
+    hang_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="The controller actor not answering, or the job reporting no step, save or fault, for this long "
+        "(a SIGSTOPped, deadlocked or frozen process) is treated like a dead process: in-job restore per "
+        "run.max_in_job_restores, else the attempt ends (exit 1). Keep above the slowest step.",
+    )
+    setup_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Set-up (workers start, model load, restore, first weight sync) must finish within this; past it "
+        "the process it waits on is treated as hung (like a dead one). A stop request ends the set-up at once.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_dir: str | None = Field(
         None,

@@ -102,6 +102,8 @@ class SingleControllerActor:
         """Stop after the current step; ``deadline`` (``time.time()``) bounds the emergency bundle (emergency.py)."""
         self._stop_requested = True
         self._stop_deadline = deadline
+        if hasattr(self, "saves"):
+            self.saves.stopping.set()  # no periodic save starts after a stop
         async with self._cond:
             self._cond.notify_all()
 
@@ -129,6 +131,8 @@ class SingleControllerActor:
             report=self._progress.append,
             trace=self._trace,
         )
+        if self._stop_requested:
+            self.saves.stopping.set()
         restored_rows = 0
         if self.args.sidecar_path is not None:
             meta = self.args.data_plane_checkpoint_metadata or {}
@@ -281,7 +285,7 @@ class SingleControllerActor:
             clock.add("barrier_wait", self.buffer.times.clear_wait - clear_mark.clear_wait)
             rollout_mark = self._rollout_phases(clock, rollout_mark)
             self._record_step(self._step_record(clock, reward, results, staleness))
-            if cfg.checkpoint.enabled and self.saves.due(self.step):
+            if cfg.checkpoint.enabled and self.saves.due(self.step) and not self._stop_requested:
                 await self.saves.start(self.step, self.version)
             await self.saves.collect(wait=False)
         return await self._end_run(rewards)
@@ -345,10 +349,11 @@ class SingleControllerActor:
     async def _end_run(self, rewards: list[float]) -> RunSummary:
         """The save in flight reported; on a stop request, a bundle of the step reached (unless it has one)."""
         cfg = self.cfg
-        await self.saves.collect(wait=True)
         skipped = False  # the emergency bundle left out on purpose: it could not have finished in time
-        if self._stop_requested and cfg.checkpoint.enabled and self.saves.last_saved != self.step:
+        if self._stop_requested and cfg.checkpoint.enabled:  # the save in flight only as long as the stop allows
             skipped = await self.saves.emergency(self.step, self.version, self._stop_deadline)
+        else:
+            await self.saves.collect(wait=True)
         return RunSummary(
             final_step=self.step,
             weights_version=self.version,

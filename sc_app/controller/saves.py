@@ -15,7 +15,10 @@ Invariants:
 * at most one save is in flight: the next save, the end of the run and a stop request each await it first; a train
   step that copies the trainers' state for the next bundle first awaits the in-flight save's policy write
   (``before_capture``), so that write never reads the newer copy;
-* a failed save's I/O error is reported per ``checkpoint.on_save_error``; ``LeaseLost`` always stops the run.
+* a failed save's I/O error is reported per ``checkpoint.on_save_error``; ``LeaseLost`` always stops the run;
+* after a stop request (``stopping``) no periodic save starts; ``emergency`` waits for the save in flight only as
+  long as the stop's deadline allows (``checkpoint.emergency.in_flight_wait``), else abandons it — never renamed,
+  its tmp dir left for the next holder's tidy to quarantine — and then tries the bundle of the step reached.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from sc_app import __version__
 from sc_app.checkpoint import BundleWriter, hmac_key_from_env
 from sc_app.checkpoint.compat import compat_of
-from sc_app.checkpoint.emergency import plan_emergency
+from sc_app.checkpoint.emergency import in_flight_wait, plan_emergency
 from sc_app.checkpoint.lease import Lease, LeaseLost
 from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.writer import FileRecord
@@ -107,6 +110,9 @@ class SaveCoordinator:
         self._failed_in_a_row = 0
         self._unsaved_steps: list[StepRecord] = []  # steps since the newest published bundle: the next one keeps them
         self._policy_written = asyncio.Event()  # set once the save in flight's trainers wrote their copy
+        self._policy_written.set()  # (no save yet: the trainers' copy is free)
+        self._writer: BundleWriter | None = None  # the newest save's writer (``emergency`` may abandon its save)
+        self.stopping = asyncio.Event()  # a stop was requested: no periodic save starts from now on
 
     # ------------------------------------------------------------------ what the train pump calls
     def due(self, step: int) -> bool:
@@ -130,7 +136,13 @@ class SaveCoordinator:
         window closed (or the save already ended).
 
         Pre: called from the train pump only. Post: the previous save has finished and been reported; the new
-        one's policy, loader place and captured rows are fixed, the rest runs in the background."""
+        one's policy, loader place and captured rows are fixed, the rest runs in the background. A periodic save
+        is not started once a stop was requested (also while it waited for the previous one)."""
+        if not emergency:
+            if self._pending is not None:
+                await _until(self.stopping, self._pending[1])
+            if self.stopping.is_set():
+                return
         await self.collect(wait=True)
         released = asyncio.Event()
         self._policy_written = asyncio.Event()
@@ -156,16 +168,58 @@ class SaveCoordinator:
             self._unsaved_steps = [r for r in self._unsaved_steps if r.step > step]
 
     async def emergency(self, step: int, version: int, deadline: float | None) -> bool:
-        """On a stop request: a bundle of ``step``, started only when the recent saves say it finishes before
-        ``deadline`` (``time.time()``; ``sc_app.checkpoint.emergency``). Returns True when it was skipped."""
-        left = float("inf") if deadline is None else deadline - time.time()
+        """On a stop request: the save in flight as far as ``deadline`` (``time.time()``) allows, else abandoned;
+        then a bundle of ``step`` (unless one is published), started only when the recent saves say it finishes
+        before ``deadline`` (``sc_app.checkpoint.emergency``). Returns True when that bundle was left out."""
+
+        def left() -> float:
+            return float("inf") if deadline is None else deadline - time.time()
+
+        if self._pending is not None:
+            in_flight, task = self._pending
+            wait_s = in_flight_wait(self._seconds, left(), same_step=in_flight == step)
+            finished = bool((await asyncio.wait([task], timeout=wait_s))[0])
+            if not finished and await self._abandon(step) and in_flight == step:
+                return True  # the bundle of this step itself could not finish: no second try
+        await self.collect(wait=True)
+        if self.last_saved == step:
+            return False
         newest = f"step_{self.last_saved}" if self.last_saved else None
-        plan = plan_emergency(self._seconds, left, newest_bundle=newest)
+        plan = plan_emergency(self._seconds, left(), newest_bundle=newest)
+        if plan.start and not await _within(self._policy_written, left()):
+            line = "emergency bundle skipped: the trainers are still writing the abandoned save's policy"
+            self._report(StopRecord(step, f"{line}; {newest or 'no bundle'} stays the resume point"))
+            return True
         self._report(StopRecord(step, plan.line))
         if plan.start:
             await self.start(step, version, emergency=True)
             await self.collect(wait=True)
         return not plan.start
+
+    async def _abandon(self, stop_step: int) -> bool:
+        """Give up the save in flight (a stop cannot wait for it): never renamed from now on, its tmp dir left
+        for quarantine, its I/O thread left to it; the captured rows thawed. False when it is being renamed (it
+        publishes: ``collect`` reports it)."""
+        assert self._pending is not None
+        step, task = self._pending
+        if self._writer is None or not await self._in_background(self._writer.abandon):
+            return False
+        self._pending = None
+        task.add_done_callback(_retrieve)
+        self._io.shutdown(wait=False)
+        self._io = background_executor("save-io")  # the old thread may be stuck in the abandoned save's I/O
+        if self.buffer.frozen:
+            await self.buffer.thaw()
+        log.warning("save of step %d abandoned on a stop request", step)
+        self._trace(ev="save_abandoned", step=step)
+        self._report(
+            StopRecord(
+                stop_step,
+                f"save of step_{step} abandoned: it would not finish within the stop's budget; never renamed, the "
+                "next start quarantines its tmp dir",
+            )
+        )
+        return True
 
     async def settle(self) -> None:
         """The run is over (or failing): the save in flight ends on its own (cancelling it could race its commit
@@ -216,6 +270,7 @@ class SaveCoordinator:
         cfg = self.cfg
         t0 = time.perf_counter()
         writer = BundleWriter(cfg.checkpoint.dir, step, hmac_key=hmac_key_from_env(), lease=self.args.lease)
+        self._writer = writer
         if cfg.data_plane.snapshot == "native":  # TransferQueue's own save writes into tmp_step_N/ in the window
             await self._in_background(writer.begin)
         captured, snapshot, window = await self.capture(writer, step=step, version=version)
@@ -311,6 +366,23 @@ class SaveCoordinator:
         finally:
             self._policy_written.set()  # the trainers may take a new copy (``before_capture``)
         return {name: record for files in written for name, record in files.items()}
+
+
+async def _within(event: asyncio.Event, seconds: float) -> bool:
+    """Whether ``event`` is set within ``seconds``."""
+    if event.is_set():
+        return True
+    try:
+        await asyncio.wait_for(event.wait(), max(0.0, seconds))
+    except TimeoutError:
+        return False
+    return True
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """An abandoned save's end, whatever it is, is nobody's error (asyncio would log it as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _until(event: asyncio.Event, task: asyncio.Task[Any]) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import ray
 
+from sc_app import waits
 from sc_app.data_plane import stream_io, units
 from sc_app.data_plane.client import METADATA_FILE, CapturedRows, DataPlaneSnapshot
 from sc_app.data_plane.stream_io import GET_BYTES, GETS_IN_FLIGHT, PUTS_IN_FLIGHT, RowSource, Segment
@@ -194,7 +195,8 @@ def _worker_for_unit(tq: Any, unit: str, directory: Path) -> Any:
     marker = f"{_MARKER}-{uuid.uuid4().hex[:8]}"
     (Path(directory) / marker).write_bytes(b"")
     try:
-        shared = bool(ray.get(worker.sees.remote(str(directory), marker), timeout=300))
+        seen = worker.sees.remote(str(directory), marker)
+        shared = bool(waits.get(seen, what=f"the stream worker on node {node}", bound=waits.current().capped(300)))
     finally:
         (Path(directory) / marker).unlink()
     if not shared:

@@ -19,11 +19,10 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
 
-import ray
 import torch
 from tensordict import TensorDict
 
-from sc_app import faults
+from sc_app import faults, waits
 from sc_app.data_plane import tq_fastpath, units
 from sc_app.data_plane.client import (
     METADATA_FILE,
@@ -38,6 +37,7 @@ from sc_app.data_plane.streamed import StreamedSnapshot, load_streamed
 from sc_app.data_plane.streamed_format import is_streamed
 
 log = logging.getLogger(__name__)
+GUARD_WHAT = "the data-plane restore guard"  # a bounded wait's name for it (sc_app.waits)
 
 
 def tq_conf(storage_units: int, storage_node_resource: str | None) -> Any:
@@ -124,7 +124,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         if bootstrap:
             tq.init(tq_conf(storage_units, storage_node_resource))
         else:
-            sealed = ray.get(self._guard.sealed.remote())
+            sealed = waits.get(self._guard.sealed.remote(), what=GUARD_WHAT, kind="data_plane.controller")
             if sealed is None:
                 raise RestoreOrderError(
                     f"connect-only data-plane client {self.client_id} built before the restore decision was sealed; "
@@ -136,7 +136,7 @@ class TransferQueueDataPlane(DataPlaneClient):
     def _report_touch(self, op: str) -> None:
         if not self._touched:
             self._touched = True
-            ray.get(self._guard.touch.remote(self.client_id, op))
+            waits.get(self._guard.touch.remote(self.client_id, op), what=GUARD_WHAT, kind="data_plane.controller")
 
     async def _report_touch_async(self, op: str) -> None:
         if not self._touched:
@@ -260,7 +260,9 @@ class TransferQueueDataPlane(DataPlaneClient):
             raise RestoreRefused(f"{self.client_id} is connect-only; only the bootstrap client may restore")
         if self._touched:
             raise RestoreRefused(f"{self.client_id} has already read or written the data plane; restore refused")
-        ok, why = ray.get(self._guard.begin_restore.remote(self.client_id))
+        ok, why = waits.get(
+            self._guard.begin_restore.remote(self.client_id), what=GUARD_WHAT, kind="data_plane.controller"
+        )
         if not ok:
             raise RestoreRefused(f"restore refused: {why}")
         # Defence in depth: a writer that bypassed the adapter still leaves rows behind.
@@ -283,7 +285,9 @@ class TransferQueueDataPlane(DataPlaneClient):
             return dict(json.load(f).get("user_metadata", {}))
 
     def seal(self, info: dict[str, Any]) -> None:
-        ray.get(self._guard.seal.remote({"by": self.client_id, **info}))
+        waits.get(
+            self._guard.seal.remote({"by": self.client_id, **info}), what=GUARD_WHAT, kind="data_plane.controller"
+        )
 
 
 def shutdown_transferqueue() -> None:

@@ -18,6 +18,8 @@ from typing import Any
 import ray
 import torch
 
+from sc_app import waits
+
 log = logging.getLogger(__name__)
 
 UNIT_ACTOR = "TransferQueueStorageUnit#{}"
@@ -139,7 +141,9 @@ def _lookup_nodes(client: Any) -> dict[str, str]:
 
         for k, unit in enumerate(unit_ids(client)):
             handle = ray.get_actor(UNIT_ACTOR.format(k))
-            info = ray.get(handle.get_zmq_server_info.remote(), timeout=30)
+            info = waits.get(
+                handle.get_zmq_server_info.remote(), what=UNIT_ACTOR.format(k), bound=waits.current().capped(30)
+            )
             if info.id != unit:  # the routing order is not the creation order: place nothing
                 return {}
             entry = ray_state.actors(handle._actor_id.hex())

@@ -164,3 +164,12 @@ def test_the_chaos_verdicts_hold_and_every_bundle_verifies(four_kills: FourKills
     assert not check_trace(k.ckpt, k.events)
     verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(k.ckpt), timeout=120)
     assert verify.rc == 0, verify.out
+
+
+def test_the_console_holds_sc_apps_lines_only(four_kills: FourKills) -> None:
+    """Issue 31, class K: each kill makes Ray's driver print ``(raylet) A worker died ...`` (a paragraph on one
+    line) and TransferQueue warn at teardown; both belong in ``libraries.log``, not among the fault lines."""
+    from tests.support.console import foreign_lines
+
+    assert not foreign_lines(four_kills.out), foreign_lines(four_kills.out)[:3]
+    assert "ray.raylet: A worker died" in (four_kills.ckpt / "logs" / "libraries.log").read_text()

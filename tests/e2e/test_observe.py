@@ -165,3 +165,15 @@ def test_report_plots_the_logs_series(interrupted_run: Interrupted, tmp_path: Pa
     (save_line,) = [a for ax in figs["saves"].axes for a in ax.get_children() if a.get_gid() == "save_seconds"]
     assert list(save_line.get_xdata()) == [e.step for e in h.saves()]
     assert list(save_line.get_ydata()) == [e.data["seconds"] for e in h.saves()]
+
+
+def test_the_console_holds_sc_apps_lines_only_and_ray_logs_to_libraries_log(interrupted_run: Interrupted) -> None:
+    """Issue 31, class K: Ray's and TransferQueue's own log lines (multi-line warnings included) go to
+    ``libraries.log`` beside the run log; every attempt's console output is sc-app's, one line per event."""
+    from tests.support.console import foreign_lines
+
+    for letter, out in interrupted_run.outs.items():
+        assert not foreign_lines(out), (letter, foreign_lines(out)[:5])
+    libraries = interrupted_run.ckpt / "logs" / "libraries.log"
+    assert libraries.is_file(), "Ray logs at least its start-up lines (authentication mode) in every attempt"
+    assert " ray" in libraries.read_text() or "ray." in libraries.read_text()

@@ -27,6 +27,7 @@ PURE = [
     "sc_app.faults",
     "sc_app.progress",
     "sc_app.phases",
+    "sc_app.waits",  # bounded waits: Ray only when no wait/fetch is given
     "sc_app.attempt.cluster_fit",
     "sc_app.attempt.in_job_restore",
     "sc_app.attempt.restore_policy",

@@ -1,6 +1,7 @@
 """What an hf-backend run checks before Ray starts, so bad input is one line and exit 2, not a dead worker.
 
-``check_inputs``: the model directory (and that prompt + response fit its context), and for ``task.name=jsonl``
+``check_inputs``: the model directory (and that prompt + response fit its context), the model, its tokenizer and
+the generation engine against each other (``sc_app.rl.hf.model_fit``), and for ``task.name=jsonl``
 the dataset (every line), the reward function (importable, callable with the keywords) and every prompt's length
 after the chat template. Returns the dataset's record (path, sha256 of its bytes, rows) that bundles carry.
 """
@@ -13,6 +14,7 @@ from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.config.app import AppConfig
 from sc_app.rl.hf.dataset import load_jsonl
 from sc_app.rl.hf.model_dir import ModelDir, ModelDirError, check_model_dir, load_tokenizer
+from sc_app.rl.hf.model_fit import check_fit
 from sc_app.rl.hf.reward_probe import probe_reward
 from sc_app.rl.hf.rewards import resolve_reward
 from sc_app.rl.hf.weights_check import check_weights
@@ -35,6 +37,8 @@ def check_inputs(cfg: AppConfig) -> CheckedInputs:
             f"task.prompt_len + task.response_len = {seq} exceeds the model's context of {model.max_positions} "
             f"positions ({model.path}/config.json); lower them"
         )
+    tokenizer = load_tokenizer(model)
+    check_fit(cfg, model, tokenizer)  # tokenizer ids in the vocab, generation.max_model_len in the context
     if cfg.task.name != "jsonl":
         return CheckedInputs(model, None)
     assert cfg.task.path is not None
@@ -43,9 +47,7 @@ def check_inputs(cfg: AppConfig) -> CheckedInputs:
     dataset = load_jsonl(cfg.task.path, shuffle=cfg.task.shuffle, seed=cfg.run.seed)
     probe_reward(cfg.task.reward)  # the module's import runs in a child first: an exit or a hang there is one line
     reward = resolve_reward(cfg.task.reward)
-    task = JsonlTask(
-        load_tokenizer(model), dataset, reward, prompt_len=cfg.task.prompt_len, response_len=cfg.task.response_len
-    )
+    task = JsonlTask(tokenizer, dataset, reward, prompt_len=cfg.task.prompt_len, response_len=cfg.task.response_len)
     task.check_lengths()
     return CheckedInputs(model, DatasetRecord.of(dataset))
 

@@ -30,6 +30,7 @@ class RandomModelSpec:
     tie_word_embeddings: bool = True
     chat_template: bool = True
     seed: int = 0
+    vocab_size: int | None = None  # None: the tokenizer's (a smaller one: a model its tokenizer does not fit)
 
 
 def vocabulary() -> dict[str, int]:
@@ -63,7 +64,7 @@ def write_random_model(out: str | Path, spec: RandomModelSpec = RandomModelSpec(
     out.mkdir(parents=True, exist_ok=True)
     vocab = vocabulary()
     cfg = LlamaConfig(
-        vocab_size=len(vocab),
+        vocab_size=spec.vocab_size or len(vocab),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,

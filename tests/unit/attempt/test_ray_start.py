@@ -107,3 +107,16 @@ def test_a_usable_ray_tmpdir_passes_and_keeps_nothing(tmp_path: Path, monkeypatc
     monkeypatch.delenv("RAY_TMPDIR")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "nope"))
     assert ray_start.ray_tmpdir() == ("TMPDIR", tmp_path / "nope")  # Ray's own order
+
+
+def test_a_timeout_is_not_retried_once_a_stop_was_requested() -> None:
+    """A SIGTERM while Ray was starting: the first timeout ends the start (the run stops, exit 143) — no pause and
+    no second 30 s window on top of the preemption notice."""
+    from sc_app.waits import StopCut
+
+    fake = FakeRay(TIMEOUT)
+    with pytest.raises(StopCut, match="no retry"):
+        start_ray(
+            fake.init, fake.cleanup, what="its embedded node", sleep=fake.slept.append, stop_requested=lambda: True
+        )
+    assert (fake.inits, fake.cleanups, fake.slept) == (1, 1, [])

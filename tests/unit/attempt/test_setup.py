@@ -37,3 +37,35 @@ def test_out_of_order_phases_raise(phases: tuple[str, ...]) -> None:
     with pytest.raises(AssertionError, match="out of order"):
         for phase in phases:
             order.enter(phase)
+
+
+@pytest.mark.parametrize("cut", ["stop", "hang"])
+def test_a_stop_or_a_hang_during_setup_tears_it_down_and_is_no_fault_of_the_bundle(
+    monkeypatch: pytest.MonkeyPatch, cut: str
+) -> None:
+    """A stop request (``StopCut``) or a hung process (``ProcessHung``) while a resume is being set up: everything
+    built is torn down and the error is raised as itself — never ``RestoreFailed``, which would move a healthy
+    bundle aside and fall back to an older one."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from sc_app.attempt import setup as setup_mod
+    from sc_app.config.app import AppConfig
+    from sc_app.waits import ProcessHung, StopCut
+
+    error = (
+        StopCut("a stop was requested while waiting for trainer rank 0")
+        if cut == "stop"
+        else (ProcessHung("trainer.worker", "trainer rank 0", 1800.0, "set-up past run.setup_timeout_s=1800s"))
+    )
+
+    def build(*_: object, **__: object) -> None:
+        raise error
+
+    torn: list[str] = []
+    monkeypatch.setattr(setup_mod, "_build", build)
+    monkeypatch.setattr(setup_mod.Setup, "teardown", lambda self: torn.append(self.namespace))
+    plan = SimpleNamespace(decision="resume", bundle=Path("/ckpt/step_4"), step=4)
+    with pytest.raises(type(error)) as raised:
+        setup_mod.setup_single_controller(AppConfig(), plan, run_id="r")  # type: ignore[arg-type]
+    assert raised.value is error and torn == [AppConfig().ray.namespace]

@@ -49,3 +49,16 @@ def test_preemption_notice_is_a_config_key() -> None:
     assert cfg.checkpoint.preemption_notice_s == 15
     with pytest.raises(ConfigError, match="preemption_notice_s"):
         load_config(None, ["checkpoint.preemption_notice_s=0"])
+
+
+def test_how_long_a_stop_waits_for_the_save_in_flight() -> None:
+    """A save of an older step: until only the emergency bundle's estimate is left (half the time with no history);
+    a save of the step reached: all of it but the end's margin; nothing when no time is left."""
+    from sc_app.checkpoint.emergency import END_MARGIN_S, in_flight_wait
+
+    assert in_flight_wait([4.0, 2.0], 20.0, same_step=False) == pytest.approx(20.0 - 4.0 * SAFETY)
+    assert in_flight_wait([30.0], 20.0, same_step=False) == 0.0, "no emergency could fit: abandon at once"
+    assert in_flight_wait([], 20.0, same_step=False) == 10.0
+    assert in_flight_wait([4.0], 20.0, same_step=True) == 20.0 - END_MARGIN_S
+    assert in_flight_wait([4.0], 1.0, same_step=True) == pytest.approx(0.8)
+    assert in_flight_wait([4.0], -1.0, same_step=True) == 0.0

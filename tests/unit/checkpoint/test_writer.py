@@ -84,3 +84,22 @@ def test_a_fenced_off_writer_removes_nothing_and_cannot_reach_its_successors_tmp
     assert not (tmp_path / "step_6").exists()
     final = new.commit(write_contents(new, 6))
     assert verify_bundle(final).ok
+
+
+def test_an_abandoned_save_is_never_renamed_and_its_tmp_dir_stays_for_quarantine(tmp_path: Path) -> None:
+    """A stop that cannot wait for a save abandons it (issue 31, E): its commit refuses to rename, its abort leaves
+    the tmp dir (the next holder's tidy quarantines it); once renamed, a save cannot be abandoned."""
+    from sc_app.checkpoint.writer import SaveAbandoned
+
+    w = BundleWriter(tmp_path, 4).begin()
+    fields = write_contents(w, 4)
+    assert w.abandon()
+    with pytest.raises(SaveAbandoned):
+        w.commit(fields)
+    w.abort()
+    assert w.tmp.is_dir() and not (tmp_path / "step_4").exists()
+
+    done = BundleWriter(tmp_path, 6).begin()
+    done.commit(write_contents(done, 6))
+    assert not done.abandon(), "a published bundle stays published"
+    assert verify_bundle(tmp_path / "step_6").ok

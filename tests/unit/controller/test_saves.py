@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
 
 from sc_app.checkpoint import BundleWriter
 from sc_app.controller.saves import InventoryMismatch, SaveFailed
-from sc_app.progress import SaveFailedRecord, SaveRecord
+from sc_app.progress import SaveFailedRecord, SaveRecord, StopRecord
 from tests.support.fake_data_plane import until
 from tests.unit.controller.harness import G, commit, make_controller, run
 
@@ -136,3 +137,122 @@ def test_a_save_that_fails_on_io_stops_the_run_when_asked_to(tmp_path: Path) -> 
     with pytest.raises(SaveFailed, match=r"save of step 2 .* \(checkpoint.on_save_error=stop\)"):
         run(body())
     assert not [r for r in controller.progress(0) if isinstance(r, SaveRecord)]
+
+
+# ---------------------------------------------------------------------------------------------- a stop and saves
+# (issue 31, class E: a save in flight at a stop, and one that would start after it)
+
+
+class Stuck(asyncio.Event):
+    """A gate that says when a write reached it."""
+
+    entered = 0
+
+    async def wait(self) -> Literal[True]:
+        self.entered += 1
+        return await super().wait()
+
+
+def _stops(controller: Any) -> list[str]:
+    return [r.emergency for r in controller.progress(0) if isinstance(r, StopRecord)]
+
+
+def test_a_stop_abandons_an_older_save_that_cannot_finish_and_cuts_the_emergency_bundle(tmp_path: Path) -> None:
+    """The save of step 2 hangs in its data-plane write (a slow volume); training reaches step 4, whose save waits
+    for it. The stop (1 s budget) waits for step 2's save only until half the budget, abandons it (never renamed,
+    its tmp dir left for quarantine) and publishes the emergency bundle of step 4 within the budget."""
+    controller, client = make_controller(tmp_path, max_steps=100, save_period=2)
+    stuck = client.write_gate = Stuck()  # never set: step 2's snapshot write never ends
+    trainer = controller.args.trainers[0]
+
+    async def body() -> Any:
+        await controller.restore()
+        running = asyncio.create_task(controller.run())
+        await until(lambda: (len(trainer.called("train_step")) >= 4 and stuck.entered) or running.done(), seconds=60)
+        client.write_gate = None  # only step 2's write is stuck
+        await asyncio.sleep(0.2)
+        assert not running.done() and len(trainer.called("train_step")) == 4, "step 4's save waits for step 2's"
+        asked = time.monotonic()
+        await controller.request_stop(time.time() + 1.0)
+        summary = await running
+        return summary, time.monotonic() - asked
+
+    summary, took = run(body())
+    assert not stuck.is_set()
+    ckpt = tmp_path / "ckpt"
+    saves = [r for r in controller.progress(0) if isinstance(r, SaveRecord)]
+    assert [(r.step, r.emergency) for r in saves] == [(4, True)]
+    assert took < 3.0, f"the stop took {took:.2f}s against its 1 s budget (2 s of slack for a loaded machine)"
+    stops = _stops(controller)
+    assert stops[0].startswith("save of step_2 abandoned: it would not finish within the stop's budget"), stops
+    assert stops[1].startswith("emergency bundle: no save timed yet"), stops
+    assert summary.last_saved_step == 4 and summary.final_step == 4 and not summary.emergency_skipped
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_4"]
+    assert [p.name.split(".")[0] for p in ckpt.glob("tmp_step_*")] == ["tmp_step_2"], "left for quarantine"
+
+
+def test_a_save_of_the_step_reached_that_cannot_finish_is_abandoned_without_a_second_try(tmp_path: Path) -> None:
+    """The save in flight is of the step the stop wants a bundle of: it is waited for all of the budget but a
+    margin, then abandoned; the same bundle is not tried again (it could not finish either)."""
+    controller, client = make_controller(tmp_path, max_steps=100, save_period=2)
+    client.write_gate = asyncio.Event()
+
+    async def body() -> tuple[bool, float]:
+        await controller.restore()
+        await commit(controller, 0, 0)
+        saves = controller.saves
+        saves.captured(controller.version)
+        await saves.start(1, controller.version)
+        asked = time.monotonic()
+        skipped = await saves.emergency(1, controller.version, time.time() + 1.0)
+        return skipped, time.monotonic() - asked
+
+    skipped, took = run(body())
+    assert skipped and 0.5 < took < 3.0, took  # waited most of its 1 s budget, not for the stuck save
+    assert _stops(controller) == [
+        "save of step_1 abandoned: it would not finish within the stop's budget; never renamed, the next start "
+        "quarantines its tmp dir"
+    ]
+    assert not list((tmp_path / "ckpt").glob("step_*"))
+    assert len(list((tmp_path / "ckpt").glob("tmp_step_1*"))) == 1
+
+
+def test_a_save_in_flight_that_finishes_in_time_is_kept(tmp_path: Path) -> None:
+    controller, client = make_controller(tmp_path, max_steps=100, save_period=2)
+    gate = client.write_gate = asyncio.Event()
+
+    async def body() -> bool:
+        await controller.restore()
+        await commit(controller, 0, 0)
+        controller.saves.captured(controller.version)
+        await controller.saves.start(1, controller.version)
+        asyncio.get_running_loop().call_later(0.1, gate.set)
+        return await controller.saves.emergency(1, controller.version, time.time() + 5.0)
+
+    assert run(body()) is False
+    assert [(r.step, r.emergency) for r in controller.progress(0) if isinstance(r, SaveRecord)] == [(1, False)]
+    assert _stops(controller) == [], "nothing abandoned, no second bundle of the same step"
+
+
+def test_no_periodic_save_starts_after_a_stop(tmp_path: Path) -> None:
+    """The stop arrives while step 2 trains (a step a save is due at): no periodic save of it starts; the stop's
+    emergency bundle is the one bundle of step 2."""
+    controller, _ = make_controller(tmp_path, max_steps=100, save_period=2)
+    trainer = controller.args.trainers[0]
+    original = type(trainer).train_step
+
+    def stop_in_step_2(sample_ids: list[str], version: int, capture: bool) -> Any:
+        if version == 2:
+            asyncio.get_running_loop().create_task(controller.request_stop(time.time() + 30))
+        return original(trainer, sample_ids, version, capture)
+
+    trainer.train_step = stop_in_step_2  # type: ignore[method-assign]
+
+    async def body() -> Any:
+        await controller.restore()
+        return await controller.run()
+
+    summary = run(body())
+    saves = [r for r in controller.progress(0) if isinstance(r, SaveRecord)]
+    assert [(r.step, r.emergency) for r in saves] == [(2, True)], saves
+    assert summary.final_step == 2 and summary.last_saved_step == 2

@@ -1,0 +1,90 @@
+"""One run, three hung (SIGSTOPped, not dead) processes (real CLI, Ray, TransferQueue) — issue 31, class A.
+
+A stopped process answers nothing and never dies, so neither a failing call nor the GCS's actor table reports it;
+the driver's heartbeats do (``sc_app.attempt.poll.Heartbeat``). In turn, each once the run recovered from the one
+before and trained on:
+
+* a trainer rank, then a TransferQueue storage unit: the controller waits on them, no step is reported for
+  ``run.hang_timeout_s`` → one ``fault hang`` line and event, an in-job restore (the stopped process is killed with
+  the job: ``ray.kill`` ends a stopped process too), training goes on from the newest bundle;
+* the controller actor, then SIGTERM to the driver (the issue's example: the driver used to block in ``ray.get``
+  forever): the stop is looked at every poll, the emergency budget bounds it, the run exits 1
+  (``EmergencyTimeout``, docs/recovery.md) within the budget, naming the hung controller, and the newest bundle
+  verifies. The frozen seconds are never training in the goodput ledger: no step line holds them.
+
+Its own run (not the shared four-kills run): each hang costs ``run.hang_timeout_s`` plus a rebuild, and this run
+must end on SIGTERM with exit 1 where the shared runs end at max_steps with exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from sc_app.observe.goodput import ledger
+from sc_app.observe.reader import read_history
+from tests.support.console import foreign_lines
+from tests.support.proc import actor_pids, finish, read_trace, run_args, sc_app, start_logged, wait_for
+from tests.support.restart import attempts_of
+
+pytestmark = pytest.mark.slow
+
+HANG_S = 15.0  # run.hang_timeout_s: well above a tiny step under load
+BUDGET_S = 20.0  # checkpoint.emergency_budget_s
+
+
+def trains_in(trace: Path, start: int) -> int:
+    parts = attempts_of(read_trace(trace)) if trace.exists() else []
+    return sum(e["ev"] == "train" for e in parts[start]) if len(parts) > start else 0
+
+
+def stop_one(sid: int, actor: str) -> None:
+    pids = actor_pids(sid, actor)
+    assert pids, f"no {actor} process"
+    os.kill(pids[0], signal.SIGSTOP)
+
+
+def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
+    ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
+    extra = ["--set", f"run.hang_timeout_s={HANG_S:g}", "--set", f"checkpoint.emergency_budget_s={BUDGET_S:g}"]
+    proc = start_logged(*run_args(ckpt, trace, 100_000, *extra), log=log)
+    try:
+        for n, actor in enumerate(["TrainerWorker", "SimpleStorageUnit"]):
+            wait_for(lambda n=n: trains_in(trace, n) >= 3, 600, f"3 steps before stopping {actor}", proc, log=log)
+            stop_one(proc.pid, actor)
+        wait_for(lambda: trains_in(trace, 2) >= 3, 600, "3 steps after the second restore", proc, log=log)
+        stop_one(proc.pid, "SingleControllerActor")
+        time.sleep(2)
+        os.kill(proc.pid, signal.SIGTERM)
+        stopped = time.monotonic()
+        run = finish(proc, BUDGET_S + 90, "the run after SIGTERM with its controller stopped")
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            finish(proc, 1, "cleanup")
+    out = log.read_text()
+    assert run.rc == 1, out[-4000:]
+    assert took < BUDGET_S + 30, f"exited {took:.0f}s after SIGTERM against a {BUDGET_S:g}s budget"
+    assert f"emergency checkpoint did not finish within checkpoint.emergency_budget_s={BUDGET_S:g}s" in out, out[-3000:]
+    assert "the controller actor had not answered for" in out and "Traceback" not in out, out[-3000:]
+    assert not foreign_lines(out), foreign_lines(out)[:5]  # TransferQueue's shutdown warning: libraries.log
+    assert "transfer_queue" in (ckpt / "logs" / "libraries.log").read_text()
+
+    faults = list(read_history(ckpt / "logs").events_named("fault"))
+    assert [f.data["fault"] for f in faults] == ["hang", "hang"], out[-3000:]
+    assert all(f.data["outcome"] == "recovered" and f.data["detection_s"] >= HANG_S for f in faults)
+    assert out.count("fault hang: recovered") == 2, out[-3000:]
+    starts = [e for e in read_trace(trace) if e["ev"] == "start"]
+    assert [s["step"] for s in starts] == [0] + [f.data["restored_step"] for f in faults]
+
+    history = read_history(ckpt / "logs")
+    assert all(s.record.step_seconds < HANG_S for s in history.steps), "a frozen step is never a step line"
+    money = ledger(history)
+    (attempt,) = money.attempts
+    assert money.seconds["training"] < attempt.wall_s - 2 * HANG_S, "the frozen seconds are not training"
+    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
+    assert verify.rc == 0, verify.out
