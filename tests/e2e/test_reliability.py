@@ -1,6 +1,7 @@
-"""Preemption, kill-anywhere, fencing and disk pressure — real processes, real Ray, real TransferQueue, real files.
+"""Preemption, kill-anywhere and disk pressure — real processes, real Ray, real TransferQueue, real files.
 
-Each test drives the real CLI in subprocesses (its own session, cleaned up by ``kill_session``).
+Each test drives the real CLI in subprocesses (its own session, cleaned up by ``kill_session``). Fencing (a retry
+takes the lease from a writer still running) is part of ``tests/e2e/test_bystanders.py``'s scenario.
 """
 
 from __future__ import annotations
