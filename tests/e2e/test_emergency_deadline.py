@@ -23,10 +23,23 @@ pytestmark = pytest.mark.slow
 def test_no_emergency_bundle_that_could_not_finish(cli: InProcess, tmp_path: Path) -> None:
     ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
     env = {"SC_APP_FAULT_AT": "save.fsync", "SC_APP_FAULT_ACTION": "delay", "SC_APP_FAULT_DELAY_S": "4"}
-    live = start_logged("run", "--checkpoint-dir", str(ckpt), "--max-steps", "100000",
-                        "--set", "checkpoint.save_period=200", "--set", "checkpoint.emergency_budget_s=3",
-                        "--set", "checkpoint.preemption_notice_s=2", "--set", f"run.trace_file={trace}",
-                        log=log, env=env)
+    live = start_logged(
+        "run",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        "100000",
+        "--set",
+        "checkpoint.save_period=200",
+        "--set",
+        "checkpoint.emergency_budget_s=3",
+        "--set",
+        "checkpoint.preemption_notice_s=2",
+        "--set",
+        f"run.trace_file={trace}",
+        log=log,
+        env=env,
+    )
     try:
         wait_for(lambda: (ckpt / "step_200").is_dir(), 400, "the first periodic bundle", live)
         stopped = cli("stop", "--checkpoint-dir", str(ckpt), "--wait", "60", within=120)
