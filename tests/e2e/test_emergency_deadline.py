@@ -15,21 +15,35 @@ from pathlib import Path
 import pytest
 
 from sc_app.checkpoint import verify_bundle
-from tests.support.proc import kill_session, read_trace, sc_app, start_logged, wait_for
+from tests.support.cli import InProcess
+from tests.support.proc import kill_session, read_trace, start_logged, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def test_no_emergency_bundle_that_could_not_finish(tmp_path: Path) -> None:
+def test_no_emergency_bundle_that_could_not_finish(cli: InProcess, tmp_path: Path) -> None:
     ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
     env = {"SC_APP_FAULT_AT": "save.fsync", "SC_APP_FAULT_ACTION": "delay", "SC_APP_FAULT_DELAY_S": "4"}
-    live = start_logged("run", "--checkpoint-dir", str(ckpt), "--max-steps", "100000",
-                        "--set", "checkpoint.save_period=200", "--set", "checkpoint.emergency_budget_s=3",
-                        "--set", "checkpoint.preemption_notice_s=2", "--set", f"run.trace_file={trace}",
-                        log=log, env=env)
+    live = start_logged(
+        "run",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--max-steps",
+        "100000",
+        "--set",
+        "checkpoint.save_period=200",
+        "--set",
+        "checkpoint.emergency_budget_s=3",
+        "--set",
+        "checkpoint.preemption_notice_s=2",
+        "--set",
+        f"run.trace_file={trace}",
+        log=log,
+        env=env,
+    )
     try:
         wait_for(lambda: (ckpt / "step_200").is_dir(), 400, "the first periodic bundle", live)
-        stopped = sc_app("stop", "--checkpoint-dir", str(ckpt), "--wait", "60", timeout=120)
+        stopped = cli("stop", "--checkpoint-dir", str(ckpt), "--wait", "60", within=120)
         assert stopped.rc == 0, stopped.out
         assert live.wait(timeout=60) == 143
     finally:

@@ -30,7 +30,8 @@ import pytest
 from bench.chaos_in_job import Shape, check_faults, check_trace
 from sc_app.observe.goodput import ledger
 from sc_app.observe.reader import read_history
-from tests.support.proc import actor_pids, finish, read_trace, run_args, sc_app, start_logged, trained_lineage, wait_for
+from tests.support.cli import InProcess
+from tests.support.proc import actor_pids, finish, read_trace, run_args, start_logged, trained_lineage, wait_for
 from tests.support.restart import attempts_of, generation_restart_problems, kept_history
 
 pytestmark = pytest.mark.slow
@@ -157,12 +158,12 @@ def test_every_step_trained_once_and_no_prompt_twice(four_kills: FourKills) -> N
     assert not repeats, f"prompts trained or dropped twice in the kept history: {repeats}"
 
 
-def test_the_chaos_verdicts_hold_and_every_bundle_verifies(four_kills: FourKills) -> None:
+def test_the_chaos_verdicts_hold_and_every_bundle_verifies(cli: InProcess, four_kills: FourKills) -> None:
     k = four_kills
     done = [f"{kind}@0" for kind in CHAOS_NAMES]
     assert not check_faults([f.data for f in k.faults], Shape(MAX_STEPS, 4, list(CHAOS_NAMES)), done)
     assert not check_trace(k.ckpt, k.events)
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(k.ckpt), timeout=120)
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(k.ckpt))
     assert verify.rc == 0, verify.out
 
 

@@ -2,8 +2,13 @@
 
 Node A carries ``trainer_node``, node B carries ``gen_node`` and ``tq_node``; the head carries neither. The config
 puts the trainer workers (two of them: torch.distributed over gloo), the generation worker and TransferQueue's
-storage unit on those nodes. The CLI runs in a subprocess against the cluster address; while it runs, the test
+storage units on those nodes. The CLI runs in a subprocess against the cluster address; while it runs, the test
 reads where every actor landed from Ray's state API. A second run resumes from the first run's newest bundle.
+
+The first run has two TransferQueue storage units, the second one: what a job that lost a node for good does (the
+retry comes back with fewer units). Checked: the resume is not refused over the unit count, restores exactly the
+bundle's rows (its ``start`` trace event against the sidecar), continues the step counter, and every bundle
+verifies. The bit-for-bit row check, both directions, is ``tests/integration/data_plane/test_reroute.py``.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ from typing import Any
 
 import pytest
 
-from tests.support.proc import finish, free_port, placed_run_args, sc_app, start_sc_app
+from tests.support.cli import InProcess
+from tests.support.proc import finish, free_port, load_sidecar, placed_run_args, sc_app, start_sc_app
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-NODE_CPUS = 3  # logical CPUs of nodes A and B: room for what the config sends there, plus one spare
+NODE_CPUS = 4  # logical CPUs of nodes A and B: room for what the config sends there (B: 2 units), plus one spare
 # The head is the biggest node and the driver's own: were the placement config ignored, Ray would pack the actors
 # there (local node first), so the placement assertions below would fail.
 HEAD_CPUS = 8
@@ -59,8 +65,9 @@ def nodes() -> Iterator[Nodes]:
         cluster.shutdown()
 
 
-def cluster_args(n: Nodes, ckpt: Path, trace: Path, max_steps: int) -> list[str]:
-    return placed_run_args(n.address, ckpt, trace, max_steps, "--set", "trainer.num_workers=2")
+def cluster_args(n: Nodes, ckpt: Path, trace: Path, max_steps: int, units: int) -> list[str]:
+    sets = ("--set", "trainer.num_workers=2", "--set", f"data_plane.storage_units={units}")
+    return placed_run_args(n.address, ckpt, trace, max_steps, *sets)
 
 
 WATCHED = ("TrainerWorker", "GenerationWorker", "SimpleStorageUnit", "SingleControllerActor")
@@ -89,9 +96,9 @@ def watch_placement(proc: Any, address: str, timeout: float) -> dict[str, set[st
     return dict(seen)
 
 
-def test_multinode_placement_bundles_and_resume(nodes: Nodes, tmp_path: Path) -> None:
+def test_multinode_placement_bundles_and_resume(cli: InProcess, nodes: Nodes, tmp_path: Path) -> None:
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
-    proc = start_sc_app(*cluster_args(nodes, ckpt, trace, 4))
+    proc = start_sc_app(*cluster_args(nodes, ckpt, trace, 4, units=2))
     placement = watch_placement(proc, nodes.address, timeout=240)
     first = finish(proc, 300, "multinode run 1")
     assert first.rc == 0, first.out[-4000:]
@@ -108,10 +115,16 @@ def test_multinode_placement_bundles_and_resume(nodes: Nodes, tmp_path: Path) ->
     assert re.search(r"gloo.*world size 2", first.out), first.out[-3000:]
     assert "starting fresh" in first.out and "done: step 4" in first.out
     assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_2", "step_4"]
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(ckpt))
     assert verify.rc == 0, verify.out
+    dp = json.loads((ckpt / "step_4" / "data_plane" / "metadata.json").read_text())
+    assert len(dp["streams"]) == 2, "run 1's snapshot must come from two units (else the resume proves nothing)"
+    manifest = json.loads((ckpt / "step_4" / "manifest.json").read_text())
+    assert manifest["compat"]["data_plane.storage_units"] == 2
+    rows = manifest["replay"]["rows"]
+    assert rows > 0, "step_4 holds no rows: the restore would be vacuous"
 
-    second = sc_app(*cluster_args(nodes, ckpt, trace, 6), timeout=300)
+    second = sc_app(*cluster_args(nodes, ckpt, trace, 6, units=1), timeout=300)
     assert second.rc == 0, second.out[-4000:]
     m = re.search(r"resuming from (\S+) \(step (\d+)\)", second.out)
     assert m and Path(m.group(1)).name == "step_4" and m.group(2) == "4", second.out[-3000:]
@@ -119,6 +132,14 @@ def test_multinode_placement_bundles_and_resume(nodes: Nodes, tmp_path: Path) ->
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     starts = [e for e in events if e["ev"] == "start"]
     assert [s["step"] for s in starts] == [0, 4]
+    sidecar = load_sidecar(ckpt / "step_4" / "replay_buffer_metadata.pt")
+    assert starts[1]["restored_rows"] == rows == sum(len(g["sample_ids"]) for g in sidecar["groups"].values())
     trained = [e["step"] for e in events if e["ev"] == "train"]
     assert trained == [1, 2, 3, 4, 5, 6], trained
     assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_2", "step_4", "step_6"]
+    dp6 = json.loads((ckpt / "step_6" / "data_plane" / "metadata.json").read_text())
+    assert len(dp6["streams"]) <= 1, "run 2's own bundle comes from its single unit"
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(ckpt))
+    assert verify.rc == 0, verify.out
+    for name in ("step_2", "step_4", "step_6"):
+        assert f"{name}: verified" in verify.out

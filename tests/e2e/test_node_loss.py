@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from sc_app.observe.reader import read_history
-from tests.support.proc import finish, placed_run_args, read_trace, sc_app, start_logged, wait_for
+from tests.support.cli import InProcess
+from tests.support.proc import finish, placed_run_args, read_trace, start_logged, wait_for
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -73,7 +74,7 @@ def trains(trace: Path) -> int:
 
 
 def test_a_lost_node_is_restored_in_job_while_the_rest_fits_then_ends_the_attempt(
-    cluster: Cluster, tmp_path: Path
+    cli: InProcess, cluster: Cluster, tmp_path: Path
 ) -> None:
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
     proc = start_logged(*args(cluster, ckpt, trace, 8), log=tmp_path / "run1.log")
@@ -109,5 +110,5 @@ def test_a_lost_node_is_restored_in_job_while_the_rest_fits_then_ends_the_attemp
     assert re.search(unfit, errors[0]), errors[0]
     assert "live nodes: CPU=3, gen_node=4, tq_node=4; CPU=8)" in errors[0], errors[0]
     assert "a retry on a new cluster resumes from the newest complete bundle" in errors[0]
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt), timeout=120)
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(ckpt))
     assert verify.rc == 0, verify.out

@@ -23,8 +23,8 @@ import pytest
 
 from sc_app.observe.reader import read_history
 from sc_app.observe.report import build_figures
+from tests.support.cli import InProcess
 from tests.support.interrupted import Interrupted
-from tests.support.proc import sc_app
 from tests.support.prometheus import one
 
 pytestmark = pytest.mark.slow
@@ -136,10 +136,10 @@ def test_tensorboard_reads_back_each_step_once_with_the_newest_value(interrupted
     ]
 
 
-def test_report_plots_the_logs_series(interrupted_run: Interrupted, tmp_path: Path) -> None:
+def test_report_plots_the_logs_series(cli: InProcess, interrupted_run: Interrupted, tmp_path: Path) -> None:
     k = interrupted_run
     logs, out = k.ckpt / "logs", tmp_path / "report"
-    res = sc_app("report", "--checkpoint-dir", str(k.ckpt), "--out", str(out), "--json", timeout=180)
+    res = cli("report", "--checkpoint-dir", str(k.ckpt), "--out", str(out), "--json")
     assert res.rc == 0, res.out[-3000:]
     summary = json.loads(res.out[res.out.index("{") :])
     for name in ("reward_loss", "step_time", "saves"):

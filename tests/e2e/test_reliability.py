@@ -1,6 +1,7 @@
-"""Preemption, kill-anywhere, fencing and disk pressure — real processes, real Ray, real TransferQueue, real files.
+"""Preemption, kill-anywhere and disk pressure — real processes, real Ray, real TransferQueue, real files.
 
-Each test drives the real CLI in subprocesses (its own session, cleaned up by ``kill_session``).
+Each test drives the real CLI in subprocesses (its own session, cleaned up by ``kill_session``). Fencing (a retry
+takes the lease from a writer still running) is part of ``tests/e2e/test_bystanders.py``'s scenario.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sc_app.checkpoint import plan_resume, verify_bundle
+from tests.support.cli import InProcess
 from tests.support.interrupted import Interrupted
 from tests.support.proc import (
     kill_session,
@@ -70,7 +72,7 @@ def test_sigterm_cuts_an_emergency_bundle_and_resume_continues(interrupted_run: 
     assert bundles(ckpt)[-1] == k.final
 
 
-def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) -> None:
+def test_kill_inside_the_barrier_window_and_before_the_rename(cli: InProcess, tmp_path: Path) -> None:
     """SIGKILL the saving controller at two phases in a row; each time the newest complete bundle is resumed by the
     next start. The process-restart path: in-job restores are off here (``tests/e2e/test_in_job_restore.py`` has
     the same deaths restored in-job), so the disk is seen exactly as a crash left it."""
@@ -101,7 +103,7 @@ def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) ->
     assert bundles(ckpt) == [2], "a bundle that was never renamed is never resumable"
     (leftover,) = ckpt.glob("tmp_step_4.*")  # named by the run that wrote it
     assert (leftover / "manifest.json").exists()
-    pre = sc_app("preflight", "--checkpoint-dir", str(ckpt), "--json")
+    pre = cli("preflight", "--checkpoint-dir", str(ckpt), "--json")
     plan = json.loads(pre.out)
     assert pre.rc == 0 and plan["decision"] == "resume" and plan["step"] == 2
     assert not leftover.exists(), "preflight moves the leftover aside"
@@ -114,40 +116,6 @@ def test_kill_inside_the_barrier_window_and_before_the_rename(tmp_path: Path) ->
     assert bundles(ckpt) == [2, 4, 5]
     trained = [e["step"] for e in read_trace(trace) if e["ev"] == "train"]
     assert trained[-3:] == [3, 4, 5], "the step counter continues from the bundle without gap"
-
-
-def test_an_older_writer_is_fenced_off_by_its_retry(tmp_path: Path) -> None:
-    """Two real runs on one directory: once the retry takes the lease the old one publishes nothing more."""
-    ckpt = tmp_path / "ckpt"
-    common = ["run", "--checkpoint-dir", str(ckpt), "--set", "checkpoint.save_period=1", "--set", "checkpoint.keep=50"]
-    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
-    a = start_logged(*common, "--max-steps", "400", log=a_log)
-    b = None
-    try:
-        wait_for(lambda: len(bundles(ckpt)) >= 2, 180, "the first run's bundles", a)
-        a_run_id = json.loads((ckpt / "LEASE").read_text())["run_id"]
-        b = start_logged(*common, "--max-steps", "400", log=b_log)
-        a_rc = a.wait(timeout=240)
-        wait_for(lambda: "resuming from" in b_log.read_text(), 120, "the retry's resume line", b)
-        lease = json.loads((ckpt / "LEASE").read_text())
-        wait_for(
-            lambda: any(manifest(ckpt, s)["run_id"] == lease["run_id"] for s in bundles(ckpt)),
-            180,
-            "a bundle from the retry",
-            b,
-        )
-    finally:
-        kill_session(a.pid)
-        if b is not None:
-            kill_session(b.pid)
-    assert a_rc == 3, a_log.read_text()[-3000:]
-    assert "superseded" in a_log.read_text()
-    assert lease["epoch"] == 2 and lease["previous"]["run_id"] == a_run_id
-    resumed_step = int(re.search(r"resuming from \S+ \(step (\d+)\)", b_log.read_text()).group(1))
-    a_steps = [s for s in bundles(ckpt) if manifest(ckpt, s)["run_id"] == a_run_id]
-    assert max(a_steps) == resumed_step, "the old run published after its retry took the lease"
-    assert all(manifest(ckpt, s)["epoch"] == 2 for s in bundles(ckpt) if s > resumed_step)
-    assert all(verify_bundle(ckpt / f"step_{s}").ok for s in bundles(ckpt))
 
 
 @pytest.fixture
@@ -206,7 +174,7 @@ def test_sigterm_while_ray_is_starting_keeps_the_exit_contract(tmp_path: Path) -
     try:
         wait_for(lambda: "starting fresh" in log.read_text(), 120, "the resume plan (Ray starts next)", proc)
         os.kill(proc.pid, signal.SIGTERM)
-        rc = proc.wait(timeout=120)
+        rc = proc.wait(timeout=600)  # a hang guard: at load 40-60 the stop during the Ray start took over 120 s
     finally:
         kill_session(proc.pid)
     out = log.read_text()

@@ -6,8 +6,9 @@ a resume must keep: A writes step_2 and step_4 and their hashes match; B resumes
 (B's cut save quarantined) and is stopped by SIGTERM; D resumes from C's emergency bundle and finishes. Step
 counter, loader position and the restored TransferQueue rows are checked against the JSONL trace and the bundles'
 sidecars at each resume.
-Corruption tests (truncated / missing file) run on copies of A's bundles and stop before Ray starts; the native
-snapshot test runs a job of its own (another snapshot format).
+Corruption tests (truncated / missing file) run on copies of A's bundles and stop before Ray starts (in this
+process: the ``cli`` fixture, like every ``ckpt verify`` here); the native snapshot test runs a job of its own
+(another snapshot format).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 from sc_app.io import hashing
+from tests.support.cli import InProcess
 from tests.support.interrupted import Interrupted, resumed_from, trace_of
 from tests.support.proc import load_sidecar, run_args, sc_app, step_bundles
 
@@ -42,7 +44,7 @@ def tree_state(root: Path) -> dict[str, tuple[int, str]]:
 
 
 # ------------------------------------------------------------------------------------------------ run A
-def test_run_writes_a_bundle_every_save_period(interrupted_run: Interrupted) -> None:
+def test_run_writes_a_bundle_every_save_period(cli: InProcess, interrupted_run: Interrupted) -> None:
     out = interrupted_run.outs["A"]
     pristine = interrupted_run.pristine
     assert "starting fresh" in out
@@ -68,7 +70,7 @@ def test_run_writes_a_bundle_every_save_period(interrupted_run: Interrupted) -> 
         dp = json.loads((bundle / "data_plane/metadata.json").read_text())
         sidecar = load_sidecar(bundle / "replay_buffer_metadata.pt")
         assert dp["user_metadata"]["digest"] == sidecar["digest"] == manifest["replay"]["digest"]
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(pristine), timeout=120)
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(pristine))
     assert verify.rc == 0, verify.out
     for name in ("step_2", "step_4"):
         assert f"{name}: verified" in verify.out
@@ -195,17 +197,19 @@ def _corrupt_copy(run: Interrupted, tmp_path: Path, how: str) -> tuple[Path, Pat
 
 
 @pytest.mark.parametrize("how", ["truncate", "missing"])
-def test_corrupt_bundle_is_named_and_nothing_deleted(interrupted_run: Interrupted, tmp_path: Path, how: str) -> None:
+def test_corrupt_bundle_is_named_and_nothing_deleted(
+    cli: InProcess, interrupted_run: Interrupted, tmp_path: Path, how: str
+) -> None:
     root, victim = _corrupt_copy(interrupted_run, tmp_path, how)
     before = tree_state(root)
 
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(root), timeout=120)
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(root))
     assert verify.rc != 0
     assert str(victim) in verify.out, verify.out
     assert "step_4: BAD" in verify.out and "step_2: verified" in verify.out
     assert tree_state(root) == before
 
-    strict = sc_app(*run_args(root, tmp_path / "t.jsonl", 8, "--set", "checkpoint.on_corrupt=strict"), timeout=120)
+    strict = cli(*run_args(root, tmp_path / "t.jsonl", 8, "--set", "checkpoint.on_corrupt=strict"))  # before Ray
     assert strict.rc != 0, strict.out
     errors = [line for line in strict.out.splitlines() if line.startswith("sc-app: error:")]
     assert len(errors) == 1, strict.out
@@ -215,7 +219,7 @@ def test_corrupt_bundle_is_named_and_nothing_deleted(interrupted_run: Interrupte
     assert not (tmp_path / "t.jsonl").exists(), "the refused run started training"
 
 
-def test_native_snapshot_saves_verify_and_resume(tmp_path: Path) -> None:
+def test_native_snapshot_saves_verify_and_resume(cli: InProcess, tmp_path: Path) -> None:
     """TransferQueue's own snapshot (data_plane.snapshot=native) writes inside the barrier window, into the tmp dir
     the writer makes for it before the window: bundles publish, verify (with the note that its pickles are taken on
     their sha256) and resume."""
@@ -224,7 +228,7 @@ def test_native_snapshot_saves_verify_and_resume(tmp_path: Path) -> None:
     first = sc_app(*run_args(ckpt, trace, 4, *native))
     assert first.rc == 0 and "saved step_4" in first.out, first.out[-3000:]
     assert sorted(step_bundles(ckpt)) == [2, 4] and not list(ckpt.glob("tmp_step_*"))
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(ckpt))
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(ckpt))
     assert verify.rc == 0 and "native format" in verify.out, verify.out
     second = sc_app(*run_args(ckpt, trace, 6, *native))
     assert second.rc == 0 and f"resuming from {ckpt / 'step_4'} (step 4)" in second.out, second.out[-3000:]

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from sc_app.observe.reader import read_history
+from tests.support.cli import InProcess
 from tests.support.hf import HfWorld, hf_world, make_model_dir, policy_oracle
 from tests.support.proc import (
     Finished,
@@ -160,7 +161,7 @@ def test_stop_cut_a_bundle_and_the_last_run_finished(world: HfWorld, runs: Runs)
 
 
 def test_every_run_served_one_version_per_call_in_order_and_bundles_hold_nothing_of_vllm(
-    world: HfWorld, runs: Runs
+    cli: InProcess, world: HfWorld, runs: Runs
 ) -> None:
     for events in trace_runs(world.trace):
         trained = [e["step"] for e in events if e["ev"] == "train"]
@@ -170,7 +171,7 @@ def test_every_run_served_one_version_per_call_in_order_and_bundles_hold_nothing
         manifest = json.loads((world.ckpt / f"step_{step}" / "manifest.json").read_text())
         for rel in manifest["files"]:
             assert BUNDLE_FILES.fullmatch(rel) and "vllm" not in rel.lower(), (step, rel)
-    verify = sc_app("ckpt", "verify", "--checkpoint-dir", str(world.ckpt), timeout=120)
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(world.ckpt))
     assert verify.rc == 0, verify.out
 
 
