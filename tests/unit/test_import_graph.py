@@ -28,7 +28,7 @@ FLOORS: list[set[str]] = [
     {"sc_app.data_plane"},  # the data-plane client and adapters, the barrier, the replay buffer and its index
     {"sc_app.config"},  # the job's configuration (pure)
     {"sc_app.io"},  # files: safe reads, durable writes, digests, strict JSON, torch files
-    {"sc_app", "sc_app.exits", "sc_app.faults", "sc_app.phases", "sc_app.progress"},  # ground: pure records, exits
+    {"sc_app", "sc_app.compile_marks", "sc_app.exits", "sc_app.faults", "sc_app.phases", "sc_app.progress"},  # ground
 ]
 GROUND = len(FLOORS) - 1
 
