@@ -1,17 +1,14 @@
-"""Where a job's cold start goes: process start → first training step of ``sc-app run``, phase by phase.
+"""Where a job's cold start goes: process start -> first training step of ``sc-app run``, phase by phase.
 
-``.venv/bin/python bench/cold_start.py [--rounds 3] [--before REF] [--steps 1]`` from the repo root.
+``.venv/bin/python bench/cold_start.py [--rounds 3] [--before REF]`` from the repo root.
 
-Each measured start is the real CLI (``sc_app.cli.main``, embedded Ray, the default config, an empty checkpoint
-dir) in a fresh process of its own. That process is this file run with ``--child``: it marks the wall clock
-around the product's start-up pieces (wrapped in place, behaviour unchanged) and, at the first step, records every
-process of the job (Ray's own and each actor's: when it started, its CPU seconds) and Ray's timeline of the
-actors' ``__init__``. The parent times the process from spawn to exit.
-
-``--before REF`` also runs the package as it was at git ``REF`` (extracted into a temp dir), interleaved
-(before, now, before, now, ...) so that the drift of a shared machine hits both; the table puts them side by side.
-CPU seconds (every process of the job, summed) are the figure a loaded machine distorts least; wall seconds are
-what a user waits. The load average at the start and end of every run is recorded.
+Each start is the real CLI (``sc_app.cli.main``, embedded Ray, default config, empty checkpoint dir) in a fresh
+process: this file with ``--child``, which marks the wall clock around the product's start-up pieces (wrapped in
+place, behaviour unchanged) and, at the first step, records every process of the job (start time, CPU seconds) and
+Ray's timeline of the actors' ``__init__``; the parent times the process from spawn to exit. Each kind of process's
+imports are also timed alone in fresh interpreters (CPU seconds: the figure a loaded machine distorts least).
+``--before REF`` runs the package as it was at git ``REF`` interleaved with the working tree (before, now, ...),
+side by side in the tables. The load average around every start is recorded.
 
 Writes ``bench/results/cold_start.json`` (every run) and ``.md`` (the tables).
 """
@@ -47,6 +44,10 @@ PHASES = [
     ("sc_app.attempt.run", "setup_single_controller", "setup"),  # where run.py holds it at module level
     ("sc_app.attempt.setup", "setup_single_controller", "setup"),  # where run.py takes it when it sets up
     ("sc_app.attempt.run", "drive", "drive"),
+    ("sc_app.attempt.run", "run_job", "run_job"),
+    ("sc_app.attempt.run", "shutdown_transferqueue", "tq_close"),  # where run.py holds it at module level
+    ("sc_app.data_plane.transferqueue", "shutdown_transferqueue", "tq_close"),
+    ("ray", "shutdown", "ray_shutdown"),
 ]
 # what the driver imports before it does anything (the run command imports the rest lazily, when it needs it)
 DRIVER_MODULES = ("sc_app.cli", "sc_app.attempt.run", "sc_app.observe.observer")
@@ -65,8 +66,6 @@ IMPORTS = {
 
 
 # --- the child: one cold start, instrumented ---------------------------------------------------------------------
-
-
 class Marks:
     def __init__(self) -> None:
         self.t: dict[str, float] = {}
@@ -188,8 +187,6 @@ def child(argv: list[str]) -> None:
 
 
 # --- the parent: spawn, time, tabulate ---------------------------------------------------------------------------
-
-
 def extract(ref: str, into: Path) -> Path:
     """The package as it was at git ``ref``, under ``into`` (``into/sc_app``)."""
     into.mkdir(parents=True, exist_ok=True)
@@ -247,7 +244,12 @@ def breakdown(res: dict[str, Any]) -> dict[str, float]:
     span("drive -> first step began (first rollouts)", at("drive.start"), at("first_step_began"))
     span("first step", at("first_step_began"), at("first_step"))
     span(COLD, t0, at("first_step_began"))
-    span("first step -> process exit (step, save, shutdown)", at("first_step"), res["exited"])
+    span("end: first step -> drive returned (the rest of the run, its last save)", at("first_step"), at("drive.end"))
+    span("end: TransferQueue closed", at("tq_close.start"), at("tq_close.end"))
+    span("end: ray.shutdown", at("ray_shutdown.start"), at("ray_shutdown.end"))
+    span("end: run_job returned -> main returned (run log closed)", at("run_job.end"), at("main_returned"))
+    span("end: main returned -> process exit", at("main_returned"), res["exited"])
+    span("first step -> process exit", at("first_step"), res["exited"])
     span("process wall", t0, res["exited"])
     procs = res.get("processes", [])
     rows["CPU s: the driver"] = res.get("driver_cpu_s", float("nan"))
@@ -279,9 +281,8 @@ def actor_rows(res: dict[str, Any]) -> dict[str, float]:
 
 def cell(xs: list[float]) -> str:
     xs = [x for x in xs if x == x]
-    if not xs:
-        return "—"
-    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else f"{xs[0]:.2f}"
+    one = f"{xs[0]:.2f}" if len(xs) == 1 else "—"
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else one
 
 
 def table(runs: dict[str, list[dict[str, Any]]], rows_of: Any, title: str) -> list[str]:

@@ -11,7 +11,8 @@ Invariants:
 * any other failure of ``ray.init``, or the second timeout, is one line (``RayStartFailed``, exit 1: a rerun on a
   less loaded node may succeed); Ray's traceback goes to the debug log, never to the terminal;
 * ``ray.init`` mostly waits on the processes it starts: ``import_in_background`` loads what set-up needs next
-  (torch, tensordict, the workers' code: seconds of CPU) on another thread meanwhile.
+  (torch, tensordict, the workers' code: seconds of CPU) on another thread meanwhile; those imports add no module
+  of Ray's (all loaded before), so the thread never imports one at the same time as ``ray.init`` does.
 """
 
 from __future__ import annotations
