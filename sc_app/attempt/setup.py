@@ -300,7 +300,6 @@ def _build(
     restored = _restore(setup, cfg, plan, order) if plan.decision == "resume" else Restored()
     dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
     order.enter("sealed")
-    policy.sync_generation_weights(restored.version)
     args = SingleControllerActorArgs(
         cfg_json=cfg.model_dump_json(),
         run_id=run_id,
@@ -319,4 +318,8 @@ def _build(
     setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     setup.handles.append(setup.actor)
     order.enter("actor")
-    ray.get(setup.actor.restore.remote())  # index from the sidecar + inventory check, before any pump
+    restoring = setup.actor.restore.remote()  # index from the sidecar + inventory check, before any pump
+    # the generation workers take the restored weights while the controller's process starts: it calls no worker
+    # before its pumps, and they start after set-up
+    policy.sync_generation_weights(restored.version)
+    ray.get(restoring)
