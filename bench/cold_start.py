@@ -8,9 +8,8 @@ place, behaviour unchanged) and, at the first step, records every process of the
 Ray's timeline of the actors' ``__init__``; the parent times the process from spawn to exit. Each kind of process's
 imports are also timed alone in fresh interpreters (CPU seconds: the figure a loaded machine distorts least).
 ``--before REF`` runs the package as it was at git ``REF`` interleaved with the working tree (before, now, ...),
-side by side in the tables. The load average around every start is recorded.
-
-Writes ``bench/results/cold_start.json`` (every run) and ``.md`` (the tables).
+side by side in the tables. The load average around every start is recorded. Writes
+``bench/results/cold_start.json`` (every run) and ``.md`` (the tables; ``--render JSON`` writes them again).
 """
 
 from __future__ import annotations
@@ -65,7 +64,6 @@ IMPORTS = {
 }
 
 
-# --- the child: one cold start, instrumented ---------------------------------------------------------------------
 class Marks:
     def __init__(self) -> None:
         self.t: dict[str, float] = {}
@@ -149,7 +147,6 @@ def child(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=1)
     args = p.parse_args(argv)
     marks = Marks()
-    marks.mark("main")
     import importlib
 
     for m in DRIVER_MODULES:
@@ -186,7 +183,6 @@ def child(argv: list[str]) -> None:
     Path(args.out).write_text(json.dumps({"rc": rc, "marks": marks.t, **snapshot}))
 
 
-# --- the parent: spawn, time, tabulate ---------------------------------------------------------------------------
 def extract(ref: str, into: Path) -> Path:
     """The package as it was at git ``ref``, under ``into`` (``into/sc_app``)."""
     into.mkdir(parents=True, exist_ok=True)
@@ -245,7 +241,9 @@ def breakdown(res: dict[str, Any]) -> dict[str, float]:
     span("end: main returned -> process exit", at("main_returned"), res["exited"])
     span("first step -> process exit", at("first_step"), res["exited"])
     span("process wall", t0, res["exited"])
-    procs = res.get("processes", [])
+    procs = res.get("processes")
+    if not procs:  # no snapshot at a first step: no CPU figures
+        return rows
     rows["CPU s: the driver"] = res.get("driver_cpu_s", float("nan"))
     rows["CPU s: Ray's own processes"] = sum(p["cpu_s"] for p in procs if not p["name"].startswith("ray::"))
     rows["CPU s: the job's actors"] = sum(p["cpu_s"] for p in procs if p["name"].startswith("ray::"))
@@ -350,16 +348,22 @@ def parent(args: argparse.Namespace) -> None:
     meta.update(load_end=os.getloadavg(), before=args.before, rounds=args.rounds, import_rounds=args.import_rounds)
     doc = {"meta": meta, "imports": imports, "runs": runs}
     (out / "cold_start.json").write_text(json.dumps(doc, indent=1))
+    render(doc, out)
+
+
+def render(doc: dict[str, Any], out: Path) -> None:
+    """The tables of ``doc`` (``cold_start.json``) into ``out/cold_start.md``."""
+    meta, imports, runs = doc["meta"], doc["imports"], doc["runs"]
     loads = [x for rs in runs.values() for r in rs for x in r["load"]]
     md = [
-        f"# Cold start: spawn -> first step ({started}, {os.cpu_count()} CPUs, load average "
+        f"# Cold start: spawn -> first step ({meta['started']}, {meta['cpus']} CPUs, load average "
         f"{min(loads):.1f}-{max(loads):.1f} during the starts)",
         "",
-        f"Imports per process: CPU seconds in a fresh interpreter, median (min-max) of {args.import_rounds}.",
+        f"Imports per process: CPU seconds in a fresh interpreter, median (min-max) of {meta['import_rounds']}.",
         "",
         *table(imports, import_rows, "process"),
         "",
-        f"Cold starts: seconds, median (min-max) of {args.rounds}; every phase on the driver's wall clock.",
+        f"Cold starts: seconds, median (min-max) of {meta['rounds']}; every phase on the driver's wall clock.",
         "",
         *table(runs, breakdown, "phase"),
         "",
@@ -375,6 +379,10 @@ def parent(args: argparse.Namespace) -> None:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2:])
+        return
+    if len(sys.argv) > 2 and sys.argv[1] == "--render":  # the tables again from a cold_start.json
+        path = Path(sys.argv[2])
+        render(json.loads(path.read_text()), path.parent)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--child-imports":
         child_imports(sys.argv[2:])
