@@ -29,7 +29,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.checkpoint.lineage.LineageError": EXIT_BAD_INPUT,
     "sc_app.rl.hooks.InputError": EXIT_BAD_INPUT,
     "sc_app.attempt.run.CheckpointDirUnusable": EXIT_BAD_INPUT,
-    "sc_app.attempt.setup.ResumeRefused": EXIT_BAD_INPUT,
+    "sc_app.attempt.errors.ResumeRefused": EXIT_BAD_INPUT,
     "sc_app.attempt.ray_start.RayTmpdirUnusable": EXIT_BAD_INPUT,  # RAY_TMPDIR missing, a file, unwritable
     "sc_app.checkpoint.remote.fence.RemoteRefused": EXIT_BAD_INPUT,  # the bucket: credentials, access, no CAS
     # a newer run took the lease (fencing)

@@ -20,29 +20,33 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import ray
 
-from sc_app.attempt import cluster_fit
+from sc_app.attempt import cluster_fit, ray_start
 from sc_app.attempt.actor_watch import CONTROLLER, NODE, ActorsDied, JobActors, live_node_resources
+from sc_app.attempt.errors import RestoreFailed, ResumeRefused
 from sc_app.attempt.in_job_restore import drive_restoring
 from sc_app.attempt.poll import drive
 from sc_app.attempt.remote_tier import RemoteTier, open_remote
 from sc_app.attempt.restore_policy import Death
-from sc_app.attempt.setup import RestoreFailed, ResumeRefused, Setup, setup_single_controller
 from sc_app.checkpoint import BundleRules, ResumePlan, choose_bundle, layout, volume
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease, LeaseKeeper, LeaseLost, read_lease
 from sc_app.checkpoint.lineage import ensure_lineage
 from sc_app.checkpoint.stop_request import StopWatch
 from sc_app.config.app import AppConfig
-from sc_app.data_plane.transferqueue import shutdown_transferqueue
 from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
 from sc_app.rl import hooks
 from sc_app.waits import Bound, ProcessHung, StopCut, bounded
 
+if TYPE_CHECKING:  # the set-up's modules load torch, tensordict and the workers' code: imported while Ray starts
+    from sc_app.attempt.setup import Setup
+
 log = logging.getLogger(__name__)
+SETUP_MODULES = ("sc_app.attempt.setup", "transfer_queue")  # what set-up imports: torch, tensordict, workers' code
+
 
 
 class CheckpointDirUnusable(RuntimeError):
@@ -163,8 +167,6 @@ def init_ray(cfg: AppConfig, stop_requested: Callable[[], bool] = lambda: False)
 def _init_ray(cfg: AppConfig, stop_requested: Callable[[], bool]) -> bool:
     """One line (``ray_start.RayStartFailed``) instead of Ray's traceback when Ray cannot start; a start-up that
     timed out is retried once (``ray_start.start_ray``)."""
-    from sc_app.attempt import ray_start
-
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     logging.getLogger("ray").propagate = True  # with configure_logging=False: to libraries.log, not the console
     verbose = cfg.run.log_level == "DEBUG"
@@ -209,6 +211,8 @@ def start_controller(attempt: Attempt, plan: ResumePlan) -> tuple[Setup, ResumeP
     """``setup_single_controller`` for ``plan``; a bundle that verified but cannot be restored is handled like one
     that failed verification: with ``on_corrupt=fallback`` it is moved aside (only when an older bundle verifies)
     and the next one is tried, in this process; otherwise the run is refused and nothing is moved."""
+    from sc_app.attempt.setup import setup_single_controller  # loaded while Ray started (_train): no wait left
+
     unrestorable: dict[str, str] = {}
     while True:
         try:
@@ -310,12 +314,14 @@ def _recorded_lineage(plan: ResumePlan) -> str | None:
 def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool]) -> RunResult:
     """Ray up, the controller set up (falling back past bundles that cannot be restored), driven to its end."""
     cfg = attempt.cfg
+    loading = ray_start.import_in_background(*SETUP_MODULES)  # they load while Ray starts (ray.init mostly waits)
     try:
         owns_ray = init_ray(cfg, stop_requested)
-    except (SystemExit, StopCut) as exc:  # ray.init's SIGTERM handler before ours is back; a stop during a retry
-        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
+    except BaseException as exc:  # ray.init's SIGTERM handler before ours is back; a stop during a retry
+        loading.join()  # never leave with an import half done: its locks would be held while the process exits
+        if not isinstance(exc, StopCut) and (not isinstance(exc, SystemExit) or exc.code != signal.SIGTERM):
             raise
-        return attempt.nothing_trained(plan, "stopped")
+        return attempt.nothing_trained(plan, "stopped")  # ray.init's own SIGTERM handler: a stop like any other
     attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
     job = ClusterJob(attempt, stop_requested)
     try:
@@ -325,6 +331,8 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
         log.warning("%s; the set-up was torn down", exc)
         return attempt.nothing_trained(job.plan or plan, "stopped")
     finally:
+        from sc_app.data_plane.transferqueue import shutdown_transferqueue
+
         shutdown_transferqueue()
         if owns_ray:
             ray.shutdown()

@@ -8,7 +8,8 @@ Restore order (seed), asserted by ``SetupOrder`` here and by the shared ``DataPl
   5. ``actor.restore()``: ``load_state_dict(sidecar)`` (index only) and the inventory check, before any pump
 Step 1 is *issued* first and finishes before step 3; the trainer workers start and read their state while this
 process restores the data plane (they touch no data plane until after the seal), so a resume costs
-max(trainer start + load, data-plane restore) rather than their sum.
+max(trainer start + load, data-plane restore) rather than their sum. For the same reason the workers are created
+before TransferQueue is started: a start costs max(worker start, TransferQueue start).
 
 A bundle that verified but fails any restore step raises ``RestoreFailed`` after everything this setup built is
 torn down (actors killed, TransferQueue closed, the guard gone), so the caller can fall back to an older bundle
@@ -27,6 +28,8 @@ from typing import Any
 import ray
 
 from sc_app.attempt.actor_watch import TRAINER, is_actor_death
+from sc_app.attempt.errors import RestoreFailed
+from sc_app.attempt.errors import ResumeRefused as ResumeRefused  # re-exported: where callers knew it
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
@@ -44,18 +47,6 @@ from sc_app.rl.weight_sync.push import WeightSync
 from sc_app.waits import StopCut, get
 
 log = logging.getLogger(__name__)
-
-
-class ResumeRefused(RuntimeError):
-    """The checkpoint directory holds bundles that must not be resumed (or skipped) silently."""
-
-
-class RestoreFailed(RuntimeError):
-    """``bundle`` verified but could not be restored; ``str()`` is one line naming the bundle and the cause."""
-
-    def __init__(self, bundle: Path, why: str) -> None:
-        super().__init__(f"{bundle.name} verified but could not be restored: {why}")
-        self.bundle = bundle
 
 
 def _one_line(exc: BaseException) -> str:
@@ -98,11 +89,17 @@ def worker_results(refs: list[Any]) -> list[Any]:
 class TQPolicy:
     """Owns the trainer workers, the generation workers and the bootstrap data-plane client.
 
-    The trainers' ``setup`` (process group, backend) is issued here and not awaited: calls issued after it run
-    after it on each worker, and ``trainer_state_loaded`` / ``sync_generation_weights`` surface its errors."""
+    The workers are created and their ``setup`` (process group, backend) issued here, none of it awaited: calls
+    issued after it run after it on each worker, and ``trainer_state_loaded`` / ``sync_generation_weights`` surface
+    its errors. So their processes start (imports, model build) while the caller goes on: ``_build`` creates this
+    before TransferQueue, and the bootstrap client (``dp_client``) is handed over once it exists."""
 
     def __init__(
-        self, cfg: AppConfig, dp_client: TransferQueueDataPlane, *, dataset: DatasetRecord | None = None
+        self,
+        cfg: AppConfig,
+        dp_client: TransferQueueDataPlane | None = None,
+        *,
+        dataset: DatasetRecord | None = None,
     ) -> None:
         self.cfg = cfg
         self.dp_client = dp_client
@@ -121,11 +118,8 @@ class TQPolicy:
             for i in range(gcfg.num_workers)
         ]
         self.weights = WeightSync(self.trainers)
-        addr, port = (
-            get(self.trainers[0].address.remote(), what="trainer rank 0", kind=TRAINER)
-            if tcfg.num_workers > 1
-            else ("", 0)
-        )
+        # rank 0's rendezvous address as two refs (not awaited): every rank's setup runs once rank 0 has answered
+        addr, port = self.trainers[0].address.options(num_returns=2).remote() if tcfg.num_workers > 1 else ("", 0)
         self._setup = [w.setup.remote(addr, port) for w in self.trainers]
         self._generators_setup = [w.setup.remote(dataset.sha256 if dataset else None) for w in self.generators]
 
@@ -163,6 +157,7 @@ class TQPolicy:
 
     def load_data_plane_checkpoint(self, data_plane_dir: Path) -> dict[str, Any]:
         """Seed flow 1: restore TransferQueue through the bootstrap client, before anything touched it."""
+        assert self.dp_client is not None, "the bootstrap client is handed over before any restore"
         return self.dp_client.load_checkpoint(data_plane_dir)
 
     def sync_generation_weights(self, version: int) -> None:
@@ -294,7 +289,11 @@ def _build(
     dataset: DatasetRecord | None,
 ) -> None:
     order = SetupOrder()
-    dp_client = TransferQueueDataPlane(
+    # The workers first: their processes start (imports, model build) while TransferQueue starts below, so a start
+    # costs the slower of the two rather than their sum. They touch no data plane before the seal.
+    policy = setup.policy = TQPolicy(cfg, dataset=dataset)
+    setup.handles += [*policy.trainers, *policy.generators]
+    dp_client = policy.dp_client = TransferQueueDataPlane(
         bootstrap=True,
         namespace=cfg.ray.namespace,
         storage_units=cfg.data_plane.storage_units,
@@ -302,12 +301,9 @@ def _build(
         snapshot=cfg.data_plane.snapshot,
     )
     order.enter("bootstrap_client")
-    policy = setup.policy = TQPolicy(cfg, dp_client, dataset=dataset)
-    setup.handles += [*policy.trainers, *policy.generators]
     restored = _restore(setup, cfg, plan, order) if plan.decision == "resume" else Restored()
     dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
     order.enter("sealed")
-    policy.sync_generation_weights(restored.version)
     args = SingleControllerActorArgs(
         cfg_json=cfg.model_dump_json(),
         run_id=run_id,
@@ -326,6 +322,8 @@ def _build(
     setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     setup.handles.append(setup.actor)
     order.enter("actor")
-    get(
-        setup.actor.restore.remote(), what="the controller actor"
-    )  # index from the sidecar + inventory check, before any pump
+    restoring = setup.actor.restore.remote()  # index from the sidecar + inventory check, before any pump
+    # the generation workers take the restored weights while the controller's process starts: it calls no worker
+    # before its pumps, and they start after set-up
+    policy.sync_generation_weights(restored.version)
+    get(restoring, what="the controller actor")

@@ -30,12 +30,13 @@ FLOORS: list[set[str]] = [
     {"sc_app.io"},  # files: safe reads, durable writes, digests, strict JSON, torch files
     {
         "sc_app",
+        "sc_app.compile_marks",
         "sc_app.exits",
         "sc_app.faults",
         "sc_app.phases",
         "sc_app.progress",
         "sc_app.waits",
-    },  # ground: pure records, exits, bounded waits
+    },  # ground: pure records, exits, bounded waits, compile marks
 ]
 GROUND = len(FLOORS) - 1
 
