@@ -190,10 +190,20 @@ class Setup:
                 ray.kill(handle)
             except Exception:  # already dead: nothing to remove
                 log.debug("kill during teardown failed", exc_info=True)
+        self.close_data_plane()
+
+    def close_data_plane(self) -> None:
+        """Close TransferQueue (its controller and storage units) and drop the restore guard; returns once their
+        names are free, so a new bootstrap client starts an untouched data plane (a warm restore's rebuild)."""
         shutdown_transferqueue()
+        self.drop_guard(("TransferQueueController", "transfer_queue"))
+
+    def drop_guard(self, *also: tuple[str, str]) -> None:
+        """Kill the sealed restore guard (a new bootstrap client makes a fresh one); returns once its name (and the
+        ``also`` names) are free."""
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(GUARD_NAME, namespace=self.namespace))
-        names = [(GUARD_NAME, self.namespace), ("TransferQueueController", "transfer_queue")]
+        names = [(GUARD_NAME, self.namespace), *also]
         deadline = time.monotonic() + 30
         while names and time.monotonic() < deadline:  # ray.kill is asynchronous: wait until the names are free
             names = [n for n in names if _named_actor_exists(*n)]
@@ -275,6 +285,36 @@ def _restore(setup: Setup, cfg: AppConfig, plan: ResumePlan, order: SetupOrder) 
     return Restored(plan.step, version, loader_state, str(bundle / layout.SIDECAR_FILE), restored, fingerprint)
 
 
+def controller_args(
+    cfg: AppConfig,
+    policy: TQPolicy,
+    restored: Restored,
+    *,
+    run_id: str,
+    lease: Lease | None,
+    lineage: str | None,
+    dataset: DatasetRecord | None,
+    epoch: int | None = None,
+) -> SingleControllerActorArgs:
+    """Seed flow 2: everything the controller actor needs, from what this set-up built and restored."""
+    return SingleControllerActorArgs(
+        cfg_json=cfg.model_dump_json(),
+        run_id=run_id,
+        trainers=policy.trainers,
+        generators=policy.generators,
+        start_step=restored.step,
+        start_version=restored.version,
+        loader_state=restored.loader_state,
+        sidecar_path=restored.sidecar,
+        data_plane_checkpoint_metadata=restored.data_plane,
+        lease=lease,
+        lineage=lineage,
+        dataset=dataset.as_manifest() if dataset is not None else None,
+        restored_fingerprint=restored.fingerprint,
+        epoch=epoch,
+    )
+
+
 def _build(
     setup: Setup,
     cfg: AppConfig,
@@ -300,21 +340,7 @@ def _build(
     dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
     order.enter("sealed")
     policy.sync_generation_weights(restored.version)
-    args = SingleControllerActorArgs(
-        cfg_json=cfg.model_dump_json(),
-        run_id=run_id,
-        trainers=policy.trainers,
-        generators=policy.generators,
-        start_step=restored.step,
-        start_version=restored.version,
-        loader_state=restored.loader_state,
-        sidecar_path=restored.sidecar,
-        data_plane_checkpoint_metadata=restored.data_plane,
-        lease=lease,
-        lineage=lineage,
-        dataset=dataset.as_manifest() if dataset is not None else None,
-        restored_fingerprint=restored.fingerprint,
-    )
+    args = controller_args(cfg, policy, restored, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
     setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     setup.handles.append(setup.actor)
     order.enter("actor")

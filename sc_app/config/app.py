@@ -57,6 +57,19 @@ class RunConfig(_Section):
         "restored in-job (same Ray cluster, from the newest bundle) at most this many times per attempt; past it, or "
         "when the cluster no longer fits the job, the attempt ends (exit 1) for a retry (docs/recovery.md). 0: off.",
     )
+    in_job_restore: Literal["warm", "full"] = Field(
+        "warm",
+        description="How an in-job restore rolls the job back: warm (only the dead actors and the data plane start "
+        "again; live trainer ranks, generation engines and the controller actor are reset in place, falling back to "
+        "full when a reset fails) or full (the whole job torn down and set up again, as a start).",
+    )
+    reset_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="A warm in-job restore's bound on each wait (a live actor's reset, the bundle's load, the weight "
+        "sync); past it the full rebuild runs.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_dir: str | None = Field(
         None,

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from concurrent.futures import Executor
@@ -294,3 +295,34 @@ def shutdown_transferqueue() -> None:
         tq.close()
     except Exception:  # best effort at shutdown
         log.debug("tq.close failed", exc_info=True)
+
+
+def detach_transferqueue() -> None:
+    """Forget this process's attachment to TransferQueue (its client and the controller handle) without stopping
+    anything: ``tq.close()`` in a process that only attached would kill the (new) controller. The next client built
+    here attaches to whatever TransferQueue runs then (a warm in-job restore rebuilt it)."""
+    from transfer_queue import interface
+
+    client, interface._TQ_CLIENT, interface._TQ_CONTROLLER = interface._TQ_CLIENT, None, None
+    if client is not None:  # closed off this thread: its loop thread may take seconds to stop (its peers are gone)
+        threading.Thread(target=_close_quietly, args=(client,), name="tq-detach", daemon=True).start()
+
+
+def _close_quietly(client: Any) -> None:
+    try:
+        client.close()
+    except Exception:  # its sockets point at actors that may be dead
+        log.debug("closing the old TransferQueue client failed", exc_info=True)
+
+
+def clear_all_rows() -> int:
+    """Remove every row of every partition through this process's client (the one that initialised TransferQueue):
+    a warm in-job restore keeps a live data plane and refills it from the bundle. Returns the rows removed."""
+    import transfer_queue as tq
+
+    removed = 0
+    for partition, keys in tq.kv_list().items():
+        if keys:
+            tq.kv_clear(keys=list(keys), partition_id=partition)
+            removed += len(keys)
+    return removed
