@@ -89,10 +89,23 @@ class ClusterJob:
             dead = self._watch.wait_dead(NODE_DEATH_WAIT_S)
             exc = ActorsDied(dead) if dead else exc
         if isinstance(exc, ActorsDied):
+            if any(d.kind == CONTROLLER for d in exc.dead):
+                self._steps_of_dead_controller(setup)
             known = [d.died_at for d in exc.dead if d.died_at is not None]
             names = ", ".join(d.name for d in exc.dead) + (" (their node is gone)" if exc.kind == NODE else "")
             return Death(exc.kind, names, min(known) if known else None)
         return Death(kind_of_error(str(exc)) or CONTROLLER, "a process of the job", line=str(exc))
+
+    def _steps_of_dead_controller(self, setup: Setup) -> None:
+        """A dead controller takes the steps it trained since the driver's last poll with it: the live trainer
+        ranks still know the version they trained to (issue 31 C: steps redone counted right)."""
+        try:
+            assert setup.policy is not None
+            versions = ray.get([t.trained_version.remote() for t in setup.policy.trainers], timeout=DRAIN_TIMEOUT_S)
+        except Exception:  # a rank dead too, or busy: the driver's own count stands
+            log.info("could not ask the trainers how far the dead controller trained", exc_info=True)
+            return
+        self._step = max(self._step, max(versions) + self._offset)
 
     def missing_resources(self) -> str | None:
         return cluster_fit.unfit_line(cluster_fit.job_demands(self.attempt.cfg), live_node_resources())

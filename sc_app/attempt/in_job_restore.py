@@ -98,7 +98,7 @@ class _Restore:
             restored_step=plan.step if plan is not None else None,
             error=error or death.error,
             path=self.path,
-            restarted=tuple(reset.restarted) if reset else (),
+            restarted=tuple(reset.restarted) if reset else (("every actor of the job",) if self.path != "warm" else ()),
             reset=tuple(reset.reset) if reset else (),
             phase_seconds={k: round(v, 3) for k, v in seconds.items()},
             stale_refused=reset.refused if reset else 0,

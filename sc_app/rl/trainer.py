@@ -167,3 +167,7 @@ class TrainerWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def trained_version(self) -> int:
+        """The weights version this rank trained to (what a dead controller had reached, for the driver)."""
+        return self.backend.version

@@ -124,7 +124,7 @@ def test_the_full_path_tears_down_fences_replans_and_sets_up() -> None:
     assert summary.final_step == 10 and plan.step == 4
     assert job.log == ["start 0", "drive", "fence", "teardown 1", "replan", "start 4", "drive"]
     (fault,) = job.faults
-    assert (fault.path, fault.step, fault.steps_redone, fault.restarted) == ("full", 7, 3, ())
+    assert (fault.path, fault.step, fault.steps_redone, fault.restarted) == ("full", 7, 3, ("every actor of the job",))
 
 
 @pytest.mark.parametrize(
