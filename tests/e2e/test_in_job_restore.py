@@ -98,7 +98,8 @@ def kill_one(proc: Any, actor: str) -> dict[str, list[int]]:
 def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
     base = tmp_path_factory.mktemp("in_job")
     ckpt, trace, log = base / "ckpt", base / "trace.jsonl", base / "run.log"
-    proc = start_logged(*run_args(ckpt, trace, MAX_STEPS), log=log)
+    restores = ["--set", f"run.max_in_job_restores={1 + len(RESTORED)}"]  # the controller actor's and RESTORED's
+    proc = start_logged(*run_args(ckpt, trace, MAX_STEPS, *restores), log=log)
     pids: list[tuple[str, dict[str, list[int]], dict[str, list[int]]]] = []
     try:
         wait_for(lambda: trains_after(trace, 0) >= 3, 600, "3 train steps before killing the controller actor", proc)
