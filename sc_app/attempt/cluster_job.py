@@ -50,7 +50,6 @@ class ClusterJob:
         self.attempt, self.stop_requested, self._start = attempt, stop_requested, start
         self._step = 0
         self._seen = 0  # progress records of the driven controller handed on
-        self._offset = 0  # step - weights version of the driven job (a dead controller's progress, from trainers)
         self._epoch = 0  # the fencing epoch without a lease (checkpoint.enabled=false)
         self._watch: JobActors | None = None  # the driven setup's actors (None while a setup is being built)
 
@@ -76,8 +75,6 @@ class ClusterJob:
         self._seen += 1
         if isinstance(record, StepRecord):
             self._step = max(self._step, record.step)
-            if record.weights_version is not None:
-                self._offset = record.step - record.weights_version
         self.attempt.calls.on_progress(record)
 
     def what_died(self, setup: Setup, exc: JobFailed) -> Death:
@@ -97,15 +94,16 @@ class ClusterJob:
         return Death(kind_of_error(str(exc)) or CONTROLLER, "a process of the job", line=str(exc))
 
     def _steps_of_dead_controller(self, setup: Setup) -> None:
-        """A dead controller takes the steps it trained since the driver's last poll with it: the live trainer
-        ranks still know the version they trained to (issue 31 C: steps redone counted right)."""
+        """A dead controller takes the steps it trained since the driver's last poll with it; trainer rank 0 kept
+        a copy of each step record: they reach the run log, and the steps to redo are counted (issue 31 C)."""
         try:
             assert setup.policy is not None
-            versions = ray.get([t.trained_version.remote() for t in setup.policy.trainers], timeout=DRAIN_TIMEOUT_S)
-        except Exception:  # a rank dead too, or busy: the driver's own count stands
-            log.info("could not ask the trainers how far the dead controller trained", exc_info=True)
+            kept = ray.get(setup.policy.trainers[0].kept_progress.remote(self._step), timeout=DRAIN_TIMEOUT_S)
+        except Exception:  # rank 0 dead too, or busy: the driver's own count stands
+            log.info("could not collect the dead controller's last steps from trainer rank 0", exc_info=True)
             return
-        self._step = max(self._step, max(versions) + self._offset)
+        for record in kept:
+            self._progress(record)
 
     def missing_resources(self) -> str | None:
         return cluster_fit.unfit_line(cluster_fit.job_demands(self.attempt.cfg), live_node_resources())
@@ -144,8 +142,6 @@ class ClusterJob:
                 died = actors_died_during_reset(setup)
                 raise died or JobFailed(f"a process of the job died during a warm restore ({exc})") from None
             raise ResetFailed(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from exc
-        if warm.trained_version is not None:  # a dead controller's steps the driver never heard of
-            report.reached = warm.trained_version + self._offset
         self._watch = None
         self._step = plan.step if plan.decision == "resume" else 0
         return setup, report

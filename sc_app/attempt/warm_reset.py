@@ -128,7 +128,6 @@ class WarmReset:
     def __init__(self, cfg: AppConfig, who: JobIdentity, epoch: int, timeout_s: float) -> None:
         self.cfg, self.who, self.epoch, self.timeout_s = cfg, who, epoch, timeout_s
         self.report = Reset()
-        self.trained_version: int | None = None  # the newest weights version a kept trainer rank had trained to
         self._t = time.perf_counter()
 
     def _lap(self, phase: str) -> None:
@@ -260,11 +259,10 @@ class WarmReset:
         return Restored(plan.step, int(versions[0]), loader_state, sidecar, restored, fingerprint)
 
     def _note(self, got: list[Any], policy: TQPolicy) -> None:
-        """The kept ranks' reports: calls they refused, the newest version one had trained to."""
+        """The kept ranks' reports: calls of older epochs they refused."""
         for out in got:
             if hasattr(out, "version_before"):
                 self.report.refused += out.refused
-                self.trained_version = max(out.version_before, self.trained_version or 0)
 
     def _controller(self, setup: Setup, policy: TQPolicy, restored: Restored, alive: bool) -> Any:
         """The controller actor from the bundle's arguments: reset in place when alive, else started again."""

@@ -41,7 +41,7 @@ from sc_app.controller.args import Connect, SingleControllerActorArgs, connect_t
 from sc_app.controller.recovery import InJobRecovery, log_rollout_failure, rollout_failure
 from sc_app.controller.saves import InventoryMismatch, SaveCoordinator
 from sc_app.controller.saves import SaveFailed as SaveFailed  # what a run's end maps to an exit code
-from sc_app.controller.steps import rollout_phases, step_record
+from sc_app.controller.steps import keep_with_trainer, rollout_phases, step_record
 from sc_app.data_plane import stream_io
 from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import DataPlaneClient
@@ -209,8 +209,7 @@ class SingleControllerActor:
                 self._trace_fh.close()
 
     @property
-    def _epoch(self) -> tuple[int, ...]:
-        """The fencing epoch as a trailing call argument (none when unfenced)."""
+    def _epoch(self) -> tuple[int, ...]:  # the fencing epoch as a trailing call argument (none when unfenced)
         return () if self.args.epoch is None else (self.args.epoch,)
 
     def _trace(self, **event: Any) -> None:
@@ -381,6 +380,7 @@ class SingleControllerActor:
     def _record_step(self, record: StepRecord) -> None:
         self._progress.append(record)
         self.saves.note_step(record)
+        keep_with_trainer(self.args.trainers, record)  # survives this actor's death (issue 31 C)
 
     # ------------------------------------------------------------------ the pumps' side of in-job recovery
     async def _give_back(self, idxs: list[int]) -> None:

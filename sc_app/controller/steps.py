@@ -1,4 +1,5 @@
-"""What the controller reports of one train step: its ``StepRecord`` and the rollout pumps' seconds charged to it."""
+"""What the controller reports of one train step: its ``StepRecord``, the rollout pumps' seconds charged to it, and
+the copy trainer rank 0 keeps of it."""
 
 from __future__ import annotations
 
@@ -45,3 +46,11 @@ def rollout_phases(
     clock.add("put", times.put - mark[0].put)
     clock.add("put_barrier_wait", times.put_wait - mark[0].put_wait)
     return times, generation
+
+
+def keep_with_trainer(trainers: list[Any], record: StepRecord) -> None:
+    """Hand ``record`` to trainer rank 0 as well (no wait: ordered after the step's own call there), so that the
+    steps a controller trained but the driver had not polled yet survive the controller's death."""
+    keep = getattr(trainers[0], "keep_progress", None) if trainers else None  # in-process fakes have none
+    if keep is not None:
+        keep.remote(record)

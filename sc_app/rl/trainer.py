@@ -36,6 +36,8 @@ from sc_app.rl.weight_sync.factory import transport_for
 
 log = logging.getLogger(__name__)
 
+KEPT_RECORDS = 64
+
 
 @ray.remote(concurrency_groups={"io": 1})
 class TrainerWorker:
@@ -50,6 +52,7 @@ class TrainerWorker:
         self._sender: WeightSender | None = None  # what get_weights returns (sc_app.rl.weight_sync), from setup
         self._store: Any = None  # rank 0's rendezvous store (torch.distributed.TCPStore), from address()
         self.fence = EpochFence()
+        self._kept: list[Any] = []  # the controller's newest step records (keep_progress)
 
     def address(self) -> tuple[str, int]:
         """Rank 0: where its rendezvous store listens. The store is bound here, on a port the kernel picks, and
@@ -168,6 +171,11 @@ class TrainerWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def trained_version(self) -> int:
-        """The weights version this rank trained to (what a dead controller had reached, for the driver)."""
-        return self.backend.version
+    def keep_progress(self, record: Any) -> None:
+        """The controller's step record, kept here (the last ``KEPT_RECORDS``) for the driver should the controller
+        die before the driver polled it."""
+        self._kept = [*self._kept[-(KEPT_RECORDS - 1) :], record]
+
+    def kept_progress(self, after_step: int) -> list[Any]:
+        """The kept step records past ``after_step`` (a dead controller's steps the driver never heard of)."""
+        return [r for r in self._kept if r.step > after_step]
