@@ -200,7 +200,9 @@ def check_run(root: Path, trace: Path, log: Path, shape: Shape, done: list[str])
 
 def check_faults(faults: list[dict[str, Any]], shape: Shape, done: list[str]) -> list[str]:
     problems = [
-        f"fault {f['fault']}: {f['outcome']} ({f.get('error', '')})" for f in faults if f["outcome"] != "recovered"
+        f"fault {f['fault']}: {f['outcome']} ({f.get('error', '')})"
+        for f in faults
+        if f["outcome"] not in ("recovered", "interrupted")  # interrupted: another death's restore covered it
     ]
     problems += [
         f"fault {f['fault']} lost or duplicated prompts"
