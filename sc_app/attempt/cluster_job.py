@@ -132,7 +132,7 @@ class ClusterJob:
         who = JobIdentity(attempt.run_id, attempt.lease, attempt.rules.lineage, attempt.dataset)
         warm = WarmReset(attempt.cfg, who, epoch, attempt.cfg.run.reset_timeout_s)
         dead = self._watch.dead() if self._watch is not None else [DeadActor(STORAGE, "unknown", "", False, None)]
-        keep = not any(d.kind in (STORAGE, TQ_CONTROLLER) or not d.node_alive for d in dead)
+        keep = not any(d.kind in (STORAGE, TQ_CONTROLLER) for d in dead)  # a lost node's survivors elsewhere stay
         try:
             setup, report = warm.run(setup, plan, halted, keep_data_plane=keep)
         except (ResetFailed, JobFailed):

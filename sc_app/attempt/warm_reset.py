@@ -205,17 +205,16 @@ class WarmReset:
             self.report.restarted.append(f"trainer rank {rank}")
         self.report.reset += [f"trainer rank {r}" for r in range(world) if r not in dead]
         reform = (bool(dead) and world > 1) or plan.decision != "resume"
+        # first the reset of every live rank (its own thread: it ends a step of the old job blocked on the data plane)
+        calls = [w.reset.remote(self.epoch) for r, w in enumerate(policy.trainers) if r not in dead]
         addr, port = ("", 0)
         if reform and world > 1:
             addr, port = _bounded([policy.trainers[0].address.remote()], self.timeout_s, "trainer rank 0's store")[0]
-        calls = []
         for rank, worker in enumerate(policy.trainers):
             if rank in dead:
                 calls += [worker.setup.remote(addr, port), worker.reset.remote(self.epoch)]
             elif reform:
                 calls.append(worker.rejoin.remote(addr, port, self.epoch))
-            else:
-                calls.append(worker.reset.remote(self.epoch))
         return calls
 
     def _generators(self, policy: TQPolicy) -> list[Any]:
@@ -259,10 +258,9 @@ class WarmReset:
         return Restored(plan.step, int(versions[0]), loader_state, sidecar, restored, fingerprint)
 
     def _note(self, got: list[Any], policy: TQPolicy) -> None:
-        """The kept ranks' reports: calls of older epochs they refused."""
-        for out in got:
-            if hasattr(out, "version_before"):
-                self.report.refused += out.refused
+        """The kept ranks' reports: calls of older epochs they refused (each rank's count is its total so far)."""
+        refused = {out.pid: out.refused for out in got if hasattr(out, "version_before")}
+        self.report.refused += sum(refused.values())
 
     def _controller(self, setup: Setup, policy: TQPolicy, restored: Restored, alive: bool) -> Any:
         """The controller actor from the bundle's arguments: reset in place when alive, else started again."""

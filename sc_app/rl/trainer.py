@@ -4,7 +4,7 @@ With more than one worker they form a ``torch.distributed`` group (gloo on CPU, 
 before the backend is built (``setup``). Each worker reads its share of the step's rows straight from
 TransferQueue (connect-only client). Every method runs on the actor's one default thread, in call order, except
 ``write_captured``: it has its own thread ("io", at a lower priority), so a checkpoint's policy files are written
-while the next steps train.
+while the next steps train; and ``reset`` (thread "control"), so that it reaches a rank whose step is blocked.
 
 A warm in-job restore keeps a live worker's process: ``reset`` (the process group intact: the bundle is then read
 into the existing model by ``load``) or ``rejoin`` (a rank died: the group is formed again with its replacement
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 KEPT_RECORDS = 64
 
 
-@ray.remote(concurrency_groups={"io": 1})
+@ray.remote(concurrency_groups={"io": 1, "control": 1})
 class TrainerWorker:
     def __init__(self, cfg_json: str, rank: int, world_size: int) -> None:
         torch.set_num_threads(1)
@@ -96,10 +96,12 @@ class TrainerWorker:
             self._dp = TransferQueueDataPlane(bootstrap=False, namespace=self.cfg.ray.namespace)
         return self._dp
 
+    @ray.method(concurrency_group="control")
     def reset(self, epoch: int) -> WorkerReset:
         """A warm in-job restore keeps this rank: calls of an older epoch are refused from now on, and the data-plane
         client is dropped (the data plane is rebuilt; the next step attaches to the new one, after the restore is
-        sealed). ``load`` follows."""
+        sealed). ``load`` follows. Runs on its own thread ("control"): a step of the old job blocked reading from a
+        dead storage unit ends (``DataPlaneDetached``) instead of holding this rank forever."""
         self.fence.advance(epoch)
         before = self._backend.version if self._backend is not None else 0
         if self._dp is not None:
@@ -136,6 +138,7 @@ class TrainerWorker:
         read_started = time.perf_counter()
         rows = self._client().get_samples_sync(self.cfg.data_plane.partition, share, list(self.backend.fields))
         read_seconds = time.perf_counter() - read_started
+        self.fence.admit(epoch, "train_step")  # a reset while this step read: the old job's step never trains
         result = self.backend.train_step(rows, version)
         if capture:
             self.backend.capture()
