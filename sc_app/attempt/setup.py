@@ -190,20 +190,10 @@ class Setup:
                 ray.kill(handle)
             except Exception:  # already dead: nothing to remove
                 log.debug("kill during teardown failed", exc_info=True)
-        self.close_data_plane()
-
-    def close_data_plane(self) -> None:
-        """Close TransferQueue (its controller and storage units) and drop the restore guard; returns once their
-        names are free, so a new bootstrap client starts an untouched data plane (a warm restore's rebuild)."""
         shutdown_transferqueue()
-        self.drop_guard(("TransferQueueController", "transfer_queue"))
-
-    def drop_guard(self, *also: tuple[str, str]) -> None:
-        """Kill the sealed restore guard (a new bootstrap client makes a fresh one); returns once its name (and the
-        ``also`` names) are free."""
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(GUARD_NAME, namespace=self.namespace))
-        names = [(GUARD_NAME, self.namespace), *also]
+        names = [(GUARD_NAME, self.namespace), ("TransferQueueController", "transfer_queue")]
         deadline = time.monotonic() + 30
         while names and time.monotonic() < deadline:  # ray.kill is asynchronous: wait until the names are free
             names = [n for n in names if _named_actor_exists(*n)]

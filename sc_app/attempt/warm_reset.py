@@ -49,7 +49,8 @@ from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
 from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller.actor import SingleControllerActor
-from sc_app.data_plane.transferqueue import TransferQueueDataPlane, clear_all_rows
+from sc_app.data_plane.guard import get_guard
+from sc_app.data_plane.transferqueue import TransferQueueDataPlane, clear_all_rows, shutdown_transferqueue
 from sc_app.io import torch_files
 from sc_app.rl.generation import GenerationWorker
 from sc_app.rl.trainer import TrainerWorker
@@ -99,6 +100,18 @@ def _outcome(fn: Callable[[], Any]) -> tuple[bool, Any]:
         return True, fn()
     except Exception as exc:
         return False, exc
+
+
+def _wait_gone(name: str, namespace: str, timeout_s: float) -> None:
+    """Until the named actor is gone (``ray.kill`` is asynchronous), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise ResetFailed(f"the old {name} did not go within {timeout_s:g}s")
 
 
 def dead_actors(handles: list[Any]) -> set[int]:
@@ -172,8 +185,9 @@ class WarmReset:
         return setup, self.report
 
     def _data_plane(self, setup: Setup, keep: bool) -> None:
-        """Clear a live data plane in place (its rows removed, the sealed guard dropped), or close it — the old
-        data plane and everything a zombie could still write to it — for a new one to start."""
+        """Clear a live data plane in place (its rows removed), or close it — the old data plane and everything a
+        zombie could still write to it — for a new one to start; then reopen the restore guard (kept: no actor
+        start) for the new bootstrap client's restore and seal."""
         units = self.cfg.data_plane.storage_units
         if keep:
             try:
@@ -182,13 +196,14 @@ class WarmReset:
                 raise
             except Exception as exc:
                 raise ResetFailed(f"clearing the data plane failed: {type(exc).__name__}: {exc}") from exc
-            setup.drop_guard()
             self.report.reset.append(f"TransferQueue (controller + {units} units: {rows} rows cleared)")
-            self._lap("data_plane_clear")
-            return
-        setup.close_data_plane()
-        self.report.restarted.append(f"TransferQueue (controller + {units} units)")
-        self._lap("data_plane_close")
+        else:
+            shutdown_transferqueue()
+            _wait_gone("TransferQueueController", "transfer_queue", self.timeout_s)
+            self.report.restarted.append(f"TransferQueue (controller + {units} units)")
+        guard = get_guard(self.cfg.ray.namespace, create=False)
+        _bounded([guard.reopen.remote()], self.timeout_s, "reopening the restore guard")
+        self._lap("data_plane_clear" if keep else "data_plane_close")
 
     def _get(self, refs: list[Any]) -> list[Any]:
         return _bounded(refs, self.timeout_s, "the weight sync to the generation workers")

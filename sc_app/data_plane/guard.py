@@ -4,7 +4,8 @@ It closes the seed's admitted gap ("the guard inside the adapter could not see i
 client"): touches and the restore decision are recorded in one place all processes share. A Ray actor runs its
 methods one at a time, so check-and-set here is atomic across processes.
 
-State machine: OPEN (untouched) -> RESTORING -> SEALED, or OPEN -> touched -> SEALED.
+State machine: OPEN (untouched) -> RESTORING -> SEALED, or OPEN -> touched -> SEALED; ``reopen`` (a warm in-job
+restore, once the data plane is empty or new) -> OPEN.
 * ``begin_restore`` succeeds only when nothing has touched the data plane and it is not sealed.
 * ``sealed()`` is None until ``seal``; a connect-only client refuses to exist while it is (``RestoreOrderError``).
 """
@@ -46,6 +47,11 @@ class DataPlaneGuard:
     def seal(self, info: dict[str, Any]) -> None:
         self._sealed = dict(info)
         self._restoring = None
+
+    def reopen(self) -> None:
+        """Back to OPEN for a data plane emptied or started again in-job (a warm in-job restore): every client that
+        touched the old one is gone or detached, and a new connect-only client needs the new seal."""
+        self._touches, self._restoring, self._sealed = [], None, None
 
     def sealed(self) -> dict[str, Any] | None:
         return self._sealed
