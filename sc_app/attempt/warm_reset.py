@@ -51,6 +51,7 @@ from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller.actor import SingleControllerActor
 from sc_app.data_plane.guard import get_guard
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, clear_all_rows, shutdown_transferqueue
+from sc_app.faults import fault_point
 from sc_app.io import torch_files
 from sc_app.rl.generation import GenerationWorker
 from sc_app.rl.trainer import TrainerWorker
@@ -154,6 +155,7 @@ class WarmReset:
         """Pre: the lease moved on, ``plan`` made as its holder, the controller halted (``generators``: its
         workers; None when it is dead). ``keep_data_plane``: every TransferQueue actor lives (cleared, refilled)."""
         assert setup.policy is not None
+        fault_point("restore.warm")  # tests: a warm reset that fails, for the fallback to the full rebuild
         policy, order = setup.policy, SetupOrder()
         if generators is not None:
             policy.generators[:] = generators

@@ -5,8 +5,9 @@ the one before and trained on. The run must end at max_steps with exit 0 and nev
 * Each restore is warm (``run.in_job_restore: warm``): only what died starts again — checked by PID, before each
   kill and once the job trains again: the controller actor's death restarts it alone (the trainer, the engine and
   TransferQueue keep their processes); a trainer rank's restarts that rank alone (the engine, the controller actor
-  and TransferQueue are reset in place); a storage unit's or the TransferQueue controller's rebuilds the data plane
-  alone. Each restore's ``fault`` event names the path (``warm``) and what it restarted and reset.
+  and TransferQueue are reset in place); a storage unit's rebuilds the data plane alone. The last one's (the
+  TransferQueue controller's) warm reset is made to fail (``SC_APP_FAULT_AT=restore.warm``): the fallback, the full
+  rebuild, runs and every process is new. Each ``fault`` event names its path and what it restarted and reset.
 
 * The generation worker is replaced in the job without a restore (no new trace ``start``): the dead call's prompts
   go back to the loader once (``give_back``) and are issued and trained again, none twice and none skipped; the new
@@ -99,7 +100,9 @@ def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
     base = tmp_path_factory.mktemp("in_job")
     ckpt, trace, log = base / "ckpt", base / "trace.jsonl", base / "run.log"
     restores = ["--set", f"run.max_in_job_restores={1 + len(RESTORED)}"]  # the controller actor's and RESTORED's
-    proc = start_logged(*run_args(ckpt, trace, MAX_STEPS, *restores), log=log)
+    # the last restore's warm reset fails (injected): the fallback, the full rebuild, runs for real
+    fallback = {"SC_APP_FAULT_AT": "restore.warm", "SC_APP_FAULT_ACTION": "raise", "SC_APP_FAULT_AFTER": "3"}
+    proc = start_logged(*run_args(ckpt, trace, MAX_STEPS, *restores), log=log, env=fallback)
     pids: list[tuple[str, dict[str, list[int]], dict[str, list[int]]]] = []
     try:
         wait_for(lambda: trains_after(trace, 0) >= 3, 600, "3 train steps before killing the controller actor", proc)
@@ -198,9 +201,11 @@ def test_the_chaos_verdicts_hold_and_every_bundle_verifies(four_kills: FourKills
 
 
 def test_only_what_died_started_again(four_kills: FourKills) -> None:
-    """Issue 29: a fault costs what died. By PID, before each kill and once the job trained again."""
+    """Issue 29: a fault costs what died. By PID, before each kill and once the job trained again; the last kill's
+    warm reset was made to fail, so the full rebuild ran (every actor started again) — the fallback."""
     k = four_kills
-    for killed, before, after in k.pids:
+    *warm, (last, before_full, after_full) = k.pids
+    for killed, before, after in warm:
         # TransferQueue cannot outlive its controller or a unit: the data plane alone is started again
         restarted = DATA_PLANE if killed in DATA_PLANE else {killed}
         for actor in ACTORS:
@@ -208,15 +213,19 @@ def test_only_what_died_started_again(four_kills: FourKills) -> None:
             assert changed == (actor in restarted), (
                 f"after {killed} was killed, {actor} {'restarted' if changed else 'kept'}: {before} -> {after}"
             )
+    assert last == RESTORED[-1][0]
+    assert all(before_full[a] != after_full[a] for a in ACTORS), f"full rebuild: {before_full} -> {after_full}"
     restores = [f.data for f in k.faults if "restored_step" in f.data]
-    assert all(f["path"] == "warm" for f in restores), [f["path"] for f in restores]
+    assert [f["path"] for f in restores[:-1]] == ["warm"] * (len(restores) - 1)
+    assert restores[-1]["path"].startswith("full (warm reset failed: InjectedFault"), restores[-1]["path"]
+    assert restores[-1]["outcome"] == "recovered"
     by_kind = {f["fault"]: f for f in restores}
     assert by_kind["trainer.worker"]["restarted"] == ["trainer rank 0"]
-    assert "generation worker 0" in by_kind["trainer.worker"]["reset"]
-    assert "the controller actor" in by_kind["trainer.worker"]["reset"]
+    assert {"generation worker 0", "the controller actor"} <= set(by_kind["trainer.worker"]["reset"])
     assert by_kind["controller"]["restarted"] == ["the controller actor"]
-    for kind in ("data_plane.storage", "data_plane.controller"):
-        assert [r for r in by_kind[kind]["restarted"] if r.startswith("TransferQueue")], by_kind[kind]
-        assert {"trainer rank 0", "generation worker 0", "the controller actor"} <= set(by_kind[kind]["reset"])
+    assert {"trainer rank 0", "generation worker 0"} <= set(by_kind["controller"]["reset"])
+    storage = by_kind["data_plane.storage"]
+    assert [r for r in storage["restarted"] if r.startswith("TransferQueue")], storage
+    assert {"trainer rank 0", "generation worker 0", "the controller actor"} <= set(storage["reset"])
     for f in restores:
         assert {"detection", "fencing", "reload"} <= set(f["phase_s"]), f["phase_s"]
