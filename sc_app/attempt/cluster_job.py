@@ -139,7 +139,8 @@ class ClusterJob:
             raise
         except Exception as exc:
             if is_actor_death(exc):  # another death while resetting: named by the GCS
-                died = actors_died_during_reset(setup)
+                log.warning("a process died during the warm reset: %s", str(exc).splitlines()[0][:300])
+                died = actors_died_during_reset(setup, controller_was_dead=halted is None)
                 raise died or JobFailed(f"a process of the job died during a warm restore ({exc})") from None
             raise ResetFailed(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from exc
         self._watch = None

@@ -203,8 +203,11 @@ class WarmReset:
             shutdown_transferqueue()
             _wait_gone("TransferQueueController", "transfer_queue", self.timeout_s)
             self.report.restarted.append(f"TransferQueue (controller + {units} units)")
-        guard = get_guard(self.cfg.ray.namespace, create=False)
-        _bounded([guard.reopen.remote()], self.timeout_s, "reopening the restore guard")
+        guard = get_guard(self.cfg.ray.namespace, create=True)  # the sealed one, or a new one if it is gone
+        try:
+            _bounded([guard.reopen.remote()], self.timeout_s, "reopening the restore guard")
+        except ray.exceptions.RayActorError:  # it died meanwhile: the bootstrap client below starts a new one
+            log.warning("the restore guard died; a new one is started", exc_info=True)
         self._lap("data_plane_clear" if keep else "data_plane_close")
 
     def _get(self, refs: list[Any]) -> list[Any]:
@@ -300,13 +303,14 @@ class WarmReset:
         return ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
 
 
-def actors_died_during_reset(setup: Setup, wait_s: float = 5.0) -> ActorsDied | None:
+def actors_died_during_reset(setup: Setup, controller_was_dead: bool, wait_s: float = 5.0) -> ActorsDied | None:
     """The job's actors that are dead now (a death during the reset: the GCS's record, with its time), as
-    ``ActorsDied``; None when none is."""
+    ``ActorsDied``; None when none is. A controller actor dead before the reset (the death being restored) is not
+    a new death."""
     assert setup.policy is not None
     watched = {_hex(t): (TRAINER, f"trainer rank {r}") for r, t in enumerate(setup.policy.trainers)}
     watched |= {_hex(g): (GENERATION, f"generation worker {i}") for i, g in enumerate(setup.policy.generators)}
-    if setup.actor is not None:
+    if setup.actor is not None and not controller_was_dead:
         watched[_hex(setup.actor)] = (CONTROLLER, "the controller actor")
     dead = JobActors(watched).wait_dead(wait_s)
     return ActorsDied(dead) if dead else None
