@@ -140,6 +140,7 @@ class ClusterJob:
         except Exception as exc:
             if is_actor_death(exc):  # another death while resetting: named by the GCS
                 log.warning("a process died during the warm reset: %s", str(exc).splitlines()[0][:300])
+                self._watch = None  # it names the old job's actors (the dead ones replaced already)
                 died = actors_died_during_reset(setup, controller_was_dead=halted is None)
                 raise died or JobFailed(f"a process of the job died during a warm restore ({exc})") from None
             raise ResetFailed(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from exc

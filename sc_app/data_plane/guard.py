@@ -20,6 +20,7 @@ import ray
 from sc_app.data_plane.client import RestoreOrderError
 
 GUARD_NAME = "sc_app_data_plane_guard"
+_KEPT: dict[str, list[Any]] = {}  # namespace → the guard handles this process created or looked up to create
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -63,7 +64,11 @@ class DataPlaneGuard:
 def get_guard(namespace: str, *, create: bool) -> Any:
     """The guard actor handle; ``create=True`` creates it when absent (bootstrap side only)."""
     if create:
-        return DataPlaneGuard.options(name=GUARD_NAME, namespace=namespace, get_if_exists=True).remote()
+        handle = DataPlaneGuard.options(name=GUARD_NAME, namespace=namespace, get_if_exists=True).remote()
+        # Ray ends a non-detached actor once its creator's handles are gone, named or not: a warm in-job restore
+        # replaces the bootstrap client that created it, so this process keeps the handles it got here
+        _KEPT.setdefault(namespace, []).append(handle)  # one per bootstrap client: a few per attempt
+        return handle
     try:
         return ray.get_actor(GUARD_NAME, namespace=namespace)
     except ValueError:
