@@ -70,15 +70,20 @@ def trainer_node(c: Cluster) -> Any:
     raise AssertionError("no trainer worker of this cluster is running")
 
 
-def pids_of(actor_class: str) -> set[int]:
-    """PIDs of every process of this machine running an actor of ``actor_class`` (the cluster's nodes are local)."""
+def pids_of(c: Cluster, actor_class: str) -> set[int]:
+    """PIDs of this cluster's processes running an actor of ``actor_class`` (children of its nodes' raylets: other
+    Ray sessions on the machine are not counted)."""
+    raylets = {n.all_processes["raylet"][0].process.pid for n in [c.head_node, *c.worker_nodes]}
     out = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if f"ray::{actor_class}".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.add(int(pid))
-        except OSError:
+            if f"ray::{actor_class}".encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
+        if parent in raylets:
+            out.add(int(pid))
     return out
 
 
@@ -96,10 +101,10 @@ def test_a_lost_node_is_restored_in_job_while_the_rest_fits_then_ends_the_attemp
     proc = start_logged(*args(cluster, ckpt, trace, 8), log=tmp_path / "run1.log")
     try:
         wait_for(lambda: trains(trace) >= 3, 600, "3 steps", proc)
-        survivors = {actor: pids_of(actor) for actor in SURVIVORS}
+        survivors = {actor: pids_of(cluster, actor) for actor in SURVIVORS}
         cluster.remove_node(trainer_node(cluster), allow_graceful=False)
         wait_for(lambda: trains(trace) >= 5, 600, "2 more steps after the node was lost", proc)
-        kept = {actor: pids_of(actor) for actor in SURVIVORS}
+        kept = {actor: pids_of(cluster, actor) for actor in SURVIVORS}
         first = finish(proc, 600, "run 1 with its trainer's node lost")
     finally:
         if proc.poll() is None:
