@@ -49,7 +49,7 @@ from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
 from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller.actor import SingleControllerActor
-from sc_app.data_plane.guard import get_guard
+from sc_app.data_plane.guard import GUARD_NAME, get_guard
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, clear_all_rows, shutdown_transferqueue
 from sc_app.faults import fault_point
 from sc_app.io import torch_files
@@ -206,8 +206,10 @@ class WarmReset:
         guard = get_guard(self.cfg.ray.namespace, create=True)  # the sealed one, or a new one if it is gone
         try:
             _bounded([guard.reopen.remote()], self.timeout_s, "reopening the restore guard")
-        except ray.exceptions.RayActorError:  # it died meanwhile: the bootstrap client below starts a new one
-            log.warning("the restore guard died; a new one is started", exc_info=True)
+        except ray.exceptions.RayActorError:  # it died (its node lost): the bootstrap client below starts a new one
+            log.warning("the restore guard died; a new one is started")
+            ray.kill(guard)
+            _wait_gone(GUARD_NAME, self.cfg.ray.namespace, self.timeout_s)
         self._lap("data_plane_clear" if keep else "data_plane_close")
 
     def _get(self, refs: list[Any]) -> list[Any]:

@@ -64,7 +64,12 @@ class DataPlaneGuard:
 def get_guard(namespace: str, *, create: bool) -> Any:
     """The guard actor handle; ``create=True`` creates it when absent (bootstrap side only)."""
     if create:
-        handle = DataPlaneGuard.options(name=GUARD_NAME, namespace=namespace, get_if_exists=True).remote()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        handle = DataPlaneGuard.options(  # on the creator's node (the driver's): a lost worker node never takes it
+            name=GUARD_NAME, namespace=namespace, get_if_exists=True, scheduling_strategy=here
+        ).remote()
         # Ray ends a non-detached actor once its creator's handles are gone, named or not: a warm in-job restore
         # replaces the bootstrap client that created it, so this process keeps the handles it got here
         _KEPT.setdefault(namespace, []).append(handle)  # one per bootstrap client: a few per attempt
