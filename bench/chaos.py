@@ -195,6 +195,9 @@ def main() -> int:
     in_job.add_argument("--faults", type=int, default=3, help="process kills per run")
     in_job.add_argument("--no-baseline", action="store_true", help="skip the fault-free run")
     in_job.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
+    in_job.add_argument(
+        "--restore", default="", help="e.g. warm,full: the same runs once per run.in_job_restore path, side by side"
+    )
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="sc-app-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -203,6 +206,11 @@ def main() -> int:
         from bench.chaos_in_job import main as in_job_main
 
         shape = Shape(args.max_steps, args.faults, [k for k in args.kinds.split(",") if k], args.set)
+        if args.restore:
+            from bench.chaos_in_job import compare_restores
+
+            paths = [p for p in args.restore.split(",") if p]
+            return compare_restores(args.iterations, args.seed, work, shape, paths, baseline=not args.no_baseline)
         return in_job_main(args.iterations, args.seed, work, shape, baseline=not args.no_baseline)
     root = work / "ckpt"
     rng = random.Random(args.seed)

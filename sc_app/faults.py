@@ -17,6 +17,8 @@ were written or cleared* (``take`` + ``act``), the partial failure in-job recove
 Besides the save points, ``restore.policy.<bundle>`` (e.g. ``restore.policy.step_4``) fires in a trainer loading that
 bundle's policy: a restore failure verification cannot foresee (a device out of memory, a broken node), for the tests
 of the restore-time fallback — a damaged *file* no longer gets that far, verification parses every one.
+``restore.warm`` fires on the driver as a warm in-job restore starts resetting the job (``raise``: the fallback to
+the full rebuild).
 """
 
 from __future__ import annotations

@@ -105,6 +105,14 @@ class FaultRecord:
     prompts_duplicated: int = 0
     error: str = ""
     restored_step: int | None = None  # an in-job restore: the bundle's step the rebuilt job went on from
+    # an in-job restore's ledger: which path ran (warm | full | full after a failed warm reset), the processes
+    # started again and the ones reset in place, seconds per phase (detection, fencing, reset, reload), and the
+    # calls from before the reset the kept workers refused (sc_app.rl.fencing)
+    path: str = ""
+    restarted: tuple[str, ...] = ()
+    reset: tuple[str, ...] = ()
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    stale_refused: int = 0
 
 
 class JobFailed(RuntimeError):
@@ -183,8 +191,17 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
             f"remote {record.lag_steps} steps behind)"
         )
     if isinstance(record, FaultRecord):
-        redo = "" if record.restored_step is None else (
-            f", restored step_{record.restored_step}, {record.steps_redone} steps to redo"
+        redo = (
+            ""
+            if record.restored_step is None
+            else (
+                f", restored step_{record.restored_step}, {record.steps_redone} steps to redo"
+                + (
+                    f", {record.path}: restarted {len(record.restarted)}, reset {len(record.reset)}"
+                    if record.path
+                    else ""
+                )
+            )
         )
         return (
             f"{head}  fault {record.kind}: {record.outcome} after {record.attempts} attempts (detected "

@@ -25,13 +25,27 @@ from sc_app.progress import JobFailed
 log = logging.getLogger(__name__)
 
 # what died, as a FaultRecord kind
-TRAINER, STORAGE, TQ_CONTROLLER, CONTROLLER, NODE = (
+TRAINER, STORAGE, TQ_CONTROLLER, CONTROLLER, NODE, GENERATION = (
     "trainer.worker",
     "data_plane.storage",
     "data_plane.controller",
     "controller",
     "node",
+    "generation.worker",
 )
+KIND_OF_CLASS = {  # an actor class a Ray error names → the kind of its death
+    "TrainerWorker": TRAINER,
+    "SimpleStorageUnit": STORAGE,
+    "TransferQueueController": TQ_CONTROLLER,
+    "SingleControllerActor": CONTROLLER,
+    "GenerationWorker": GENERATION,
+}
+
+
+def kind_of_error(text: str) -> str | None:
+    """The kind of death an error's text names (Ray's actor errors name the actor's class); None: it names none."""
+    found = [(text.find(name), kind) for name, kind in KIND_OF_CLASS.items() if name in text]
+    return min(found)[1] if found else None
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,27 @@
-"""In-job restore: a dead trainer rank, TransferQueue storage unit or controller, controller actor or node costs a
-rebuild on the same Ray cluster — not the attempt (on KubeRay: a new RayCluster, image pull, Ray start).
+"""In-job restore: a dead trainer rank, TransferQueue storage unit or controller, controller actor or node costs what
+died — not the attempt (on KubeRay: a new RayCluster, image pull, Ray start), and not a whole new job.
 
-When driving the job fails because a process of it died (``JobFailed``; ``ActorsDied`` from the driver's watch),
-``drive_restoring``, in this order:
+When driving the job fails because a process of it died (``JobFailed``; ``ActorsDied`` from the driver's watch), or
+a set-up (the first one included) meets a death, ``drive_restoring``, in this order:
 
-1. names what died (``RestorableJob.what_died``) and tears the whole job down (every actor killed, TransferQueue
-   closed, the restore guard gone: ``Setup.teardown``);
-2. asks the named policy (``restore_policy.InJobRestorePolicy``) and ends the attempt when it says END
-   (``JobFailed``, its one line, exit 1: the usual retry path): in-job restore off, the restores spent
-   (``run.max_in_job_restores`` per attempt), a stop requested, or the cluster no longer fits the job (the line
-   names what is missing: a node gone for good);
-3. fences the torn-down job: the lease moves one epoch on (``Lease.advance``), so a zombie of it (a process on a
-   partitioned node that outlived ``ray.kill``) fails its next lease check and can never publish a bundle; it
-   cannot write rows either — the data plane it knew was closed and its actors killed;
-4. plans again as a fresh attempt would (the newest bundle that verifies, the holder's tidy of leftovers such as
-   the dead job's unfinished save) and sets the job up in the seed's restore order; the rebuilt controller starts
-   from that bundle, so the steps trained since it are redone;
-5. reports a ``FaultRecord`` (``restored_step`` set): detection and recovery seconds, steps to redo.
+1. names what died (``RestorableJob.what_died``: kind, names, the GCS's time of death);
+2. asks the named policy (``restore_policy.InJobRestorePolicy``) and ends the attempt when it says END (the job
+   torn down, ``JobFailed`` with its one line, exit 1: the usual retry path): in-job restore off, the restores spent
+   (``run.max_in_job_restores`` per attempt), a stop requested, or the cluster no longer fits the job;
+3. fences the old job: the lease moves one epoch on (``Lease.advance``), so a zombie of it can never publish a
+   bundle, and the new epoch is what every call to a kept worker carries from now on (``sc_app.rl.fencing``);
+4. **warm** (``run.in_job_restore: warm``, the default): halts the controller actor in place (the progress it had
+   not reported yet is collected first), plans again as the lease holder (the dead job's unfinished save is
+   quarantined), and resets the job in place — only the dead actors and the data plane are started again
+   (``sc_app.attempt.warm_reset``);
+5. **full** (``run.in_job_restore: full``, or when the warm reset fails or times out): tears the whole job down,
+   plans again and sets it up in the seed's restore order, as a start would;
+6. reports one ``FaultRecord`` per death (``restored_step``, the path that ran, the actors restarted and reset, the
+   seconds of each phase). A death during a restore is a death of its own: the interrupted restore's event says
+   so (``outcome: interrupted``) and the next restore — counted against the same bound — covers both.
 
-A restore never deletes or overwrites a bundle (an unfinished save was never renamed; tidying is the holder's
-usual tidy), and no bundle is cut until the rebuilt controller's ``restore()`` checked its index. Pure logic over
+If the full rebuild fails other than by a death, the attempt ends (its error: exit 1). A restore never deletes or
+overwrites a bundle, and no bundle is cut until the controller's ``restore()`` checked its index. Pure logic over
 the ``RestorableJob`` protocol: ``sc_app.attempt.run`` binds it to Ray; unit tests bind it to fakes.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sc_app.attempt.restore_policy import Action, Death, InJobRestorePolicy
@@ -36,67 +39,150 @@ from sc_app.progress import FaultRecord, JobFailed, RunSummary
 log = logging.getLogger(__name__)
 
 
+class ResetFailed(RuntimeError):
+    """A warm reset failed or timed out (a live actor erred, or did not answer): the full rebuild runs instead."""
+
+
+@dataclass
+class Reset:
+    """What a warm reset reports (``RestorableJob.reset``): the processes started again and reset in place, the
+    seconds of its phases, the calls of older epochs refused, and the step the old job had reached (None: unknown)."""
+
+    restarted: list[str] = field(default_factory=list)
+    reset: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    refused: int = 0
+    reached: int | None = None
+
+
 class RestorableJob(Protocol):
     def start(self, plan: ResumePlan) -> tuple[Any, ResumePlan]: ...  # a Setup (teardown()) and the plan used
     def drive(self, setup: Any) -> RunSummary: ...
     def what_died(self, setup: Any, exc: JobFailed) -> Death: ...
     def missing_resources(self) -> str | None: ...  # None when the cluster still fits the job
-    def fence(self) -> None: ...
+    def fence(self) -> int: ...  # the new fencing epoch
+    def halt(self, setup: Any) -> Any: ...  # warm: stop the controller in place (ResetFailed); its result → reset
+    def reset(self, setup: Any, plan: ResumePlan, halted: Any, epoch: int) -> tuple[Any, Reset]: ...
     def replan(self) -> ResumePlan: ...
     def step_reached(self) -> int: ...  # the newest step the driven job reported
     def stop_requested(self) -> bool: ...
     def on_fault(self, record: FaultRecord) -> None: ...
 
 
-def drive_restoring(job: RestorableJob, plan: ResumePlan, max_restores: int) -> tuple[RunSummary, ResumePlan]:
+@dataclass
+class _Restore:
+    """One restore under way: the death it answers and its clock."""
+
+    death: Death
+    detected: float
+    reached: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    path: str = "warm"
+
+    def lap(self, phase: str, since: float) -> float:
+        now = time.time()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - since
+        return now
+
+    def record(self, plan: ResumePlan | None, outcome: str, reset: Reset | None = None, error: str = "") -> FaultRecord:
+        death, reached = self.death, max(self.reached, (reset.reached if reset else None) or 0)
+        seconds = {"detection": self.detection, **self.seconds}
+        return FaultRecord(
+            step=reached,
+            kind=death.kind,
+            outcome=outcome,
+            attempts=1,
+            detection_seconds=self.detection,
+            recovery_seconds=time.time() - self.detected,
+            steps_redone=max(0, reached - plan.step) if plan is not None and outcome == "recovered" else 0,
+            restored_step=plan.step if plan is not None else None,
+            error=error or death.error,
+            path=self.path,
+            restarted=tuple(reset.restarted) if reset else (("every actor of the job",) if self.path != "warm" else ()),
+            reset=tuple(reset.reset) if reset else (),
+            phase_seconds={k: round(v, 3) for k, v in seconds.items()},
+            stale_refused=reset.refused if reset else 0,
+        )
+
+    @property
+    def detection(self) -> float:
+        return max(0.0, self.detected - self.death.died_at) if self.death.died_at else 0.0
+
+
+def drive_restoring(
+    job: RestorableJob, plan: ResumePlan, max_restores: int, *, warm: bool = True
+) -> tuple[RunSummary, ResumePlan]:
     """Set the job up from ``plan`` and drive it to its end, restoring it in-job after each death (at most
-    ``max_restores``). Returns the summary and the plan the last setup used."""
+    ``max_restores``; ``warm``: reset in place first). Returns the summary and the plan the last setup used."""
     policy = InJobRestorePolicy(max_restores)
     restores = 0
-    setup, plan = job.start(plan)
+    failure: JobFailed | None = None
+    try:
+        setup, plan = job.start(plan)
+    except JobFailed as exc:  # a death during the first set-up is a death like any other
+        setup, failure = _Nothing(), exc
     while True:
-        try:
-            return job.drive(setup), plan
-        except JobFailed as exc:
-            failure = exc
-        while True:  # the rebuild itself can meet a death too: each try counts
-            detected = time.time()
-            death = job.what_died(setup, failure)
-            setup.teardown()
-            torn_down = time.time()
-            reached = job.step_reached()
-            decision = policy.decide(
-                death, restores, stop_requested=job.stop_requested, missing_resources=job.missing_resources
-            )
-            if decision.action is Action.END:
-                if decision.line is None:  # in-job restore is off: the death's own error ends the attempt
-                    raise failure
-                raise JobFailed(decision.line) from None
-            restores += 1
-            log.warning("%s died (%s); restoring in-job (%d of %d)", death.names, death.kind, restores, max_restores)
-            job.fence()
-            plan = job.replan()
+        if failure is None:
             try:
-                setup, plan = job.start(plan)
+                return job.drive(setup), plan
             except JobFailed as exc:
-                failure, setup = exc, _Nothing()
-                continue
-            break
-        set_up = time.time() - torn_down
-        log.info("in-job restore: torn down in %.1fs, set up again in %.1fs", torn_down - detected, set_up)
-        job.on_fault(
-            FaultRecord(
-                step=reached,
-                kind=death.kind,
-                outcome="recovered",
-                attempts=1,
-                detection_seconds=max(0.0, detected - death.died_at) if death.died_at else 0.0,
-                recovery_seconds=time.time() - detected,
-                steps_redone=max(0, reached - plan.step),
-                restored_step=plan.step,
-                error=f"{death.names} died",
-            )
+                failure = exc
+        death = job.what_died(setup, failure)
+        restore = _Restore(death, time.time(), job.step_reached())
+        decision = policy.decide(
+            death, restores, stop_requested=job.stop_requested, missing_resources=job.missing_resources
         )
+        if decision.action is Action.END:
+            setup.teardown()
+            if decision.line is None:  # in-job restore is off: the death's own error ends the attempt
+                raise failure
+            raise JobFailed(decision.line) from None
+        restores += 1
+        log.warning("%s died (%s); restoring in-job (%d of %d)", death.names, death.kind, restores, max_restores)
+        setup, plan, failure = _restore(job, setup, restore, warm and not isinstance(setup, _Nothing))
+
+
+def _restore(job: RestorableJob, setup: Any, restore: _Restore, warm: bool) -> tuple[Any, ResumePlan, JobFailed | None]:
+    """Fence, then the warm reset (when ``warm``) or the full rebuild; reports the death's event. Returns the setup
+    to drive, its plan, and the death that interrupted this restore (None when it stood)."""
+    since = time.time()
+    epoch = job.fence()
+    since = restore.lap("fencing", since)
+    plan: ResumePlan | None = None
+    if warm:
+        try:
+            halted = job.halt(setup)
+            plan = job.replan()
+            since = restore.lap("fencing", since)
+            setup, reset = job.reset(setup, plan, halted, epoch)
+            restore.seconds.update(reset.seconds)
+            job.on_fault(restore.record(plan, "recovered", reset))
+            return setup, plan, None
+        except ResetFailed as exc:
+            log.warning("warm in-job restore failed (%s); rebuilding the whole job", exc)
+            restore.path = f"full (warm reset failed: {exc})"
+        except JobFailed as exc:  # another death while resetting
+            return _interrupted(job, setup, restore, plan, exc)
+    else:
+        restore.path = "full"
+    setup.teardown()
+    since = restore.lap("reset", since)
+    try:
+        plan = job.replan() if plan is None else plan
+        setup, plan = job.start(plan)
+    except JobFailed as exc:
+        return _interrupted(job, _Nothing(), restore, plan, exc)
+    restore.lap("reload", since)
+    job.on_fault(restore.record(plan, "recovered"))
+    return setup, plan, None
+
+
+def _interrupted(
+    job: RestorableJob, setup: Any, restore: _Restore, plan: ResumePlan | None, exc: JobFailed
+) -> tuple[Any, ResumePlan, JobFailed]:
+    """This restore met another death: its own event says so; the next restore (of the new death) covers both."""
+    job.on_fault(restore.record(plan, "interrupted", error=f"{restore.death.error}; its restore met another death"))
+    return setup, plan or ResumePlan("fresh", "no plan yet"), exc
 
 
 class _Nothing:

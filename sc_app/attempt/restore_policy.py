@@ -26,11 +26,17 @@ RETRY_HINT = "a rerun resumes from the newest complete bundle"
 
 @dataclass(frozen=True)
 class Death:
-    """What died: a ``FaultRecord`` kind, the processes by name, when (``time.time()``; None when unknown)."""
+    """What died: a ``FaultRecord`` kind, the processes by name, when (``time.time()``; None when unknown), and the
+    one line its fault event carries (default: ``<names> died``)."""
 
     kind: str
     names: str
     died_at: float | None = None
+    line: str = ""
+
+    @property
+    def error(self) -> str:
+        return self.line or f"{self.names} died"
 
 
 class Action(Enum):

@@ -24,28 +24,26 @@ from typing import TYPE_CHECKING, Literal
 
 import ray
 
-from sc_app.attempt import cluster_fit, ray_start
-from sc_app.attempt.actor_watch import CONTROLLER, NODE, ActorsDied, JobActors, live_node_resources
+from sc_app.attempt import ray_start
 from sc_app.attempt.errors import RestoreFailed, ResumeRefused
 from sc_app.attempt.in_job_restore import drive_restoring
-from sc_app.attempt.poll import drive
 from sc_app.attempt.remote_tier import RemoteTier, open_remote
-from sc_app.attempt.restore_policy import Death
 from sc_app.checkpoint import BundleRules, ResumePlan, choose_bundle, layout, volume
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease, LeaseKeeper, LeaseLost, read_lease
 from sc_app.checkpoint.lineage import ensure_lineage
 from sc_app.checkpoint.stop_request import StopWatch
 from sc_app.config.app import AppConfig
-from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
+from sc_app.progress import ProgressRecord, RunSummary
 from sc_app.rl import hooks
-from sc_app.waits import Bound, ProcessHung, StopCut, bounded
+from sc_app.waits import StopCut
 
 if TYPE_CHECKING:  # the set-up's modules load torch, tensordict and the workers' code: imported while Ray starts
     from sc_app.attempt.setup import Setup
 
 log = logging.getLogger(__name__)
 SETUP_MODULES = ("sc_app.attempt.setup", "transfer_queue")  # what set-up imports: torch, tensordict, workers' code
+
 
 
 
@@ -323,9 +321,12 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
             raise
         return attempt.nothing_trained(plan, "stopped")  # ray.init's own SIGTERM handler: a stop like any other
     attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
-    job = ClusterJob(attempt, stop_requested)
+    from sc_app.attempt.cluster_job import ClusterJob  # with the set-up's modules, loaded while Ray started
+
+    job = ClusterJob(attempt, stop_requested, start_controller)
     try:
-        summary, plan = drive_restoring(job, plan, cfg.run.max_in_job_restores)
+        warm = cfg.run.in_job_restore == "warm"
+        summary, plan = drive_restoring(job, plan, cfg.run.max_in_job_restores, warm=warm)
         return RunResult(plan, summary, attempt.seconds(), _outcome(cfg, summary))
     except StopCut as exc:  # a stop during a set-up: it was torn down; the plan's bundle stays the resume point
         log.warning("%s; the set-up was torn down", exc)
@@ -336,79 +337,6 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
         shutdown_transferqueue()
         if owns_ray:
             ray.shutdown()
-
-
-NODE_DEATH_WAIT_S = 30.0  # how long an in-job restore waits to learn which of the job's actors died, and where
-
-
-class ClusterJob:
-    """``in_job_restore.RestorableJob`` on this process's Ray: set up, drive (watching the job's actors), tear down,
-    fence through the lease keeper, plan again as the lease holder."""
-
-    def __init__(self, attempt: Attempt, stop_requested: Callable[[], bool]) -> None:
-        self.attempt, self.stop_requested = attempt, stop_requested
-        self._step = 0
-        self._watch: JobActors | None = None  # the driven setup's actors (None while a setup is being built)
-        self.plan: ResumePlan | None = None  # the plan of the newest set-up started
-
-    def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
-        """Set up from ``plan``; each wait ends on a stop (StopCut) or past run.setup_timeout_s (ProcessHung)."""
-        self._watch, self.plan = None, plan
-        limit = self.attempt.cfg.run.setup_timeout_s
-        with bounded(Bound.within(limit, self.stop_requested, why=f"set-up past run.setup_timeout_s={limit:g}s")):
-            setup, plan = start_controller(self.attempt, plan)
-        self._step = plan.step if plan.decision == "resume" else 0
-        self.plan = plan
-        return setup, plan
-
-    def drive(self, setup: Setup) -> RunSummary:
-        assert setup.policy is not None
-        self._watch = JobActors.of(setup.policy.trainers, setup.actor)
-        return drive(
-            setup.actor,
-            emergency_budget_s=self.attempt.cfg.checkpoint.emergency_budget_s,
-            on_progress=self._progress,
-            stop_requested=self.stop_requested,
-            watch=self._watch.check,
-            hang_s=self.attempt.cfg.run.hang_timeout_s,
-        )
-
-    def _progress(self, record: ProgressRecord) -> None:
-        if isinstance(record, StepRecord):
-            self._step = max(self._step, record.step)
-        self.attempt.calls.on_progress(record)
-
-    def what_died(self, setup: Setup, exc: JobFailed) -> Death:
-        """From the driven setup's watch; a death while a setup was being built (no watch: that setup tore itself
-        down) is named by its error alone; a hung process by its ``ProcessHung`` (it is alive: no death to wait for)."""
-        if isinstance(exc, ProcessHung):
-            return Death(exc.kind, exc.names, exc.since)
-        if not isinstance(exc, ActorsDied) and self._watch is not None:
-            # the death surfaced as an error first; the GCS records it at once for a dead process, only after its
-            # health check for a lost node (Ray's default: about 15 s) — and the fit check needs the node gone
-            dead = self._watch.wait_dead(NODE_DEATH_WAIT_S)
-            exc = ActorsDied(dead) if dead else exc
-        if isinstance(exc, ActorsDied):
-            known = [d.died_at for d in exc.dead if d.died_at is not None]
-            names = ", ".join(d.name for d in exc.dead) + (" (their node is gone)" if exc.kind == NODE else "")
-            return Death(exc.kind, names, min(known) if known else None)
-        return Death(CONTROLLER, f"a process of the job ({exc})")
-
-    def missing_resources(self) -> str | None:
-        return cluster_fit.unfit_line(cluster_fit.job_demands(self.attempt.cfg), live_node_resources())
-
-    def fence(self) -> None:
-        if self.attempt.keeper is not None:
-            self.attempt.lease = self.attempt.keeper.advance()
-
-    def replan(self) -> ResumePlan:
-        return self.attempt.plan("restore")
-
-    def step_reached(self) -> int:
-        return self._step
-
-    def on_fault(self, record: FaultRecord) -> None:
-        self.attempt.calls.on_progress(record)
 
 
 def _outcome(cfg: AppConfig, summary: RunSummary) -> Outcome:

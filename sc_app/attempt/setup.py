@@ -278,6 +278,36 @@ def _restore(setup: Setup, cfg: AppConfig, plan: ResumePlan, order: SetupOrder) 
     return Restored(plan.step, version, loader_state, str(bundle / layout.SIDECAR_FILE), restored, fingerprint)
 
 
+def controller_args(
+    cfg: AppConfig,
+    policy: TQPolicy,
+    restored: Restored,
+    *,
+    run_id: str,
+    lease: Lease | None,
+    lineage: str | None,
+    dataset: DatasetRecord | None,
+    epoch: int | None = None,
+) -> SingleControllerActorArgs:
+    """Seed flow 2: everything the controller actor needs, from what this set-up built and restored."""
+    return SingleControllerActorArgs(
+        cfg_json=cfg.model_dump_json(),
+        run_id=run_id,
+        trainers=policy.trainers,
+        generators=policy.generators,
+        start_step=restored.step,
+        start_version=restored.version,
+        loader_state=restored.loader_state,
+        sidecar_path=restored.sidecar,
+        data_plane_checkpoint_metadata=restored.data_plane,
+        lease=lease,
+        lineage=lineage,
+        dataset=dataset.as_manifest() if dataset is not None else None,
+        restored_fingerprint=restored.fingerprint,
+        epoch=epoch,
+    )
+
+
 def _build(
     setup: Setup,
     cfg: AppConfig,
@@ -304,21 +334,7 @@ def _build(
     restored = _restore(setup, cfg, plan, order) if plan.decision == "resume" else Restored()
     dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
     order.enter("sealed")
-    args = SingleControllerActorArgs(
-        cfg_json=cfg.model_dump_json(),
-        run_id=run_id,
-        trainers=policy.trainers,
-        generators=policy.generators,
-        start_step=restored.step,
-        start_version=restored.version,
-        loader_state=restored.loader_state,
-        sidecar_path=restored.sidecar,
-        data_plane_checkpoint_metadata=restored.data_plane,
-        lease=lease,
-        lineage=lineage,
-        dataset=dataset.as_manifest() if dataset is not None else None,
-        restored_fingerprint=restored.fingerprint,
-    )
+    args = controller_args(cfg, policy, restored, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
     setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
     setup.handles.append(setup.actor)
     order.enter("actor")

@@ -73,6 +73,19 @@ class RunConfig(_Section):
         description="Set-up (workers start, model load, restore, first weight sync) must finish within this; past it "
         "the process it waits on is treated as hung (like a dead one). A stop request ends the set-up at once.",
     )
+    in_job_restore: Literal["warm", "full"] = Field(
+        "warm",
+        description="How an in-job restore rolls the job back: warm (only the dead actors and the data plane start "
+        "again; live trainer ranks, generation engines and the controller actor are reset in place, falling back to "
+        "full when a reset fails) or full (the whole job torn down and set up again, as a start).",
+    )
+    reset_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="A warm in-job restore's bound on each wait (a live actor's reset, the bundle's load, the weight "
+        "sync); past it the full rebuild runs.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_dir: str | None = Field(
         None,

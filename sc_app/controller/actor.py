@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,15 @@ from tensordict import TensorDict
 
 from sc_app.checkpoint.verify import read_sidecar
 from sc_app.config.app import AppConfig
-from sc_app.controller.args import Connect, SingleControllerActorArgs, connect_transferqueue
+from sc_app.controller.args import Connect, SingleControllerActorArgs, connect_transferqueue, disconnect_transferqueue
 from sc_app.controller.recovery import InJobRecovery, log_rollout_failure, rollout_failure
 from sc_app.controller.saves import InventoryMismatch, SaveCoordinator
 from sc_app.controller.saves import SaveFailed as SaveFailed  # what a run's end maps to an exit code
+from sc_app.controller.steps import keep_with_trainer, rollout_phases, step_record
 from sc_app.data_plane import stream_io
 from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import DataPlaneClient
-from sc_app.data_plane.replay_buffer import BufferTimes, Group, GroupCommit, TQReplayBuffer
+from sc_app.data_plane.replay_buffer import Group, GroupCommit, TQReplayBuffer
 from sc_app.phases import StepClock
 from sc_app.progress import ProgressRecord, RunSummary, StepRecord
 from sc_app.rl.backend import Rollout, TrainStepResult
@@ -66,9 +68,19 @@ class SingleControllerActor:
     buffer: TQReplayBuffer  # built by restore() on the client
     saves: SaveCoordinator  # built by restore() on the client and the buffer
 
-    def __init__(self, args: SingleControllerActorArgs, connect: Connect = connect_transferqueue) -> None:
+    def __init__(
+        self,
+        args: SingleControllerActorArgs,
+        connect: Connect = connect_transferqueue,
+        disconnect: Callable[[], None] = disconnect_transferqueue,
+    ) -> None:
+        self._connect, self._disconnect = connect, disconnect
+        self._run_task: asyncio.Future[Any] | None = None
+        self._fresh(args)
+
+    def _fresh(self, args: SingleControllerActorArgs) -> None:
+        """Every piece of state, from ``args`` alone (at start, and again by a warm in-job restore's ``reset``)."""
         self.args = args
-        self._connect = connect
         self.cfg = AppConfig.model_validate_json(args.cfg_json)
         self.barrier = DataPlaneCheckpointBarrier()
         self.loader = PromptLoader()
@@ -106,6 +118,24 @@ class SingleControllerActor:
             self.saves.stopping.set()  # no periodic save starts after a stop
         async with self._cond:
             self._cond.notify_all()
+
+    # ------------------------------------------------------------------ a warm in-job restore (in place)
+    async def halt(self, timeout_s: float) -> list[Any]:
+        """Stop ``run()`` in place (a save in flight is abandoned: the lease moved on, it cannot publish); returns
+        the generation workers in use, replacements included. ``TimeoutError`` past ``timeout_s``."""
+        task = self._run_task
+        if task is not None and not task.done():
+            self.saves.abandon = True
+            task.cancel()
+            if not (await asyncio.wait([task], timeout=timeout_s))[0]:
+                raise TimeoutError(f"the controller's run did not stop within {timeout_s:g}s")
+        return list(self.args.generators)
+
+    async def reset(self, args: SingleControllerActorArgs) -> None:
+        """After ``halt``: forget the old data plane and start again from ``args`` (the bundle's step, loader place,
+        index, the new epoch). ``restore()`` then ``run()`` follow, as after a start."""
+        self._disconnect()
+        self._fresh(args)
 
     # ------------------------------------------------------------------ restore, then run
     async def restore(self) -> int:
@@ -155,6 +185,7 @@ class SingleControllerActor:
         if not self._restored:
             raise RuntimeError("run() before restore(): the index must be rebuilt and checked before any pump")
         cfg = self.cfg
+        self._run_task = asyncio.current_task()
         self._trace_fh = open(cfg.run.trace_file, "a") if cfg.run.trace_file else None  # noqa: SIM115
         restored = self.args.restored_fingerprint
         self._trace(
@@ -180,6 +211,10 @@ class SingleControllerActor:
             stream_io.shutdown_workers()  # snapshot streams this actor placed on other nodes, if any
             if self._trace_fh:
                 self._trace_fh.close()
+
+    @property
+    def _epoch(self) -> tuple[int, ...]:  # the fencing epoch as a trailing call argument (none when unfenced)
+        return () if self.args.epoch is None else (self.args.epoch,)
 
     def _trace(self, **event: Any) -> None:
         if self._trace_fh:
@@ -283,8 +318,9 @@ class SingleControllerActor:
             rewards.append(float(reward.mean()))
             self._trace(ev="train", step=self.step, prompts=[group.prompt_index for group in groups])
             clock.add("barrier_wait", self.buffer.times.clear_wait - clear_mark.clear_wait)
-            rollout_mark = self._rollout_phases(clock, rollout_mark)
-            self._record_step(self._step_record(clock, reward, results, staleness))
+            times = self.buffer.times.copy()
+            rollout_mark = rollout_phases(clock, rollout_mark, times, self._rollout_seconds["generation"])
+            self._record_step(step_record(clock, reward, results, staleness, self))
             if cfg.checkpoint.enabled and self.saves.due(self.step) and not self._stop_requested:
                 await self.saves.start(self.step, self.version)
             await self.saves.collect(wait=False)
@@ -301,7 +337,7 @@ class SingleControllerActor:
         if capture:  # the new copy replaces the one a save still in flight may not have written yet
             await self.saves.before_capture()
         results: list[TrainStepResult] = await asyncio.gather(
-            *[t.train_step.remote(ids, next_version, capture) for t in self.args.trainers]
+            *[t.train_step.remote(ids, next_version, capture, *self._epoch) for t in self.args.trainers]
         )
         clock.lap("trainer")
         clock.add("trainer_get", max(r.get_seconds for r in results))
@@ -328,24 +364,6 @@ class SingleControllerActor:
         reward: torch.Tensor = rows["reward"]
         return reward
 
-    def _step_record(
-        self, clock: StepClock, reward: torch.Tensor, results: list[TrainStepResult], staleness: float
-    ) -> StepRecord:
-        step_seconds, phases = clock.finish()
-        return StepRecord(
-            step=self.step,
-            reward=float(reward.mean()),
-            loss=sum(r.loss for r in results) / len(results),
-            staleness=staleness,
-            rows_held=self.buffer.rows,
-            step_seconds=step_seconds,
-            reward_min=float(reward.min()),
-            reward_max=float(reward.max()),
-            weights_version=self.version,
-            commit_waits=self.barrier.stats.drain_mutation_waits(),
-            phase_seconds=phases,
-        )
-
     async def _end_run(self, rewards: list[float]) -> RunSummary:
         """The save in flight reported; on a stop request, a bundle of the step reached (unless it has one)."""
         cfg = self.cfg
@@ -364,17 +382,10 @@ class SingleControllerActor:
             emergency_skipped=skipped,
         )
 
-    def _rollout_phases(self, clock: StepClock, mark: tuple[BufferTimes, float]) -> tuple[BufferTimes, float]:
-        """Charge the rollout pumps' generate and commit seconds since ``mark`` to the step; returns the new mark."""
-        times, generation = self.buffer.times.copy(), self._rollout_seconds["generation"]
-        clock.add("generation", generation - mark[1])
-        clock.add("put", times.put - mark[0].put)
-        clock.add("put_barrier_wait", times.put_wait - mark[0].put_wait)
-        return times, generation
-
     def _record_step(self, record: StepRecord) -> None:
         self._progress.append(record)
         self.saves.note_step(record)
+        keep_with_trainer(self.args.trainers, record)  # survives this actor's death (issue 31 C)
 
     # ------------------------------------------------------------------ the pumps' side of in-job recovery
     async def _give_back(self, idxs: list[int]) -> None:

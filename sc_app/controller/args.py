@@ -39,3 +39,11 @@ class SingleControllerActorArgs:
     lineage: str | None = None  # the checkpoint directory's lineage, recorded in every manifest
     dataset: dict[str, Any] | None = None  # the task's dataset file (path, sha256, rows): recorded in every bundle
     restored_fingerprint: PolicyFingerprint | None = None  # of the state the trainers restored (traced at start)
+    epoch: int | None = None  # the fencing epoch every call to a worker carries (sc_app.rl.fencing); None: unfenced
+
+
+def disconnect_transferqueue() -> None:
+    """Forget this process's TransferQueue attachment (a warm in-job restore rebuilt the data plane)."""
+    from sc_app.data_plane.transferqueue import detach_transferqueue
+
+    detach_transferqueue()

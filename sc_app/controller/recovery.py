@@ -53,6 +53,7 @@ class RecoveryArgs(Protocol):
     dataset: dict[str, Any] | None
     generators: list[Any]
     trainers: list[Any]
+    epoch: int | None
 
 
 class InJobRecovery:
@@ -105,6 +106,7 @@ class InJobRecovery:
             give_back=self._give_back,
             on_fault=self._report,
             trace=self._trace,
+            epoch=self.args.epoch,
         )
 
     async def sync_weights(self) -> None:

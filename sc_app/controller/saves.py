@@ -105,6 +105,7 @@ class SaveCoordinator:
         self.last_saved = last_saved  # the step of the newest published bundle (the start step before any)
         self.captured_version = -1  # the trainer version whose state the trainers hold a copy of
         self._pending: tuple[int, asyncio.Task[SaveRecord | SaveFailedRecord]] | None = None
+        self.abandon = False  # settle() leaves the save in flight to end on its own (a warm in-job restore)
         self._io = background_executor("save-io")
         self._seconds: list[float] = []  # the newest saves' durations (checkpoint.emergency.plan_emergency)
         self._failed_in_a_row = 0
@@ -223,8 +224,11 @@ class SaveCoordinator:
 
     async def settle(self) -> None:
         """The run is over (or failing): the save in flight ends on its own (cancelling it could race its commit
-        thread; an unfinished bundle is never renamed anyway), then the I/O thread goes."""
-        if self._pending is not None:
+        thread; an unfinished bundle is never renamed anyway), then the I/O thread goes. ``abandon``: a warm
+        in-job restore halts the run: the save is left to end on its own (the lease moved on: it cannot publish)."""
+        if self._pending is not None and self.abandon:
+            log.warning("save of step %d abandoned: the job is being restored in-job", self._pending[0])
+        elif self._pending is not None:
             (outcome,) = await asyncio.gather(self._pending[1], return_exceptions=True)
             if isinstance(outcome, BaseException):
                 log.warning("save of step %d failed while the run was failing: %r", self._pending[0], outcome)

@@ -4,7 +4,8 @@ It closes the seed's admitted gap ("the guard inside the adapter could not see i
 client"): touches and the restore decision are recorded in one place all processes share. A Ray actor runs its
 methods one at a time, so check-and-set here is atomic across processes.
 
-State machine: OPEN (untouched) -> RESTORING -> SEALED, or OPEN -> touched -> SEALED.
+State machine: OPEN (untouched) -> RESTORING -> SEALED, or OPEN -> touched -> SEALED; ``reopen`` (a warm in-job
+restore, once the data plane is empty or new) -> OPEN.
 * ``begin_restore`` succeeds only when nothing has touched the data plane and it is not sealed.
 * ``sealed()`` is None until ``seal``; a connect-only client refuses to exist while it is (``RestoreOrderError``).
 """
@@ -19,6 +20,7 @@ import ray
 from sc_app.data_plane.client import RestoreOrderError
 
 GUARD_NAME = "sc_app_data_plane_guard"
+_KEPT: dict[str, list[Any]] = {}  # namespace → the guard handles this process created or looked up to create
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -47,6 +49,11 @@ class DataPlaneGuard:
         self._sealed = dict(info)
         self._restoring = None
 
+    def reopen(self) -> None:
+        """Back to OPEN for a data plane emptied or started again in-job (a warm in-job restore): every client that
+        touched the old one is gone or detached, and a new connect-only client needs the new seal."""
+        self._touches, self._restoring, self._sealed = [], None, None
+
     def sealed(self) -> dict[str, Any] | None:
         return self._sealed
 
@@ -57,7 +64,16 @@ class DataPlaneGuard:
 def get_guard(namespace: str, *, create: bool) -> Any:
     """The guard actor handle; ``create=True`` creates it when absent (bootstrap side only)."""
     if create:
-        return DataPlaneGuard.options(name=GUARD_NAME, namespace=namespace, get_if_exists=True).remote()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        handle = DataPlaneGuard.options(  # on the creator's node (the driver's): a lost worker node never takes it
+            name=GUARD_NAME, namespace=namespace, get_if_exists=True, scheduling_strategy=here
+        ).remote()
+        # Ray ends a non-detached actor once its creator's handles are gone, named or not: a warm in-job restore
+        # replaces the bootstrap client that created it, so this process keeps the handles it got here
+        _KEPT.setdefault(namespace, []).append(handle)  # one per bootstrap client: a few per attempt
+        return handle
     try:
         return ray.get_actor(GUARD_NAME, namespace=namespace)
     except ValueError:

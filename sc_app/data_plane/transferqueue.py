@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from concurrent.futures import Executor
@@ -214,7 +215,8 @@ class TransferQueueDataPlane(DataPlaneClient):
         self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
     ) -> TensorDict:
         self._report_touch("get_samples")
-        return dense(self._tq.kv_batch_get(keys=list(sample_ids), partition_id=partition, select_fields=field_names))
+        coro = self._tq.async_kv_batch_get(keys=list(sample_ids), partition_id=partition, select_fields=field_names)
+        return dense(_wait_detachable(coro))
 
     async def clear_samples(
         self, partition: str, sample_ids: list[str], *, global_indexes: list[int] | None = None
@@ -298,3 +300,61 @@ def shutdown_transferqueue() -> None:
         tq.close()
     except Exception:  # best effort at shutdown
         log.debug("tq.close failed", exc_info=True)
+
+
+class DataPlaneDetached(RuntimeError):
+    """A blocking read was abandoned: this process detached from TransferQueue (a warm in-job restore)."""
+
+
+_detaches = 0  # how many times this process detached: a blocking read started before the latest one gives up
+POLL_S = 0.5
+
+
+def _wait_detachable(coro: Any) -> Any:
+    """``coro`` on TransferQueue's client loop, waited for in slices: a read blocked on a dead storage unit or
+    controller (TransferQueue's own wait has no timeout) ends with ``DataPlaneDetached`` once this process detaches,
+    so the worker can be reset in place."""
+    from transfer_queue import interface
+
+    started = _detaches
+    future = asyncio.run_coroutine_threadsafe(coro, interface._maybe_create_tq_client()._loop)
+    while True:
+        try:
+            return future.result(timeout=POLL_S)
+        except TimeoutError:
+            if _detaches != started:
+                future.cancel()
+                raise DataPlaneDetached("the data plane was detached while this read waited") from None
+
+
+def detach_transferqueue() -> None:
+    """Forget this process's attachment to TransferQueue (its client and the controller handle) without stopping
+    anything: ``tq.close()`` in a process that only attached would kill the (new) controller. The next client built
+    here attaches to whatever TransferQueue runs then (a warm in-job restore rebuilt it)."""
+    from transfer_queue import interface
+
+    global _detaches
+    _detaches += 1
+    client, interface._TQ_CLIENT, interface._TQ_CONTROLLER = interface._TQ_CLIENT, None, None
+    if client is not None:  # closed off this thread: its loop thread may take seconds to stop (its peers are gone)
+        threading.Thread(target=_close_quietly, args=(client,), name="tq-detach", daemon=True).start()
+
+
+def _close_quietly(client: Any) -> None:
+    try:
+        client.close()
+    except Exception:  # its sockets point at actors that may be dead
+        log.debug("closing the old TransferQueue client failed", exc_info=True)
+
+
+def clear_all_rows() -> int:
+    """Remove every row of every partition through this process's client (the one that initialised TransferQueue):
+    a warm in-job restore keeps a live data plane and refills it from the bundle. Returns the rows removed."""
+    import transfer_queue as tq
+
+    removed = 0
+    for partition, keys in tq.kv_list().items():
+        if keys:
+            tq.kv_clear(keys=list(keys), partition_id=partition)
+            removed += len(keys)
+    return removed

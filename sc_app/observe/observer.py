@@ -141,6 +141,14 @@ def fault_event(record: FaultRecord) -> Event:
     }
     if record.restored_step is not None:
         data["restored_step"] = record.restored_step
+    if record.path:
+        data.update(
+            path=record.path,
+            restarted=list(record.restarted),
+            reset=list(record.reset),
+            phase_s=dict(record.phase_seconds),
+            stale_refused=record.stale_refused,
+        )
     return Event("fault", record.step, data)
 
 

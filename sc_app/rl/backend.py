@@ -43,6 +43,17 @@ class Rollout:
 
     fields: dict[str, torch.Tensor]
     version: int
+    epoch: int | None = None  # the fencing epoch of the call that produced it (sc_app.rl.fencing); None: unfenced
+
+
+@dataclass(frozen=True)
+class WorkerReset:
+    """What a worker reset in place by a warm in-job restore reports: its process (kept), the weights version it
+    held before the reset, and how many calls from an older epoch it refused so far."""
+
+    pid: int
+    version_before: int
+    refused: int
 
 
 @dataclass(frozen=True)

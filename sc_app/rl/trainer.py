@@ -4,7 +4,11 @@ With more than one worker they form a ``torch.distributed`` group (gloo on CPU, 
 before the backend is built (``setup``). Each worker reads its share of the step's rows straight from
 TransferQueue (connect-only client). Every method runs on the actor's one default thread, in call order, except
 ``write_captured``: it has its own thread ("io", at a lower priority), so a checkpoint's policy files are written
-while the next steps train.
+while the next steps train; and ``reset`` (thread "control"), so that it reaches a rank whose step is blocked.
+
+A warm in-job restore keeps a live worker's process: ``reset`` (the process group intact: the bundle is then read
+into the existing model by ``load``) or ``rejoin`` (a rank died: the group is formed again with its replacement
+and the backend rebuilt on it in this process, then ``load``). ``train_step`` is fenced (``sc_app.rl.fencing``).
 """
 
 from __future__ import annotations
@@ -24,15 +28,18 @@ from sc_app.checkpoint.writer import FileRecord
 from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
 from sc_app.io.background import lower_current_thread_priority
-from sc_app.rl.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, device_for
+from sc_app.rl.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, WorkerReset, device_for
 from sc_app.rl.factory import make_trainer_backend
+from sc_app.rl.fencing import EpochFence
 from sc_app.rl.weight_sync.base import WeightSender
 from sc_app.rl.weight_sync.factory import transport_for
 
 log = logging.getLogger(__name__)
 
+KEPT_RECORDS = 64
 
-@ray.remote(concurrency_groups={"io": 1})
+
+@ray.remote(concurrency_groups={"io": 1, "control": 1})
 class TrainerWorker:
     def __init__(self, cfg_json: str, rank: int, world_size: int) -> None:
         torch.set_num_threads(1)
@@ -44,6 +51,8 @@ class TrainerWorker:
         self._dp: Any = None
         self._sender: WeightSender | None = None  # what get_weights returns (sc_app.rl.weight_sync), from setup
         self._store: Any = None  # rank 0's rendezvous store (torch.distributed.TCPStore), from address()
+        self.fence = EpochFence()
+        self._kept: list[Any] = []  # the controller's newest step records (keep_progress)
 
     def address(self) -> tuple[str, int]:
         """Rank 0: where its rendezvous store listens. The store is bound here, on a port the kernel picks, and
@@ -87,16 +96,49 @@ class TrainerWorker:
             self._dp = TransferQueueDataPlane(bootstrap=False, namespace=self.cfg.ray.namespace)
         return self._dp
 
-    def train_step(self, sample_ids: list[str], version: int, capture: bool = False) -> TrainStepResult:
+    @ray.method(concurrency_group="control")
+    def reset(self, epoch: int) -> WorkerReset:
+        """A warm in-job restore keeps this rank: calls of an older epoch are refused from now on, and the data-plane
+        client is dropped (the data plane is rebuilt; the next step attaches to the new one, after the restore is
+        sealed). ``load`` follows. Runs on its own thread ("control"): a step of the old job blocked reading from a
+        dead storage unit ends (``DataPlaneDetached``) instead of holding this rank forever."""
+        self.fence.advance(epoch)
+        before = self._backend.version if self._backend is not None else 0
+        if self._dp is not None:
+            from sc_app.data_plane.transferqueue import detach_transferqueue
+
+            detach_transferqueue()
+            self._dp = None
+        return WorkerReset(os.getpid(), before, self.fence.refused)
+
+    def rejoin(self, master_addr: str, master_port: int, epoch: int) -> WorkerReset:
+        """``reset``, then the process group formed again (a rank died: its replacement joins through rank 0's new
+        store) and the backend rebuilt on it in this process — the model is bound to the group it was built on."""
+        out = self.reset(epoch)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        self._backend = self._sender = None
+        self.setup(master_addr, master_port)
+        return out
+
+    def train_step(
+        self, sample_ids: list[str], version: int, capture: bool = False, epoch: int | None = None
+    ) -> TrainStepResult:
         """One optimizer step on this rank's share of ``sample_ids`` (rows carry advantages already).
 
         ``capture``: also ``capture_state()`` right after the step (the step a checkpoint will be cut at), which
-        saves the checkpoint a separate call while training is paused."""
+        saves the checkpoint a separate call while training is paused. ``epoch``: refused when older than this
+        rank's (a step of the job before a warm restore never lands on the restored state)."""
+        self.fence.admit(epoch, "train_step")
         self.sender.wait()  # the last version's bytes may still be leaving (nccl): the step changes them
         share = sample_ids[self.rank :: self.world_size]
         read_started = time.perf_counter()
         rows = self._client().get_samples_sync(self.cfg.data_plane.partition, share, list(self.backend.fields))
         read_seconds = time.perf_counter() - read_started
+        self.fence.admit(epoch, "train_step")  # a reset while this step read: the old job's step never trains
         result = self.backend.train_step(rows, version)
         if capture:
             self.backend.capture()
@@ -128,3 +170,15 @@ class TrainerWorker:
 
     def fingerprint(self) -> PolicyFingerprint | None:
         return self.backend.fingerprint()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def keep_progress(self, record: Any) -> None:
+        """The controller's step record, kept here (the last ``KEPT_RECORDS``) for the driver should the controller
+        die before the driver polled it."""
+        self._kept = [*self._kept[-(KEPT_RECORDS - 1) :], record]
+
+    def kept_progress(self, after_step: int) -> list[Any]:
+        """The kept step records past ``after_step`` (a dead controller's steps the driver never heard of)."""
+        return [r for r in self._kept if r.step > after_step]

@@ -1,13 +1,20 @@
-"""One run, four SIGKILLs by PID (real CLI, Ray, TransferQueue): a generation worker, a trainer rank, a
-TransferQueue storage unit and the TransferQueue controller, in turn, each once the run has recovered from the one
-before and trained on. The run must end at max_steps with exit 0 and never exit in between.
+"""One run, five SIGKILLs by PID (real CLI, Ray, TransferQueue): the controller actor, a generation worker, a trainer
+rank, a TransferQueue storage unit and the TransferQueue controller, in turn, each once the run has recovered from
+the one before and trained on. The run must end at max_steps with exit 0 and never exit in between.
+
+* Each restore is warm (``run.in_job_restore: warm``): only what died starts again — checked by PID, before each
+  kill and once the job trains again: the controller actor's death restarts it alone (the trainer, the engine and
+  TransferQueue keep their processes); a trainer rank's restarts that rank alone (the engine, the controller actor
+  and TransferQueue are reset in place); a storage unit's rebuilds the data plane alone. The last one's (the
+  TransferQueue controller's) warm reset is made to fail (``SC_APP_FAULT_AT=restore.warm``): the fallback, the full
+  rebuild, runs and every process is new. Each ``fault`` event names its path and what it restarted and reset.
 
 * The generation worker is replaced in the job without a restore (no new trace ``start``): the dead call's prompts
   go back to the loader once (``give_back``) and are issued and trained again, none twice and none skipped; the new
   worker got the weights version training was at before its first generate call; the fault is a printed line and a
   run-log ``fault`` event with its cost (the rollouts regenerated).
-* Each of the other three is restored in the job: the driver tears the job down, fences it (the lease moves one epoch
-  on), plans again and sets it up from the newest bundle; the steps trained since that bundle are trained again.
+* Each of the other four is restored in the job: the driver fences the old job (the lease moves one epoch on), plans
+  again and resets the job from the newest bundle; the steps trained since that bundle are trained again.
   Checked: a ``fault`` event per kill (what died, restored step, steps to redo) and a restart of the trace at exactly
   the restored step each time; the surviving lineage trains every step once and no prompt twice; every save after a
   restore passed its inventory check (no ``SAVE FAILED``); the lease epoch moved on once per restore; the goodput
@@ -36,15 +43,24 @@ from tests.support.restart import attempts_of, generation_restart_problems, kept
 
 pytestmark = pytest.mark.slow
 
-MAX_STEPS = 16
+MAX_STEPS = 24  # five kills, each after 3 steps of its part: room left even when restores are fast
 GROUP_SIZE = 8
 GENERATION = ("GenerationWorker", "generation.worker")
+CONTROLLER = ("SingleControllerActor", "controller")
 RESTORED = [  # (actor class, FaultRecord kind), killed in this order after the generation worker
     ("TrainerWorker", "trainer.worker"),
     ("SimpleStorageUnit", "data_plane.storage"),
     ("TransferQueueController", "data_plane.controller"),
 ]
-CHAOS_NAMES = {"generation": GENERATION, "trainer": RESTORED[0], "storage": RESTORED[1], "tq-controller": RESTORED[2]}
+CHAOS_NAMES = {
+    "controller": CONTROLLER,
+    "generation": GENERATION,
+    "trainer": RESTORED[0],
+    "storage": RESTORED[1],
+    "tq-controller": RESTORED[2],
+}
+ACTORS = ["SingleControllerActor", "GenerationWorker", "TrainerWorker", "SimpleStorageUnit", "TransferQueueController"]
+DATA_PLANE = {"SimpleStorageUnit", "TransferQueueController"}
 
 
 @dataclass
@@ -55,6 +71,7 @@ class FourKills:
     out: str
     events: list[dict[str, Any]]
     faults: list[Any]  # the run log's fault events
+    pids: list[tuple[str, dict[str, list[int]], dict[str, list[int]]]]  # (killed class, PIDs before, after)
 
 
 def trains_after(trace: Path, start: int, ev: str = "start") -> int:
@@ -67,38 +84,54 @@ def trains_after(trace: Path, start: int, ev: str = "start") -> int:
     return 0 if at is None else sum(e["ev"] == "train" for e in part[at:])
 
 
-def kill_one(proc: Any, actor: str) -> None:
-    (victim,) = actor_pids(proc.pid, actor)
+def pids_of(proc: Any) -> dict[str, list[int]]:
+    return {actor: sorted(actor_pids(proc.pid, actor)) for actor in ACTORS}
+
+
+def kill_one(proc: Any, actor: str) -> dict[str, list[int]]:
+    """SIGKILL the one process of ``actor``; returns the job's PIDs just before."""
+    before = pids_of(proc)
+    (victim,) = before[actor]
     os.kill(victim, signal.SIGKILL)
+    return before
 
 
 @pytest.fixture(scope="module")
 def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
     base = tmp_path_factory.mktemp("in_job")
     ckpt, trace, log = base / "ckpt", base / "trace.jsonl", base / "run.log"
-    proc = start_logged(*run_args(ckpt, trace, MAX_STEPS), log=log)
+    restores = ["--set", f"run.max_in_job_restores={1 + len(RESTORED)}"]  # the controller actor's and RESTORED's
+    # the last restore's warm reset fails (injected): the fallback, the full rebuild, runs for real
+    fallback = {"SC_APP_FAULT_AT": "restore.warm", "SC_APP_FAULT_ACTION": "raise", "SC_APP_FAULT_AFTER": "3"}
+    proc = start_logged(*run_args(ckpt, trace, MAX_STEPS, *restores), log=log, env=fallback)
+    pids: list[tuple[str, dict[str, list[int]], dict[str, list[int]]]] = []
     try:
-        wait_for(lambda: trains_after(trace, 0) >= 3, 600, "3 train steps before killing the generation worker", proc)
-        kill_one(proc, GENERATION[0])
+        wait_for(lambda: trains_after(trace, 0) >= 3, 600, "3 train steps before killing the controller actor", proc)
+        before = kill_one(proc, CONTROLLER[0])
+        wait_for(lambda: trains_after(trace, 1) >= 3, 600, "3 steps after its restore", proc, log=log)
+        pids.append((CONTROLLER[0], before, pids_of(proc)))
+        before = kill_one(proc, GENERATION[0])
         after = "2 train steps after the generation worker was replaced"
-        wait_for(lambda: trains_after(trace, 0, "generation_restart") >= 2, 600, after, proc, log=log)
-        kill_one(proc, RESTORED[0][0])
-        for n, (actor, _) in enumerate(RESTORED[1:], start=1):
-            wait_for(lambda n=n: trains_after(trace, n) >= 3, 600, f"3 steps before killing {actor}", proc, log=log)
-            kill_one(proc, actor)
-        run = finish(proc, 900, "the run with four kills")
+        wait_for(lambda: trains_after(trace, 1, "generation_restart") >= 2, 600, after, proc, log=log)
+        pids.append((GENERATION[0], before, pids_of(proc)))
+        for n, (actor, _) in enumerate(RESTORED, start=2):
+            before = kill_one(proc, actor)
+            wait_for(lambda n=n: trains_after(trace, n) >= 3, 600, f"3 steps after killing {actor}", proc, log=log)
+            pids.append((actor, before, pids_of(proc)))
+        run = finish(proc, 900, "the run with five kills")
     finally:
         if proc.poll() is None:
             finish(proc, 1, "cleanup")
     faults = list(read_history(ckpt / "logs").events_named("fault"))
-    return FourKills(ckpt, trace, run.rc, log.read_text(), read_trace(trace), faults)
+    return FourKills(ckpt, trace, run.rc, log.read_text(), read_trace(trace), faults, pids)
 
 
 def test_the_run_ends_at_max_steps_in_one_attempt(four_kills: FourKills) -> None:
     k = four_kills
     assert k.rc == 0, k.out[-4000:]
     assert f"done: step {MAX_STEPS}" in k.out and "SAVE FAILED" not in k.out, k.out[-4000:]
-    assert [f.data["fault"] for f in k.faults] == [GENERATION[1]] + [kind for _, kind in RESTORED], k.out[-3000:]
+    kinds = [CONTROLLER[1], GENERATION[1]] + [kind for _, kind in RESTORED]
+    assert [f.data["fault"] for f in k.faults] == kinds, k.out[-3000:]
     assert all(f.data["outcome"] == "recovered" for f in k.faults)
     assert all(f.data["prompts_lost"] == f.data["prompts_duplicated"] == 0 for f in k.faults)
     starts = [e for e in k.events if e["ev"] == "start"]
@@ -106,13 +139,13 @@ def test_the_run_ends_at_max_steps_in_one_attempt(four_kills: FourKills) -> None
     money = ledger(read_history(k.ckpt / "logs"))
     assert len(money.attempts) == 1 and money.job_retries == 0
     assert money.seconds["recoveries"] > 0
-    assert money.faults.steps_redone == sum(f.data["steps_redone"] for f in k.faults[1:])
+    assert money.faults.steps_redone == sum(f.data["steps_redone"] for f in k.faults if "restored_step" in f.data)
 
 
 def test_a_killed_generation_worker_is_replaced_without_a_restore(four_kills: FourKills) -> None:
     k = four_kills
     assert "fault generation.worker: recovered" in k.out, k.out[-3000:]
-    first = attempts_of(k.events)[0]  # the generation worker was killed (and replaced) before the first restore
+    first = attempts_of(k.events)[1]  # killed (and replaced) between the first restore and the second
     (restart,) = [e for e in k.events if e["ev"] == "generation_restart"]
     (given,) = [e for e in k.events if e["ev"] == "give_back"]
     assert restart in first and given in first, "replaced in-job: no new start between the kill and the restart"
@@ -127,7 +160,7 @@ def test_a_killed_generation_worker_is_replaced_without_a_restore(four_kills: Fo
     assert all(once[p] == 2 for p in given["prompts"]), "a given-back prompt is issued exactly once more"
     assert all(n == 1 for p, n in once.items() if p not in given["prompts"])
 
-    fault = k.faults[0]
+    fault = k.faults[1]
     assert fault.data["fault"] == GENERATION[1] and fault.data["outcome"] == "recovered"
     assert fault.data["prompts_lost"] == fault.data["prompts_duplicated"] == 0
     assert fault.data["rollouts_regenerated"] == len(given["prompts"]) * GROUP_SIZE
@@ -136,14 +169,15 @@ def test_a_killed_generation_worker_is_replaced_without_a_restore(four_kills: Fo
 
 def test_each_restore_restarts_the_trace_at_the_restored_bundle(four_kills: FourKills) -> None:
     k = four_kills
-    restores = k.faults[1:]
+    restores = [f for f in k.faults if "restored_step" in f.data]
+    assert len(restores) == 1 + len(RESTORED)
     for f in restores:
         assert f.data["steps_redone"] == f.step - f.data["restored_step"] >= 0
         assert f.data["recovery_s"] > 0
     starts = [e for e in k.events if e["ev"] == "start"]
     assert [s["step"] for s in starts] == [0] + [f.data["restored_step"] for f in restores], "restarted at the bundle"
     lease = json.loads((k.ckpt / "LEASE").read_text())
-    assert lease["epoch"] == 1 + len(RESTORED), "each restore fenced the torn-down job: one epoch on"
+    assert lease["epoch"] == 1 + len(restores), "each restore fenced the old job: one epoch on"
     assert lease["released"]["outcome"] == "done"
 
 
@@ -161,7 +195,7 @@ def test_every_step_trained_once_and_no_prompt_twice(four_kills: FourKills) -> N
 def test_the_chaos_verdicts_hold_and_every_bundle_verifies(cli: InProcess, four_kills: FourKills) -> None:
     k = four_kills
     done = [f"{kind}@0" for kind in CHAOS_NAMES]
-    assert not check_faults([f.data for f in k.faults], Shape(MAX_STEPS, 4, list(CHAOS_NAMES)), done)
+    assert not check_faults([f.data for f in k.faults], Shape(MAX_STEPS, 5, list(CHAOS_NAMES)), done)
     assert not check_trace(k.ckpt, k.events)
     verify = cli("ckpt", "verify", "--checkpoint-dir", str(k.ckpt))
     assert verify.rc == 0, verify.out
@@ -174,3 +208,34 @@ def test_the_console_holds_sc_apps_lines_only(four_kills: FourKills) -> None:
 
     assert not foreign_lines(four_kills.out), foreign_lines(four_kills.out)[:3]
     assert "ray.raylet: A worker died" in (four_kills.ckpt / "logs" / "libraries.log").read_text()
+
+
+def test_only_what_died_started_again(four_kills: FourKills) -> None:
+    """Issue 29: a fault costs what died. By PID, before each kill and once the job trained again; the last kill's
+    warm reset was made to fail, so the full rebuild ran (every actor started again) — the fallback."""
+    k = four_kills
+    *warm, (last, before_full, after_full) = k.pids
+    for killed, before, after in warm:
+        # TransferQueue cannot outlive its controller or a unit: the data plane alone is started again
+        restarted = DATA_PLANE if killed in DATA_PLANE else {killed}
+        for actor in ACTORS:
+            changed = before[actor] != after[actor]
+            assert changed == (actor in restarted), (
+                f"after {killed} was killed, {actor} {'restarted' if changed else 'kept'}: {before} -> {after}"
+            )
+    assert last == RESTORED[-1][0]
+    assert all(before_full[a] != after_full[a] for a in ACTORS), f"full rebuild: {before_full} -> {after_full}"
+    restores = [f.data for f in k.faults if "restored_step" in f.data]
+    assert [f["path"] for f in restores[:-1]] == ["warm"] * (len(restores) - 1)
+    assert restores[-1]["path"].startswith("full (warm reset failed: InjectedFault"), restores[-1]["path"]
+    assert restores[-1]["outcome"] == "recovered"
+    by_kind = {f["fault"]: f for f in restores}
+    assert by_kind["trainer.worker"]["restarted"] == ["trainer rank 0"]
+    assert {"generation worker 0", "the controller actor"} <= set(by_kind["trainer.worker"]["reset"])
+    assert by_kind["controller"]["restarted"] == ["the controller actor"]
+    assert {"trainer rank 0", "generation worker 0"} <= set(by_kind["controller"]["reset"])
+    storage = by_kind["data_plane.storage"]
+    assert [r for r in storage["restarted"] if r.startswith("TransferQueue")], storage
+    assert {"trainer rank 0", "generation worker 0", "the controller actor"} <= set(storage["reset"])
+    for f in restores:
+        assert {"detection", "fencing", "reload"} <= set(f["phase_s"]), f["phase_s"]

@@ -47,3 +47,23 @@ def test_kills_land_in_the_first_two_thirds_of_the_run_in_step_order() -> None:
 def test_recovery_seconds_are_summed_up_per_fault_kind() -> None:
     faults = [fault("a", recovery_s=1.0), fault("a", recovery_s=3.0), fault("b", recovery_s=0.5)]
     assert recovery_by_fault(faults) == {"a": {"median": 2.0, "max": 3.0}, "b": {"median": 0.5, "max": 0.5}}
+
+
+def test_the_restore_table_counts_restores_per_kind_and_engine_starts_per_path() -> None:
+    from bench.chaos_in_job import engine_starts, restores_by_kind
+
+    warm = [
+        fault("trainer.worker", restored_step=2, recovery_s=4.0, path="warm", restarted=["trainer rank 0"]),
+        fault("trainer.worker", restored_step=4, recovery_s=6.0, path="warm", restarted=["trainer rank 0"]),
+        fault("controller", restored_step=6, recovery_s=3.0, path="warm", restarted=["generation worker 0"]),
+        fault("generation.worker", recovery_s=9.0),  # a replaced worker, not a restore
+        fault("data_plane.storage", "interrupted", restored_step=8, recovery_s=1.0, path="warm"),
+    ]
+    assert restores_by_kind(warm) == {
+        "controller": {"median": 3.0, "max": 3.0, "n": 1},
+        "trainer.worker": {"median": 5.0, "max": 6.0, "n": 2},
+    }
+    assert engine_starts(warm, engines=2) == 1, "a warm restore starts only the engines it names"
+    full = [fault("trainer.worker", restored_step=2, path="full"), fault("controller", restored_step=4, path="full")]
+    assert engine_starts(full, engines=2) == 4, "a full rebuild starts every engine"
+    assert check_faults(warm, Shape(60, 1, ["trainer"]), ["trainer@5"]) == [], "interrupted: covered by the next"

@@ -38,6 +38,7 @@ class WeightSync:
     def __init__(self, trainers: Sequence[Any]) -> None:
         self.trainers = trainers
         self._held: dict[Any, int] = {}  # worker handle → the version it acknowledged last
+        self.epoch: int | None = None  # the fencing epoch each set_weights carries (sc_app.rl.fencing); None: none
 
     def held(self, worker: Any) -> int | None:
         """The version ``worker`` holds, as far as a push through this object knows (None: never pushed to)."""
@@ -54,7 +55,8 @@ class WeightSync:
         """Every trainer rank's ``get_weights``, then each worker's ``set_weights`` of rank 0's result; returns
         (the workers' calls, the other ranks' calls)."""
         refs = [t.get_weights.remote() for t in self.trainers]
-        return [w.set_weights.remote(refs[0], version) for w in workers], refs[1:]
+        fenced = () if self.epoch is None else (self.epoch,)
+        return [w.set_weights.remote(refs[0], version, *fenced) for w in workers], refs[1:]
 
     def push_blocking(
         self, workers: Sequence[Any], version: int, get: Callable[[list[Any]], Any] | None = None

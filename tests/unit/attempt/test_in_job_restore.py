@@ -1,5 +1,6 @@
-"""in_job_restore.drive_restoring over a fake job (pure logic): what it tears down, fences, plans and reports, in
-which order; when it ends the attempt instead (restores spent, a stop requested, the cluster no longer fits)."""
+"""in_job_restore.drive_restoring over a fake job (pure logic): the warm path (halt, re-plan, reset in place), the
+full path (tear down, re-plan, set up), the fallback from one to the other, what each fences and reports, in which
+order; one fault event per death (a death during a restore included); when it ends the attempt instead."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sc_app.attempt.in_job_restore import Death, drive_restoring
+from sc_app.attempt.in_job_restore import Death, Reset, ResetFailed, drive_restoring
 from sc_app.checkpoint import ResumePlan
 from sc_app.progress import FaultRecord, JobFailed, RunSummary
 
@@ -28,26 +29,33 @@ class FakeJob:
     """Drives fail ``deaths`` times (each after reaching ``reach``), then the job ends at step 10."""
 
     deaths: int = 1
-    start_fails: int = 0  # the first N rebuilds meet a death during setup
+    start_fails: int = 0  # the first N (re)builds meet a death during set-up
+    first_start_fails: bool = False
+    reset_fails: list[BaseException] = field(default_factory=list)  # what the next warm resets raise, in turn
     reach: int = 7
     bundle_step: int = 4
     missing: str | None = None
     stopping: bool = False
+    died_at: float | None = None
+    kinds: list[str] = field(default_factory=lambda: ["trainer.worker"])
     log: list[str] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
     setups: int = 0
     reached: int = 0
+    epoch: int = 1
 
     def start(self, plan: ResumePlan) -> tuple[Any, ResumePlan]:
         self.setups += 1
-        if self.setups > 1 and self.start_fails > 0:
-            self.start_fails -= 1
+        if (self.setups == 1 and self.first_start_fails) or (self.setups > 1 and self.start_fails > 0):
+            self.first_start_fails = False
+            self.start_fails = max(0, self.start_fails - (self.setups > 1))
             self.log.append("start failed")
-            raise JobFailed("trainer rank 0 died during setup")
+            raise JobFailed("a process of the job died while it was being set up (RayActorError: TrainerWorker)")
         self.log.append(f"start {plan.step}")
         return FakeSetup(self.setups, self.log), plan
 
     def drive(self, setup: FakeSetup) -> RunSummary:
+        self.log.append("drive")
         if self.deaths > 0:
             self.deaths -= 1
             self.reached = self.reach
@@ -55,13 +63,28 @@ class FakeJob:
         return RunSummary(final_step=10, weights_version=10)
 
     def what_died(self, setup: Any, exc: JobFailed) -> Death:
-        return Death("trainer.worker", "trainer rank 0", died_at=None)
+        kind = self.kinds.pop(0) if len(self.kinds) > 1 else self.kinds[0]
+        return Death(kind, f"{kind} 0", died_at=self.died_at)
 
     def missing_resources(self) -> str | None:
         return self.missing
 
-    def fence(self) -> None:
+    def fence(self) -> int:
         self.log.append("fence")
+        self.epoch += 1
+        return self.epoch
+
+    def halt(self, setup: Any) -> str:
+        self.log.append("halt")
+        return "generators"
+
+    def reset(self, setup: Any, plan: ResumePlan, halted: Any, epoch: int) -> tuple[Any, Reset]:
+        assert halted == "generators" and epoch == self.epoch
+        if self.reset_fails:
+            self.log.append("reset failed")
+            raise self.reset_fails.pop(0)
+        self.log.append(f"reset {plan.step} epoch {epoch}")
+        return setup, Reset(["trainer rank 0"], ["generation worker 0"], {"reload": 0.5}, refused=2, reached=8)
 
     def replan(self) -> ResumePlan:
         self.log.append("replan")
@@ -80,14 +103,75 @@ class FakeJob:
 FRESH = ResumePlan("fresh", "no bundle")
 
 
-def test_a_death_is_torn_down_fenced_replanned_and_reported_before_driving_on() -> None:
-    job = FakeJob()
+def test_a_warm_restore_fences_halts_replans_and_resets_in_place() -> None:
+    job = FakeJob(died_at=None)
     summary, plan = drive_restoring(job, FRESH, max_restores=3)
-    assert summary.final_step == 10 and plan.step == 4, "the plan of the rebuilt job is returned"
-    assert job.log == ["start 0", "teardown 1", "fence", "replan", "start 4"], "fence before any new setup"
+    assert summary.final_step == 10 and plan.step == 4, "the plan of the reset job is returned"
+    assert job.log == ["start 0", "drive", "fence", "halt", "replan", "reset 4 epoch 2", "drive"], (
+        "fenced before anything is reset; nothing torn down; the same setup driven on"
+    )
     (fault,) = job.faults
-    assert (fault.kind, fault.outcome, fault.restored_step, fault.step) == ("trainer.worker", "recovered", 4, 7)
-    assert fault.steps_redone == 3 and fault.prompts_lost == fault.prompts_duplicated == 0
+    assert (fault.kind, fault.outcome, fault.restored_step, fault.path) == ("trainer.worker", "recovered", 4, "warm")
+    assert fault.restarted == ("trainer rank 0",) and fault.reset == ("generation worker 0",)
+    assert fault.stale_refused == 2
+    assert fault.step == 8 and fault.steps_redone == 4, "the step the trainers reached counts (a dead controller)"
+    assert set(fault.phase_seconds) >= {"detection", "fencing", "reload"}
+
+
+def test_the_full_path_tears_down_fences_replans_and_sets_up() -> None:
+    job = FakeJob()
+    summary, plan = drive_restoring(job, FRESH, max_restores=3, warm=False)
+    assert summary.final_step == 10 and plan.step == 4
+    assert job.log == ["start 0", "drive", "fence", "teardown 1", "replan", "start 4", "drive"]
+    (fault,) = job.faults
+    assert (fault.path, fault.step, fault.steps_redone, fault.restarted) == ("full", 7, 3, ("every actor of the job",))
+
+
+@pytest.mark.parametrize(
+    "failure", [ResetFailed("trainer rank 1 did not answer within 300s"), ResetFailed("load failed: OSError")]
+)
+def test_a_failed_warm_reset_falls_back_to_the_full_rebuild(failure: BaseException) -> None:
+    job = FakeJob(reset_fails=[failure])
+    summary, plan = drive_restoring(job, FRESH, max_restores=3)
+    assert summary.final_step == 10 and plan.step == 4
+    assert job.log == ["start 0", "drive", "fence", "halt", "replan", "reset failed", "teardown 1", "start 4", "drive"]
+    (fault,) = job.faults
+    assert fault.outcome == "recovered" and fault.path.startswith("full (warm reset failed: ")
+    assert str(failure) in fault.path
+
+
+def test_a_full_rebuild_that_fails_other_than_by_a_death_ends_the_attempt() -> None:
+    class Broken(FakeJob):
+        def start(self, plan: ResumePlan) -> tuple[Any, ResumePlan]:
+            if self.setups:
+                raise RuntimeError("bundle unreadable")
+            return super().start(plan)
+
+    job = Broken(reset_fails=[ResetFailed("timeout")])
+    with pytest.raises(RuntimeError, match="bundle unreadable"):
+        drive_restoring(job, FRESH, max_restores=3)
+
+
+def test_a_death_during_a_warm_reset_is_a_death_of_its_own() -> None:
+    """Issue 31 C: one event per death with its kind, no nesting, each with its own recovery seconds."""
+    job = FakeJob(reset_fails=[JobFailed("generation worker 0 died")], kinds=["trainer.worker", "generation.worker"])
+    summary, _ = drive_restoring(job, FRESH, max_restores=3)
+    assert summary.final_step == 10
+    assert job.log.count("fence") == 2 and job.log[-2:] == ["reset 4 epoch 3", "drive"]
+    first, second = job.faults
+    assert (first.kind, first.outcome) == ("trainer.worker", "interrupted")
+    assert first.error == "trainer.worker 0 died; its restore met another death"
+    assert (second.kind, second.outcome, second.error) == ("generation.worker", "recovered", "generation.worker 0 died")
+    assert first.steps_redone == 0 and second.steps_redone == 4, "the steps to redo are counted once"
+
+
+def test_detection_is_the_time_since_the_recorded_death() -> None:
+    import time
+
+    job = FakeJob(died_at=time.time() - 2.0)
+    drive_restoring(job, FRESH, max_restores=3)
+    (fault,) = job.faults
+    assert 2.0 <= fault.detection_seconds < 30 and fault.phase_seconds["detection"] >= 2.0
 
 
 def test_restores_are_bounded_per_attempt() -> None:
@@ -95,7 +179,7 @@ def test_restores_are_bounded_per_attempt() -> None:
     with pytest.raises(JobFailed, match=r"after 2 in-job restores \(run.max_in_job_restores=2\)"):
         drive_restoring(job, FRESH, max_restores=2)
     assert len(job.faults) == 2 and job.log.count("fence") == 2
-    assert job.log[-1] == "teardown 3", "the last failed job is torn down too"
+    assert job.log[-1] == "teardown 1", "the last failed job is torn down before the attempt ends"
 
 
 def test_zero_restores_keeps_fail_stop() -> None:
@@ -105,12 +189,26 @@ def test_zero_restores_keeps_fail_stop() -> None:
     assert "fence" not in job.log and not job.faults
 
 
-def test_a_death_during_the_rebuild_counts_and_is_restored_again() -> None:
+def test_a_death_during_the_full_rebuild_counts_and_is_restored_again() -> None:
     job = FakeJob(start_fails=1)
-    summary, _ = drive_restoring(job, FRESH, max_restores=3)
+    summary, _ = drive_restoring(job, FRESH, max_restores=3, warm=False)
     assert summary.final_step == 10
-    assert job.log == ["start 0", "teardown 1", "fence", "replan", "start failed", "fence", "replan", "start 4"]
-    assert len(job.faults) == 1, "one fault: recovered once the rebuild stood"
+    assert job.log == [
+        *["start 0", "drive", "fence", "teardown 1", "replan", "start failed"],
+        *["fence", "replan", "start 4", "drive"],
+    ]
+    assert [f.outcome for f in job.faults] == ["interrupted", "recovered"], "one event per death"
+    assert job.faults[1].kind == "trainer.worker"
+
+
+def test_a_death_during_the_first_set_up_is_restored_like_any_other() -> None:
+    """Issue 31 B: not a traceback, not an unnamed exit 1 — restored in-job (counted), named in its event."""
+    job = FakeJob(first_start_fails=True, deaths=0)
+    summary, plan = drive_restoring(job, FRESH, max_restores=3)
+    assert summary.final_step == 10 and plan.step == 4
+    assert job.log == ["start failed", "fence", "replan", "start 4", "drive"], "no warm reset of a setup never built"
+    (fault,) = job.faults
+    assert fault.outcome == "recovered" and fault.path == "full"
 
 
 @pytest.mark.parametrize(
@@ -124,5 +222,5 @@ def test_no_restore_when_the_cluster_lost_room_or_a_stop_was_asked(change: dict[
     job = FakeJob(**change)
     with pytest.raises(JobFailed, match=line):
         drive_restoring(job, FRESH, max_restores=3)
-    assert job.log == ["start 0", "teardown 1"], "torn down, never fenced or rebuilt"
+    assert job.log == ["start 0", "drive", "teardown 1"], "torn down, never fenced or rebuilt"
     assert not job.faults

@@ -204,3 +204,55 @@ def test_a_replacement_that_cannot_be_placed_stops_the_run_instead_of_waiting_fo
     with pytest.raises(GenerationWorkerFailed, match=r"did not start within 0.05s .*'gpu_node': 1.0"):
         asyncio.run(sup.generate(0, [3]))
     assert len(killed) == 1, "the pending replacement is cancelled"
+
+
+def test_a_replacement_that_dies_as_it_starts_is_one_more_death_not_a_pump_failure() -> None:
+    """Issue 31 B: kill a generation worker, then its replacement as it starts — a fault event per death, replaced
+    again within the budget, never ``rollout pump failed``."""
+    workers = [Worker(dead=True)]
+    sup, seen = supervisor(workers, restarts=3)
+    starts = []
+
+    async def replace(index: int) -> int:
+        starts.append(index)
+        if len(starts) == 1:  # the first replacement dies during its setup
+            raise ray.exceptions.RayActorError()
+        workers[index] = Worker()
+        workers[index].weights.append(seen["version"])
+        return seen["version"]
+
+    sup._replace = replace  # type: ignore[method-assign]
+    assert asyncio.run(sup.generate(0, [4, 5])) is None
+    assert starts == [0, 0] and seen["given"] == [[4, 5]], "the prompts went back once"
+    first, second = seen["faults"]
+    assert first.outcome == second.outcome == "recovered" and "replacement died as it started" in first.error
+    assert first.rollouts_regenerated == 0 and second.rollouts_regenerated == 2 * 8
+    assert asyncio.run(sup.generate(0, [4, 5])) == "rollout of [4, 5] at 7"
+
+
+def test_a_replacement_dying_past_the_budget_stops_with_one_line() -> None:
+    workers = [Worker(dead=True)]
+    sup, seen = supervisor(workers, restarts=2)
+
+    async def always_dies(index: int) -> int:
+        raise ray.exceptions.RayActorError()
+
+    sup._replace = always_dies  # type: ignore[method-assign]
+    with pytest.raises(GenerationWorkerFailed, match=r"worker 0 died more than generation\.max_restarts=2"):
+        asyncio.run(sup.generate(0, [1]))
+    assert len(seen["faults"]) == 2, "each death of a replacement had its event"
+
+
+def test_a_rollout_of_another_epoch_is_refused_and_its_prompts_given_back() -> None:
+    """The controller side of fencing: a reply from before a warm reset (stamped with the old epoch) is never
+    committed."""
+    from sc_app.rl.backend import Rollout
+
+    class Stale(Worker):
+        def _generate(self, idxs: list[int], epoch: int | None = None) -> Any:  # type: ignore[override]
+            return Rollout({}, version=3, epoch=1)
+
+    sup, seen = supervisor([Stale()])
+    sup.epoch = 2
+    assert asyncio.run(sup.generate(0, [8, 9])) is None
+    assert sup.refused == 1 and seen["given"] == [[8, 9]] and not seen["faults"]

@@ -1,0 +1,170 @@
+"""``ClusterJob``: ``in_job_restore.RestorableJob`` on this process's Ray — set up, drive (watching the job's
+actors), name a death, fence through the lease keeper, halt and reset in place (``warm_reset``), plan again as the
+lease holder."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from sc_app.attempt import cluster_fit
+from sc_app.attempt.actor_watch import (
+    CONTROLLER,
+    NODE,
+    STORAGE,
+    TQ_CONTROLLER,
+    ActorsDied,
+    DeadActor,
+    JobActors,
+    is_actor_death,
+    kind_of_error,
+    live_node_resources,
+)
+from sc_app.attempt.in_job_restore import Reset, ResetFailed
+from sc_app.attempt.poll import drive
+from sc_app.attempt.restore_policy import Death
+from sc_app.attempt.warm_reset import JobIdentity, WarmReset, actors_died_during_reset, halt_controller
+from sc_app.checkpoint import ResumePlan
+from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
+from sc_app.waits import Bound, ProcessHung, bounded
+
+if TYPE_CHECKING:
+    from sc_app.attempt.setup import Setup
+
+log = logging.getLogger(__name__)
+
+NODE_DEATH_WAIT_S = 30.0  # how long an in-job restore waits to learn which of the job's actors died, and where
+DRAIN_TIMEOUT_S = 10.0  # how long a halted controller may take to hand over the progress the driver had not polled
+
+
+class ClusterJob:
+    """The attempt's job on Ray (the module docstring). ``attempt``: ``run.Attempt`` (not imported: ``run``
+    imports this module); ``start``: ``run.start_controller``."""
+
+    def __init__(
+        self,
+        attempt: Any,
+        stop_requested: Callable[[], bool],
+        start: Callable[[Any, ResumePlan], tuple[Setup, ResumePlan]],
+    ) -> None:
+        self.attempt, self.stop_requested, self._start = attempt, stop_requested, start
+        self._step = 0
+        self._seen = 0  # progress records of the driven controller handed on
+        self._epoch = 0  # the fencing epoch without a lease (checkpoint.enabled=false)
+        self._watch: JobActors | None = None  # the driven setup's actors (None while a setup is being built)
+        self.plan: ResumePlan | None = None  # the plan of the newest set-up started
+
+    def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
+        """Set up from ``plan``; each wait ends on a stop (StopCut) or past run.setup_timeout_s (ProcessHung)."""
+        self._watch, self.plan = None, plan
+        limit = self.attempt.cfg.run.setup_timeout_s
+        with bounded(Bound.within(limit, self.stop_requested, why=f"set-up past run.setup_timeout_s={limit:g}s")):
+            setup, plan = self._start(self.attempt, plan)
+        self._step = plan.step if plan.decision == "resume" else 0
+        self.plan = plan
+        return setup, plan
+
+    def drive(self, setup: Setup) -> RunSummary:
+        assert setup.policy is not None
+        self._watch = JobActors.of(setup.policy.trainers, setup.actor)
+        self._seen = 0
+        return drive(
+            setup.actor,
+            emergency_budget_s=self.attempt.cfg.checkpoint.emergency_budget_s,
+            on_progress=self._progress,
+            stop_requested=self.stop_requested,
+            watch=self._watch.check,
+            hang_s=self.attempt.cfg.run.hang_timeout_s,
+        )
+
+    def _progress(self, record: ProgressRecord) -> None:
+        self._seen += 1
+        if isinstance(record, StepRecord):
+            self._step = max(self._step, record.step)
+        self.attempt.calls.on_progress(record)
+
+    def what_died(self, setup: Setup, exc: JobFailed) -> Death:
+        """From the driven setup's watch; a death while a setup was being built (no watch) is named by its error:
+        the actor class Ray's error names gives its kind; a hung process by its ``ProcessHung`` (it is alive: no
+        death to wait for)."""
+        if isinstance(exc, ProcessHung):
+            return Death(exc.kind, exc.names, exc.since)
+        if not isinstance(exc, ActorsDied) and self._watch is not None:
+            # the death surfaced as an error first; the GCS records it at once for a dead process, only after its
+            # health check for a lost node (Ray's default: about 15 s) — and the fit check needs the node gone
+            dead = self._watch.wait_dead(NODE_DEATH_WAIT_S)
+            exc = ActorsDied(dead) if dead else exc
+        if isinstance(exc, ActorsDied):
+            if any(d.kind == CONTROLLER for d in exc.dead):
+                self._steps_of_dead_controller(setup)
+            known = [d.died_at for d in exc.dead if d.died_at is not None]
+            names = ", ".join(d.name for d in exc.dead) + (" (their node is gone)" if exc.kind == NODE else "")
+            return Death(exc.kind, names, min(known) if known else None)
+        return Death(kind_of_error(str(exc)) or CONTROLLER, "a process of the job", line=str(exc))
+
+    def _steps_of_dead_controller(self, setup: Setup) -> None:
+        """A dead controller takes the steps it trained since the driver's last poll with it; trainer rank 0 kept
+        a copy of each step record: they reach the run log, and the steps to redo are counted (issue 31 C)."""
+        try:
+            assert setup.policy is not None
+            kept = ray.get(setup.policy.trainers[0].kept_progress.remote(self._step), timeout=DRAIN_TIMEOUT_S)
+        except Exception:  # rank 0 dead too, or busy: the driver's own count stands
+            log.info("could not collect the dead controller's last steps from trainer rank 0", exc_info=True)
+            return
+        for record in kept:
+            self._progress(record)
+
+    def missing_resources(self) -> str | None:
+        return cluster_fit.unfit_line(cluster_fit.job_demands(self.attempt.cfg), live_node_resources())
+
+    def fence(self) -> int:
+        if self.attempt.keeper is not None:
+            self.attempt.lease = self.attempt.keeper.advance()
+            return self.attempt.lease.fencing_epoch
+        self._epoch += 1
+        return self._epoch
+
+    def halt(self, setup: Setup) -> list[Any] | None:
+        """Stop the controller's run in place and collect the progress the driver had not polled yet (so a step
+        trained just before the death still reaches the run log); its generation workers, None when it is dead."""
+        generators = halt_controller(setup.actor, self.attempt.cfg.run.reset_timeout_s)
+        if generators is not None:
+            try:
+                for record in ray.get(setup.actor.progress.remote(self._seen), timeout=DRAIN_TIMEOUT_S):
+                    self._progress(record)
+            except Exception:  # progress is a report: a restore does not wait on it
+                log.warning("could not collect the halted controller's last progress", exc_info=True)
+        return generators
+
+    def reset(self, setup: Setup, plan: ResumePlan, halted: Any, epoch: int) -> tuple[Setup, Reset]:
+        attempt = self.attempt
+        who = JobIdentity(attempt.run_id, attempt.lease, attempt.rules.lineage, attempt.dataset)
+        warm = WarmReset(attempt.cfg, who, epoch, attempt.cfg.run.reset_timeout_s)
+        dead = self._watch.dead() if self._watch is not None else [DeadActor(STORAGE, "unknown", "", False, None)]
+        keep = not any(d.kind in (STORAGE, TQ_CONTROLLER) for d in dead)  # a lost node's survivors elsewhere stay
+        try:
+            setup, report = warm.run(setup, plan, halted, keep_data_plane=keep)
+        except (ResetFailed, JobFailed):
+            raise
+        except Exception as exc:
+            if is_actor_death(exc):  # another death while resetting: named by the GCS
+                log.warning("a process died during the warm reset: %s", str(exc).splitlines()[0][:300])
+                self._watch = None  # it names the old job's actors (the dead ones replaced already)
+                died = actors_died_during_reset(setup, controller_was_dead=halted is None)
+                raise died or JobFailed(f"a process of the job died during a warm restore ({exc})") from None
+            raise ResetFailed(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from exc
+        self._watch = None
+        self._step = plan.step if plan.decision == "resume" else 0
+        return setup, report
+
+    def replan(self) -> ResumePlan:
+        return self.attempt.plan("restore")
+
+    def step_reached(self) -> int:
+        return self._step
+
+    def on_fault(self, record: FaultRecord) -> None:
+        self.attempt.calls.on_progress(record)
