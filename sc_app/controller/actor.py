@@ -144,12 +144,8 @@ class SingleControllerActor:
         the bundle cannot be resumed: the driver then falls back to an older bundle."""
         cfg = self.cfg
         self.client = self.recovery.with_retries(self._connect(cfg))  # failed data-plane calls retried in-job
-        self.buffer = TQReplayBuffer(
-            self.client,
-            self.barrier,
-            partition=cfg.data_plane.partition,
-            group_size=cfg.grpo.group_size,
-        )
+        dp = cfg.data_plane
+        self.buffer = TQReplayBuffer(self.client, self.barrier, partition=dp.partition, group_size=cfg.grpo.group_size)
         self.saves = SaveCoordinator(
             cfg,
             self.args,
