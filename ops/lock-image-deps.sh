@@ -15,6 +15,8 @@
 # what is new without moving what is locked (LOCK_UNPIN="a b" frees those names); 0 re-resolves everything at the
 # newest versions pyproject allows. vllm 0.32 caps numpy < 2.4 (mistral-common): this lock was made with
 # LOCK_UNPIN=numpy LOCK_ALLOW_DOWNGRADE=1, which moved numpy 2.4.6 -> 2.3.x and nothing else.
+# boto3 (checkpoint.remote) came with botocore, which caps python-dateutil < 3: added with
+# LOCK_UNPIN=python-dateutil LOCK_ALLOW_DOWNGRADE=1 (4.0.0 -> 2.9.0.post0, tzdata no longer needed).
 #
 # Resolution ignores this host's pip configuration (--isolated): a local CPU-only index or find-links dir would
 # hand pip a torch+cpu wheel and no CUDA wheels at all. Index: LOCK_INDEX_URL (default PyPI); needs pip >= 23;
