@@ -9,20 +9,15 @@ Invariants:
   try shut down first; Ray 2.60 waits a fixed 30 s for the raylet inside ``ray.init`` (``_private/node.py``), so
   the retry gives it a second, later window — the whole start may take twice that plus the pause;
 * any other failure of ``ray.init``, or the second timeout, is one line (``RayStartFailed``, exit 1: a rerun on a
-  less loaded node may succeed); Ray's traceback goes to the debug log, never to the terminal;
-* ``ray.init`` mostly waits on the processes it starts: ``import_in_background`` loads what set-up needs next
-  (torch, tensordict, the workers' code: seconds of CPU) on another thread meanwhile; those imports add no module
-  of Ray's (all loaded before), so the thread never imports one at the same time as ``ray.init`` does.
+  less loaded node may succeed); Ray's traceback goes to the debug log, never to the terminal.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,21 +106,3 @@ def _quietly(cleanup: Callable[[], None]) -> None:
         cleanup()
     except Exception:  # what the failed start left may not shut down cleanly either; the retry starts afresh
         log.debug("ray.shutdown after a failed start failed", exc_info=True)
-
-
-def import_in_background(*modules: str) -> threading.Thread:
-    """Start importing ``modules`` on a daemon thread, so their imports overlap what this thread waits on next.
-
-    Whoever imports one of them later waits for its import to finish (Python's per-module import lock) and gets the
-    module; an import that failed here is simply tried again there, where its error is raised."""
-
-    def load() -> None:
-        for module in modules:
-            try:
-                importlib.import_module(module)
-            except BaseException:  # raised again where it is needed
-                log.debug("background import of %s failed", module, exc_info=True)
-
-    thread = threading.Thread(target=load, name=f"import {', '.join(modules)}", daemon=True)
-    thread.start()
-    return thread

@@ -38,13 +38,10 @@ from sc_app.progress import ProgressRecord, RunSummary
 from sc_app.rl import hooks
 from sc_app.waits import StopCut
 
-if TYPE_CHECKING:  # the set-up's modules load torch, tensordict and the workers' code: imported while Ray starts
+if TYPE_CHECKING:  # the set-up's modules load torch, tensordict and the workers' code: imported once Ray is up
     from sc_app.attempt.setup import Setup
 
 log = logging.getLogger(__name__)
-SETUP_MODULES = ("sc_app.attempt.setup", "transfer_queue")  # what set-up imports: torch, tensordict, workers' code
-
-
 
 
 class CheckpointDirUnusable(RuntimeError):
@@ -209,7 +206,7 @@ def start_controller(attempt: Attempt, plan: ResumePlan) -> tuple[Setup, ResumeP
     """``setup_single_controller`` for ``plan``; a bundle that verified but cannot be restored is handled like one
     that failed verification: with ``on_corrupt=fallback`` it is moved aside (only when an older bundle verifies)
     and the next one is tried, in this process; otherwise the run is refused and nothing is moved."""
-    from sc_app.attempt.setup import setup_single_controller  # loaded while Ray started (_train): no wait left
+    from sc_app.attempt.setup import setup_single_controller  # heavy: imported only once Ray is up
 
     unrestorable: dict[str, str] = {}
     while True:
@@ -312,16 +309,14 @@ def _recorded_lineage(plan: ResumePlan) -> str | None:
 def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool]) -> RunResult:
     """Ray up, the controller set up (falling back past bundles that cannot be restored), driven to its end."""
     cfg = attempt.cfg
-    loading = ray_start.import_in_background(*SETUP_MODULES)  # they load while Ray starts (ray.init mostly waits)
     try:
         owns_ray = init_ray(cfg, stop_requested)
     except BaseException as exc:  # ray.init's SIGTERM handler before ours is back; a stop during a retry
-        loading.join()  # never leave with an import half done: its locks would be held while the process exits
         if not isinstance(exc, StopCut) and (not isinstance(exc, SystemExit) or exc.code != signal.SIGTERM):
             raise
         return attempt.nothing_trained(plan, "stopped")  # ray.init's own SIGTERM handler: a stop like any other
     attempt.calls.on_ray_ready()  # e.g. (re)install signal handlers: ray.init replaces SIGTERM's
-    from sc_app.attempt.cluster_job import ClusterJob  # with the set-up's modules, loaded while Ray started
+    from sc_app.attempt.cluster_job import ClusterJob  # torch and the workers' code: only once Ray is up
 
     job = ClusterJob(attempt, stop_requested, start_controller)
     try:
