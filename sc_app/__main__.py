@@ -1,3 +1,3 @@
-from sc_app.cli import main
+from sc_app.cli import script
 
-raise SystemExit(main())
+script()

@@ -69,7 +69,16 @@ def local_ray() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         pytest.fail("Ray is already initialised in this process; in-process tests share the local_ray fixture")
-    ray.init(address="local", num_cpus=8, include_dashboard=False, namespace="sc_app_test", log_to_driver=False)
+    from sc_app.attempt.ray_start import job_runtime_env
+
+    ray.init(
+        address="local",
+        num_cpus=8,
+        include_dashboard=False,
+        namespace="sc_app_test",
+        log_to_driver=False,
+        runtime_env=job_runtime_env({}),  # TransferQueue's actors start as the job's do
+    )
     try:
         yield ray
     finally:
