@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from sc_app.attempt import cluster_fit
+from sc_app.attempt import cluster_fit, restore_scope
 from sc_app.attempt.actor_watch import (
     CONTROLLER,
     NODE,
-    STORAGE,
-    TQ_CONTROLLER,
     ActorsDied,
     DeadActor,
     JobActors,
@@ -26,6 +24,7 @@ from sc_app.attempt.actor_watch import (
 from sc_app.attempt.in_job_restore import Reset, ResetFailed
 from sc_app.attempt.poll import drive
 from sc_app.attempt.restore_policy import Death
+from sc_app.attempt.restore_scope import unfound_line
 from sc_app.attempt.warm_reset import JobIdentity, WarmReset, actors_died_during_reset, halt_controller
 from sc_app.checkpoint import ResumePlan
 from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
@@ -38,6 +37,7 @@ log = logging.getLogger(__name__)
 
 NODE_DEATH_WAIT_S = 30.0  # how long an in-job restore waits to learn which of the job's actors died, and where
 DRAIN_TIMEOUT_S = 10.0  # how long a halted controller may take to hand over the progress the driver had not polled
+PROBE_S = 10.0  # after a hang, how long each process has to answer the probe (at most run.hang_timeout_s)
 
 
 class ClusterJob:
@@ -56,6 +56,8 @@ class ClusterJob:
         self._epoch = 0  # the fencing epoch without a lease (checkpoint.enabled=false)
         self._watch: JobActors | None = None  # the driven setup's actors (None while a setup is being built)
         self.plan: ResumePlan | None = None  # the plan of the newest set-up started
+        self._hung: list[DeadActor] = []  # the driven setup's processes killed as hung (what_died), dead from then on
+        self._unfound: str | None = None  # a hang the probe found no process of: the full rebuild runs (halt)
 
     def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
         """Set up from ``plan``; each wait ends on a stop (StopCut) or past run.setup_timeout_s (ProcessHung)."""
@@ -69,8 +71,8 @@ class ClusterJob:
 
     def drive(self, setup: Setup) -> RunSummary:
         assert setup.policy is not None
-        self._watch = JobActors.of(setup.policy.trainers, setup.actor)
-        self._seen = 0
+        self._watch = JobActors.of(setup.policy.trainers, setup.actor, setup.policy.generators)
+        self._seen, self._hung, self._unfound = 0, [], None
         return drive(
             setup.actor,
             emergency_budget_s=self.attempt.cfg.checkpoint.emergency_budget_s,
@@ -88,10 +90,9 @@ class ClusterJob:
 
     def what_died(self, setup: Setup, exc: JobFailed) -> Death:
         """From the driven setup's watch; a death while a setup was being built (no watch) is named by its error:
-        the actor class Ray's error names gives its kind; a hung process by its ``ProcessHung`` (it is alive: no
-        death to wait for)."""
+        the actor class Ray's error names gives its kind; a hung process is found and killed (``_kill_hung``)."""
         if isinstance(exc, ProcessHung):
-            return Death(exc.kind, exc.names, exc.since)
+            return self._kill_hung(setup, exc)
         if not isinstance(exc, ActorsDied) and self._watch is not None:
             # the death surfaced as an error first; the GCS records it at once for a dead process, only after its
             # health check for a lost node (Ray's default: about 15 s) — and the fit check needs the node gone
@@ -104,6 +105,24 @@ class ClusterJob:
             names = ", ".join(d.name for d in exc.dead) + (" (their node is gone)" if exc.kind == NODE else "")
             return Death(exc.kind, names, min(known) if known else None)
         return Death(kind_of_error(str(exc)) or CONTROLLER, "a process of the job", line=str(exc))
+
+    def _kill_hung(self, setup: Setup, exc: ProcessHung) -> Death:
+        """The processes of the driven job that do not answer the probe (``restore_scope.hung``), killed: from here
+        on they are dead ones, restarted by the warm reset while the rest are reset in place. A hung controller is
+        a dead controller (its last steps from trainer rank 0). None found: the full rebuild runs (``halt``)."""
+        if self._watch is None:  # hung while a setup was being built: the full rebuild kills what it started
+            return Death(exc.kind, exc.names, exc.since)
+        seconds = min(PROBE_S, self.attempt.cfg.run.hang_timeout_s)
+        silent = restore_scope.hung(self._watch.actors, self._watch.probe(seconds), exc.kind)
+        self._hung = self._watch.kill_hung(silent, exc.since)
+        if not self._hung:
+            self._unfound = unfound_line(seconds)
+            log.warning("%s: %s", exc, self._unfound)
+            return Death(exc.kind, exc.names, exc.since)
+        if any(d.kind == CONTROLLER for d in self._hung):
+            self._steps_of_dead_controller(setup)
+        names = ", ".join(d.name for d in self._hung)
+        return Death(exc.kind, names, exc.since, line=f"{names} hung ({exc}; no answer within {seconds:g}s): killed")
 
     def _steps_of_dead_controller(self, setup: Setup) -> None:
         """A dead controller takes the steps it trained since the driver's last poll with it; trainer rank 0 kept
@@ -129,7 +148,12 @@ class ClusterJob:
 
     def halt(self, setup: Setup) -> list[Any] | None:
         """Stop the controller's run in place and collect the progress the driver had not polled yet (so a step
-        trained just before the death still reaches the run log); its generation workers, None when it is dead."""
+        trained just before the death still reaches the run log); its generation workers, None when it is dead or
+        was killed as hung (no wait on it). A hang that named no process: ``ResetFailed``, the full rebuild runs."""
+        if self._unfound is not None:
+            raise ResetFailed(self._unfound)
+        if any(d.kind == CONTROLLER for d in self._hung):
+            return None
         generators = halt_controller(setup.actor, self.attempt.cfg.run.reset_timeout_s)
         if generators is not None:
             try:
@@ -142,9 +166,10 @@ class ClusterJob:
     def reset(self, setup: Setup, plan: ResumePlan, halted: Any, epoch: int) -> tuple[Setup, Reset]:
         attempt = self.attempt
         who = JobIdentity(attempt.run_id, attempt.lease, attempt.rules.lineage, attempt.dataset)
-        warm = WarmReset(attempt.cfg, who, epoch, attempt.cfg.run.reset_timeout_s)
-        dead = self._watch.dead() if self._watch is not None else [DeadActor(STORAGE, "unknown", "", False, None)]
-        keep = not any(d.kind in (STORAGE, TQ_CONTROLLER) for d in dead)  # a lost node's survivors elsewhere stay
+        gone = frozenset(d.actor_id for d in self._gone())
+        warm = WarmReset(attempt.cfg, who, epoch, attempt.cfg.run.reset_timeout_s, gone=gone)
+        # a lost node's survivors elsewhere stay; no watch (a death before the drive): the data plane is rebuilt
+        keep = self._watch is not None and restore_scope.scope(self._watch.actors, gone).keep_data_plane
         try:
             setup, report = warm.run(setup, plan, halted, keep_data_plane=keep)
         except (ResetFailed, JobFailed):
@@ -156,9 +181,16 @@ class ClusterJob:
                 died = actors_died_during_reset(setup, controller_was_dead=halted is None)
                 raise died or JobFailed(f"a process of the job died during a warm restore ({exc})") from None
             raise ResetFailed(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from exc
-        self._watch = None
+        self._watch, self._hung = None, []
         self._step = plan.step if plan.decision == "resume" else 0
         return setup, report
+
+    def _gone(self) -> list[DeadActor]:
+        """The driven setup's dead processes: those killed as hung, and those the GCS lists as dead."""
+        if self._watch is None:
+            return list(self._hung)
+        killed = {d.actor_id for d in self._hung}
+        return [*self._hung, *(d for d in self._watch.dead() if d.actor_id not in killed)]
 
     def replan(self) -> ResumePlan:
         return self.attempt.plan("restore")

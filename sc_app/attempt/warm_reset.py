@@ -3,6 +3,8 @@
 After a death the job rolls back to the newest verified bundle exactly as a full rebuild would (the lease moved one
 epoch on, the dead job's unfinished save quarantined by the re-plan), but the processes that live are kept:
 
+* a hung process (alive, answering nothing) was killed before (``restore_scope``): it is a dead one here, started
+  again like one, never waited on;
 * the controller actor, when alive, was halted (``SingleControllerActor.halt``) before the re-plan; here it is
   ``reset`` from the bundle's arguments in place (a dead one is started again);
 * every live trainer rank is ``reset`` to the new epoch and reads the bundle into its existing model (``load``);
@@ -139,8 +141,12 @@ def halt_controller(actor: Any, timeout_s: float) -> list[Any] | None:
 class WarmReset:
     """One warm reset of ``setup`` (the module docstring); ``run`` returns the reset setup and its report."""
 
-    def __init__(self, cfg: AppConfig, who: JobIdentity, epoch: int, timeout_s: float) -> None:
-        self.cfg, self.who, self.epoch, self.timeout_s = cfg, who, epoch, timeout_s
+    def __init__(
+        self, cfg: AppConfig, who: JobIdentity, epoch: int, timeout_s: float, gone: frozenset[str] = frozenset()
+    ) -> None:
+        """``gone``: ids of actors to treat as dead whatever the GCS says yet (killed as hung: ``ray.kill`` is
+        asynchronous)."""
+        self.cfg, self.who, self.epoch, self.timeout_s, self.gone = cfg, who, epoch, timeout_s, gone
         self.report = Reset()
         self._t = time.perf_counter()
 
@@ -219,7 +225,7 @@ class WarmReset:
         """Replace dead ranks, reset (or, when the group must form again, rejoin) live ones; returns the calls."""
         cfg_json, world = self.cfg.model_dump_json(), self.cfg.trainer.num_workers
         tcfg = self.cfg.trainer
-        dead = dead_actors(policy.trainers)
+        dead = self._dead(policy.trainers)
         for rank in sorted(dead):
             policy.trainers[rank] = TrainerWorker.options(
                 num_cpus=tcfg.num_cpus, num_gpus=tcfg.num_gpus, resources=tcfg.resources or None
@@ -239,11 +245,15 @@ class WarmReset:
                 calls.append(worker.rejoin.remote(addr, port, self.epoch))
         return calls
 
+    def _dead(self, handles: list[Any]) -> set[int]:
+        """Positions of the dead actors in ``handles``: the GCS's, and those killed as hung."""
+        return dead_actors(handles) | {i for i, h in enumerate(handles) if _hex(h) in self.gone}
+
     def _generators(self, policy: TQPolicy) -> list[Any]:
         """Replace dead engines (started and set up, like a first start), reset the live ones in place."""
         gcfg, cfg_json = self.cfg.generation, self.cfg.model_dump_json()
         dataset = self.who.dataset.sha256 if self.who.dataset else None
-        dead = dead_actors(policy.generators)
+        dead = self._dead(policy.generators)
         calls = []
         for i, worker in enumerate(policy.generators):
             if i in dead:

@@ -174,6 +174,12 @@ class TrainerWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    @ray.method(concurrency_group="control")
+    def alive(self) -> int:
+        """The driver's probe for a hung process (``JobActors.probe``): answered on the "control" thread, so a rank
+        whose step waits on another process still answers; a stopped or frozen rank does not."""
+        return os.getpid()
+
     def keep_progress(self, record: Any) -> None:
         """The controller's step record, kept here (the last ``KEPT_RECORDS``) for the driver should the controller
         die before the driver polled it."""

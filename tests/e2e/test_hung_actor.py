@@ -5,14 +5,16 @@ the driver's heartbeats do (``sc_app.attempt.poll.Heartbeat``). In turn, each on
 before and trained on:
 
 * a trainer rank, then a TransferQueue storage unit: the controller waits on them, no step is reported for
-  ``run.hang_timeout_s`` → one ``fault hang`` line and event, an in-job restore (the stopped process is killed with
-  the job: ``ray.kill`` ends a stopped process too), training goes on from the newest bundle;
+  ``run.hang_timeout_s`` → one ``fault hang`` line and event, the processes that do not answer a probe are killed
+  (``ray.kill`` ends a stopped process too) and the warm in-job restore (the default) starts only them again — the
+  whole data plane for a unit — and resets the rest in place, their PIDs kept; training goes on from the newest
+  bundle;
 * the controller actor, then SIGTERM to the driver (the issue's example: the driver used to block in ``ray.get``
   forever): the stop is looked at every poll, the emergency budget bounds it, the run exits 1
   (``EmergencyTimeout``, docs/recovery.md) within the budget, naming the hung controller, and the newest bundle
   verifies. The frozen seconds are never training in the goodput ledger: no step line holds them.
 
-Its own run (not the shared four-kills run): each hang costs ``run.hang_timeout_s`` plus a rebuild, and this run
+Its own run (not the shared four-kills run): each hang costs ``run.hang_timeout_s`` plus a warm restore, and this run
 must end on SIGTERM with exit 1 where the shared runs end at max_steps with exit 0.
 """
 
@@ -42,25 +44,37 @@ def trains_in(trace: Path, start: int) -> int:
     return sum(e["ev"] == "train" for e in parts[start]) if len(parts) > start else 0
 
 
-def stop_one(sid: int, actor: str) -> None:
+ACTORS = ["SingleControllerActor", "GenerationWorker", "TrainerWorker", "SimpleStorageUnit", "TransferQueueController"]
+RESTARTED = {  # the stopped actor's class → what a warm restore starts again (TransferQueue: all or nothing)
+    "TrainerWorker": {"TrainerWorker"},
+    "SimpleStorageUnit": {"SimpleStorageUnit", "TransferQueueController"},
+}
+
+
+def pids_of(sid: int) -> dict[str, list[int]]:
+    return {actor: sorted(actor_pids(sid, actor)) for actor in ACTORS}
+
+
+def stop_one(sid: int, actor: str) -> int:
     pids = actor_pids(sid, actor)
     assert pids, f"no {actor} process"
     os.kill(pids[0], signal.SIGSTOP)
+    return pids[0]
 
 
 def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
     ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
     extra = ["--set", f"run.hang_timeout_s={HANG_S:g}", "--set", f"checkpoint.emergency_budget_s={BUDGET_S:g}"]
-    # the full rebuild: a warm reset asks the stopped (alive) process to reset too and waits run.reset_timeout_s
-    # (300 s) before it falls back, which put this run past pytest's 900 s on a fresh clone (open: kill the hung
-    # process first, then reset the rest warm)
-    extra += ["--set", "run.in_job_restore=full"]
-    proc = start_logged(*run_args(ckpt, trace, 100_000, *extra), log=log)
+    proc = start_logged(*run_args(ckpt, trace, 100_000, *extra), log=log)  # run.in_job_restore: warm (default)
+    stopped_pids: list[tuple[str, int, dict[str, list[int]]]] = []  # (class, the stopped PID, the PIDs just before)
+    after: list[dict[str, list[int]]] = []  # the PIDs once the job trained 3 steps after each restore
     try:
         for n, actor in enumerate(["TrainerWorker", "SimpleStorageUnit"]):
             wait_for(lambda n=n: trains_in(trace, n) >= 3, 600, f"3 steps before stopping {actor}", proc, log=log)
-            stop_one(proc.pid, actor)
+            after.append(before := pids_of(proc.pid))
+            stopped_pids.append((actor, stop_one(proc.pid, actor), before))
         wait_for(lambda: trains_in(trace, 2) >= 3, 600, "3 steps after the second restore", proc, log=log)
+        after.append(pids_of(proc.pid))
         stop_one(proc.pid, "SingleControllerActor")
         time.sleep(2)
         os.kill(proc.pid, signal.SIGTERM)
@@ -81,6 +95,20 @@ def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
     faults = list(read_history(ckpt / "logs").events_named("fault"))
     assert [f.data["fault"] for f in faults] == ["hang", "hang"], out[-3000:]
     assert all(f.data["outcome"] == "recovered" and f.data["detection_s"] >= HANG_S for f in faults)
+    # warm: the stopped process killed and started again like a dead one, every other process kept (by PID)
+    assert [f.data["path"] for f in faults] == ["warm", "warm"], [f.data["path"] for f in faults]
+    for (actor, victim, before), now in zip(stopped_pids, after[1:], strict=True):
+        assert victim not in now[actor], f"the stopped {actor} ({victim}) is still there: {now[actor]}"
+        for other in ACTORS:
+            changed = before[other] != now[other]
+            assert changed == (other in RESTARTED[actor]), (
+                f"after {actor} hung, {other} {'restarted' if changed else 'kept'}: {before[other]} -> {now[other]}"
+            )
+    trainer, storage = (f.data for f in faults)
+    assert [r for r in trainer["restarted"] if r.startswith("trainer rank")] == trainer["restarted"], trainer
+    assert "hung" in trainer["error"] and "killed" in trainer["error"], trainer["error"]
+    assert [r for r in storage["restarted"] if r.startswith("TransferQueue")], storage
+    assert {"the controller actor", "generation worker 0"} <= set(trainer["reset"]) & set(storage["reset"])
     assert out.count("fault hang: recovered") == 2, out[-3000:]
     starts = [e for e in read_trace(trace) if e["ev"] == "start"]
     assert [s["step"] for s in starts] == [0] + [f.data["restored_step"] for f in faults]

@@ -31,6 +31,7 @@ PURE = [
     "sc_app.attempt.cluster_fit",
     "sc_app.attempt.in_job_restore",
     "sc_app.attempt.restore_policy",
+    "sc_app.attempt.restore_scope",
     "sc_app.io.background",
     "sc_app.data_plane.replay_buffer",
     "sc_app.checkpoint",  # the package: layout, manifest, verify, resume, retention, writer, quarantine
