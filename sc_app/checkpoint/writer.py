@@ -136,6 +136,12 @@ class BundleWriter:
         missing = [e for e in layout.REQUIRED_ENTRIES if not (self.tmp / e).exists()]
         if missing:
             raise FileNotFoundError(f"{self.tmp}: bundle incomplete, missing {', '.join(missing)}")
+        elsewhere = sorted(set(prehashed) - set(files))
+        if elsewhere:  # a writer wrote it, but not here: checkpoint.dir is not one directory for every writer
+            raise FileNotFoundError(
+                f"{self.tmp}: bundle incomplete, {len(elsewhere)} file(s) its writers wrote are not in it (first: "
+                f"{elsewhere[0]}); every bundle writer (trainer ranks, storage units) must see this directory: a "
+                "volume shared by their nodes (docs/object-storage.md \"Without a shared volume\")")
         doc = {**record, "step": self.step, "hash_alg": self.hash_alg, "files": dict(sorted(files.items()))}
         fault_point("save.manifest")
         write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))

@@ -75,6 +75,7 @@ def submit(kube: Kube, release: Release) -> list[str]:
         )
     live: dict[str, dict[str, Any] | None] = {}
     notes = _check_claims(kube, [o for _, o in companions if o["kind"] == "PersistentVolumeClaim"])
+    notes += _check_per_pod_claims(kube, job)
     made = {o["metadata"]["name"] for _, o in companions if o["kind"] == "Secret"}
     _check_secrets(kube, job, made)
     for res, obj in companions:
@@ -122,6 +123,27 @@ def _check_claims(kube: Kube, claims: list[dict[str, Any]]) -> list[str]:
             notes.append(f"note: StorageClass {name} not checked ({exc}); `sc-app k8s status` shows a Pending claim")
             continue
         problem = storage.class_problem(claim, found)
+        if problem:
+            raise K8sError(problem)
+    return notes
+
+
+def _check_per_pod_claims(kube: Kube, job: dict[str, Any]) -> list[str]:
+    """Refuse a per-pod claim template (checkpoint.volume=local, medium=ephemeral) whose StorageClass does not exist:
+    every pod would stay Pending. Same notes as ``_check_claims`` when classes cannot be read."""
+    notes: list[str] = []
+    for name in sorted({str((t.get("spec") or {}).get("storageClassName") or "")
+                        for t in storage.per_pod_claims(job)} - {""}):
+        try:
+            found = kube.get(kube.resource("storage.k8s.io/v1", "StorageClass"), name)
+        except K8sError as exc:
+            if exc.transient:
+                raise
+            notes.append(f"note: StorageClass {name} not checked ({exc}); `sc-app k8s status` shows Pending pods")
+            continue
+        problem = storage.class_problem({"spec": {"storageClassName": name, "accessModes": ["ReadWriteOnce"]}},
+                                        found, what="each pod's checkpoint claim",
+                                        field="checkpoint.local.storageClassName")
         if problem:
             raise K8sError(problem)
     return notes
@@ -223,6 +245,9 @@ def delete(kube: Kube, release: Release, *, timeout: float, poll: float = 2.0) -
     for item in reversed(items):
         out.lines.extend(_delete_item(kube, item, release.name))
     claims = _claims(job, release)
+    if not claims and storage.checkpoint_is_local(job or release.ray_object):
+        out.lines.append("no checkpoint PVC (checkpoint.volume=local): the bundles the job kept are on its bucket")
+        return out
     what = ", ".join(f"persistentvolumeclaim/{c}" for c in claims) or "the checkpoint PVC"
     out.lines.append(f"kept {what}: the checkpoint PVC and its bundles are kept")
     return out

@@ -40,22 +40,24 @@ PROVISIONER_ANNOTATION = "volume.kubernetes.io/storage-provisioner"
 STORAGE_DOC = "docs/kubernetes-storage.md"
 
 
-def class_problem(claim: dict[str, Any], storage_class: dict[str, Any] | None) -> str | None:
-    """Why ``claim`` (about to be created) cannot be bound with ``storage_class`` (None: it does not exist), or None."""
+def class_problem(claim: dict[str, Any], storage_class: dict[str, Any] | None, *,
+                  what: str = "", field: str = "checkpoint.persistence.storageClassName") -> str | None:
+    """Why ``claim`` (about to be created) cannot be bound with ``storage_class`` (None: it does not exist), or None.
+    ``what`` names it in the line (default ``persistentvolumeclaim/<name>``), ``field`` is the value that sets it."""
     spec = claim.get("spec") or {}
     modes = list(spec.get("accessModes") or [])
     name = str(spec.get("storageClassName") or "")
-    what = f"persistentvolumeclaim/{claim['metadata']['name']}"
+    what = what or f"persistentvolumeclaim/{claim['metadata']['name']}"
     if not name:
         return None  # the cluster default: the chart only allows it with ReadWriteOnce
     if storage_class is None:
-        return (f"{what}: StorageClass {name} does not exist on this cluster; "
-                "fix checkpoint.persistence.storageClassName")
+        return f"{what}: StorageClass {name} does not exist on this cluster; fix {field}"
     provisioner = str(storage_class.get("provisioner") or "")
     if "ReadWriteMany" in modes and provisioner in RWO_ONLY_PROVISIONERS:
         return (
             f"{what}: StorageClass {name} ({provisioner}) gives ReadWriteOnce block volumes but the claim needs "
-            f"ReadWriteMany: it would stay Pending and every attempt with it; use an RWX class ({RWX_HINT}) or one "
+            f"ReadWriteMany: it would stay Pending and every attempt with it; use an RWX class ({RWX_HINT}), a "
+            "bucket instead (checkpoint.volume=local, helm/sc-app/ci/no-rwx-values.yaml) or one "
             f"pod (helm/sc-app/ci/single-pod-rwo-values.yaml); {STORAGE_DOC}"
         )
     return None
@@ -112,6 +114,29 @@ def claim_state(claim: dict[str, Any], events: list[dict[str, Any]]) -> ClaimSta
 def _event_time(event: dict[str, Any]) -> str:
     return str(event.get("lastTimestamp") or event.get("eventTime") or
                (event.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def per_pod_claims(rayjob: dict[str, Any]) -> list[dict[str, Any]]:
+    """The claim templates of the job's generic ephemeral volumes (``checkpoint.volume=local`` with
+    ``medium=ephemeral``: each pod creates its own ReadWriteOnce claim from one), head's first, one per group."""
+    cluster = (rayjob.get("spec") or {}).get("rayClusterSpec") or {}
+    out: list[dict[str, Any]] = []
+    for group in [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]:
+        for vol in ((group.get("template") or {}).get("spec") or {}).get("volumes") or []:
+            template = (vol.get("ephemeral") or {}).get("volumeClaimTemplate") if isinstance(vol, dict) else None
+            if isinstance(template, dict):
+                out.append(template)
+    return out
+
+
+def checkpoint_is_local(rayjob: dict[str, Any]) -> bool:
+    """Whether the head's checkpoint directory (the chart's volume ``checkpoints``) is the pod's own (emptyDir or a
+    per-pod claim: ``checkpoint.volume=local``) rather than a shared claim."""
+    head = ((rayjob.get("spec") or {}).get("rayClusterSpec") or {}).get("headGroupSpec") or {}
+    for vol in ((head.get("template") or {}).get("spec") or {}).get("volumes") or []:
+        if isinstance(vol, dict) and vol.get("name") == "checkpoints":
+            return "persistentVolumeClaim" not in vol
+    return False
 
 
 def mounted_claims(rayjob: dict[str, Any]) -> list[str]:

@@ -69,6 +69,40 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+The pod volume "checkpoints": the shared claim (checkpoint.volume=shared), or each pod's own directory
+(checkpoint.volume=local): an emptyDir, or a ReadWriteOnce claim per pod (a generic ephemeral volume, deleted with
+the pod). With local, the bucket of config.checkpoint.remote.url is what outlives the pods (validateVolumes).
+*/}}
+{{- define "sc-app.checkpointVolume" -}}
+{{- $c := .Values.checkpoint -}}
+- name: checkpoints
+{{- if ne $c.volume "local" }}
+  persistentVolumeClaim:
+    claimName: {{ include "sc-app.claimName" . }}
+{{- else if eq $c.local.medium "ephemeral" }}
+  ephemeral:
+    volumeClaimTemplate:
+      metadata:
+        labels:
+          {{- include "sc-app.selectorLabels" . | nindent 10 }}
+      spec:
+        accessModes: [ReadWriteOnce]
+        {{- with $c.local.storageClassName }}
+        storageClassName: {{ . }}
+        {{- end }}
+        resources:
+          requests:
+            storage: {{ $c.local.size }}
+{{- else }}
+  emptyDir:
+    {{- with $c.local.sizeLimit }}
+    sizeLimit: {{ . }}
+    {{- else }} {}
+    {{- end }}
+{{- end }}
+{{- end -}}
+
 {{- define "sc-app.authSecretName" -}}
 {{- default (printf "%s-ray-auth" (include "sc-app.fullname" .)) .Values.rayAuth.existingSecret -}}
 {{- end -}}
@@ -137,6 +171,13 @@ Called with (dict "root" $ "group" <head or worker group values>).
 - name: SC_APP_CHECKPOINT_HMAC_KEY_FILE
   value: {{ $v.checkpoint.hmac.mountPath | quote }}
 {{- end }}
+{{- with $v.checkpoint.awsWebIdentity }}{{ if .roleArn }}
+# The bucket's credentials: boto3 exchanges this projected token for the role's at STS (checkpoint.awsWebIdentity).
+- name: AWS_ROLE_ARN
+  value: {{ .roleArn | quote }}
+- name: AWS_WEB_IDENTITY_TOKEN_FILE
+  value: {{ printf "%s/token" (trimSuffix "/" .mountPath) | quote }}
+{{- end }}{{ end }}
 {{- if $v.logs.toStderr }}
 - name: RAY_LOG_TO_STDERR
   value: "1"
@@ -280,6 +321,27 @@ Call with (dict "resources" <resources> "root" $).
   mountPath: {{ .Values.checkpoint.hmac.mountPath }}
   readOnly: true
 {{- end }}
+{{- end -}}
+
+{{/* The projected ServiceAccount token for AWS web identity (checkpoint.awsWebIdentity), every sc-app container. */}}
+{{- define "sc-app.awsIdentityMounts" -}}
+{{- with .Values.checkpoint.awsWebIdentity }}{{ if .roleArn }}
+- name: aws-web-identity
+  mountPath: {{ .mountPath }}
+  readOnly: true
+{{- end }}{{ end }}
+{{- end -}}
+
+{{- define "sc-app.awsIdentityVolumes" -}}
+{{- with .Values.checkpoint.awsWebIdentity }}{{ if .roleArn }}
+- name: aws-web-identity
+  projected:
+    sources:
+      - serviceAccountToken:
+          audience: {{ .audience | quote }}
+          expirationSeconds: {{ .expirationSeconds }}
+          path: token
+{{- end }}{{ end }}
 {{- end -}}
 
 {{/*

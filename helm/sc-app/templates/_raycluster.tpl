@@ -1,6 +1,7 @@
 {{/*
 rayClusterSpec shared by the RayJob and the standalone RayCluster.
-Invariants: head and every worker mount the same claim at checkpoint.mountPath; the head's preflight
+Invariants: head and every worker mount the same claim at checkpoint.mountPath (checkpoint.volume=local: each pod
+its own directory there, and config.checkpoint.remote.url is set, the bucket being what the pods share); the head's preflight
 initContainer (same image, same mount) runs before the head's Ray container, so the restore decision is
 taken before any driver exists; every pod carries the release's selector labels (NetworkPolicy); every Ray
 container stops the run through its preStop hook before the kubelet's SIGTERM (sc-app.podTemplate).
@@ -153,6 +154,7 @@ spec:
           readOnly: true
         {{- include "sc-app.scratchMounts" $root | nindent 8 }}
         {{- include "sc-app.hmacMounts" $root | nindent 8 }}
+        {{- include "sc-app.awsIdentityMounts" $root | nindent 8 }}
   {{- end }}
   containers:
     - name: {{ ternary "ray-head" "ray-worker" $head }}
@@ -203,6 +205,7 @@ spec:
         {{- end }}
         {{- include "sc-app.scratchMounts" $root | nindent 8 }}
         {{- include "sc-app.hmacMounts" $root | nindent 8 }}
+        {{- include "sc-app.awsIdentityMounts" $root | nindent 8 }}
         - name: ray-tmp
           mountPath: /tmp/ray
         - name: dshm
@@ -221,9 +224,7 @@ spec:
       {{- toYaml $c | nindent 6 }}
     {{- end }}
   volumes:
-    - name: checkpoints
-      persistentVolumeClaim:
-        claimName: {{ include "sc-app.claimName" $root }}
+    {{- include "sc-app.checkpointVolume" $root | nindent 4 }}
     - name: config
       configMap:
         name: {{ include "sc-app.fullname" $root }}-config
@@ -241,6 +242,7 @@ spec:
         {{- end }}
     {{- include "sc-app.scratchVolumes" $root | nindent 4 }}
     {{- include "sc-app.hmacVolumes" $root | nindent 4 }}
+    {{- include "sc-app.awsIdentityVolumes" $root | nindent 4 }}
     # Ray's object store lives in /dev/shm; sized like KubeRay does unless shmSize says otherwise.
     - name: dshm
       emptyDir:

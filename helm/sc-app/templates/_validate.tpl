@@ -86,27 +86,39 @@ period leaves room for the preStop hook to stop the run with a bundle.
 {{- end -}}
 {{- end -}}
 
-{{/* The checkpoint claim (RWX when several pods mount it) and the read-only model claim. */}}
+{{/* The checkpoint claim (RWX when several pods mount it) or each pod's own directory with a bucket, and the
+read-only model claim. */}}
 {{- define "sc-app.validateVolumes" -}}
 {{- $v := .Values -}}
 {{- $p := $v.checkpoint.persistence -}}
+{{- $remote := dig "checkpoint" "remote" "url" "" ($v.config | default dict) -}}
+{{- $pods := include "sc-app.mountingPods" . | int -}}
+{{- if eq $v.checkpoint.volume "local" -}}
+{{- if not $remote -}}
+{{- fail (printf "checkpoint.volume=local without config.checkpoint.remote.url: each of the %d pods would keep its bundles on its own disk, lost with the pod; set config.checkpoint.remote.url (s3://bucket/prefix, docs/object-storage.md) or use checkpoint.volume=shared with a volume" $pods) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.checkpoint.awsWebIdentity.roleArn (hasKey (default dict $v.serviceAccount.annotations) "eks.amazonaws.com/role-arn") -}}
+{{- fail "checkpoint.awsWebIdentity.roleArn and serviceAccount.annotations eks.amazonaws.com/role-arn both give the pods an AWS role: on EKS keep the annotation (IRSA), elsewhere the roleArn" -}}
+{{- end -}}
+{{- if ne $v.checkpoint.volume "local" -}}
 {{- if and (not $p.create) (not $p.existingClaim) -}}
 {{- fail "checkpoint.persistence.existingClaim is required when checkpoint.persistence.create=false" -}}
 {{- end -}}
 {{- if and $p.create $p.existingClaim -}}
 {{- fail "checkpoint.persistence: set either create=true or existingClaim, not both" -}}
 {{- end -}}
-{{- $pods := include "sc-app.mountingPods" . | int -}}
 {{- $modes := $p.accessModes -}}
 {{- if $p.existingClaim -}}
 {{- $live := lookup "v1" "PersistentVolumeClaim" .Release.Namespace $p.existingClaim -}}
 {{- if $live -}}{{- $modes = $live.spec.accessModes -}}{{- end -}}
 {{- end -}}
 {{- if and (gt $pods 1) (not (has "ReadWriteMany" $modes)) -}}
-{{- fail (printf "checkpoint.persistence.accessModes %v: %d pods (head + workers) mount the checkpoint volume, which needs ReadWriteMany; use an RWX storage class or set workerGroups to []" $modes $pods) -}}
+{{- fail (printf "checkpoint.persistence.accessModes %v: %d pods (head + workers) mount the checkpoint volume, which needs ReadWriteMany; use an RWX storage class, or a bucket instead (checkpoint.volume=local with config.checkpoint.remote.url, helm/sc-app/ci/no-rwx-values.yaml), or set workerGroups to []" $modes $pods) -}}
 {{- end -}}
 {{- if and $p.create (has "ReadWriteMany" $p.accessModes) (not $p.storageClassName) -}}
-{{- fail (printf "checkpoint.persistence.storageClassName is empty with accessModes [ReadWriteMany]: the cluster's default class is ReadWriteOnce-only on EKS, GKE and AKS, so the claim would stay Pending and every attempt with it; name an RWX class (%s), or run on one pod with helm/sc-app/ci/single-pod-rwo-values.yaml" (include "sc-app.rwxClassHint" .)) -}}
+{{- fail (printf "checkpoint.persistence.storageClassName is empty with accessModes [ReadWriteMany]: the cluster's default class is ReadWriteOnce-only on EKS, GKE and AKS, so the claim would stay Pending and every attempt with it; name an RWX class (%s), or use a bucket instead (checkpoint.volume=local, helm/sc-app/ci/no-rwx-values.yaml), or run on one pod with helm/sc-app/ci/single-pod-rwo-values.yaml" (include "sc-app.rwxClassHint" .)) -}}
+{{- end -}}
 {{- end -}}
 {{- $m := $v.model -}}
 {{- if eq $m.source "claim" -}}

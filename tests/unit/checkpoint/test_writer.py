@@ -56,6 +56,19 @@ def test_writer_refuses_to_overwrite_and_to_publish_incomplete(tmp_path: Path) -
     assert tree(tmp_path) == before, "abort touched something it did not create"
 
 
+def test_writer_refuses_a_bundle_without_a_file_its_writers_reported(tmp_path: Path) -> None:
+    """A writer on another node's disk (no shared volume) reports a file the committing process cannot see: the
+    bundle is incomplete whatever the directory holds, never published with a manifest that leaves the file out."""
+    w = BundleWriter(tmp_path, 4).begin()
+    fields = write_contents(w, 4)
+    shard = {"alg": w.hash_alg, "digest": "0" * 64, "size": 10}
+    with pytest.raises(FileNotFoundError, match=r"1 file\(s\) its writers wrote are not in it \(first: "
+                                                r"policy/__1_0\.distcp\)"):
+        w.commit(fields, {"policy/__1_0.distcp": shard})
+    assert not (tmp_path / "step_4").exists() and layout.step_dirs(tmp_path) == []
+    w.abort()
+
+
 def test_writer_quarantines_an_abandoned_tmp_of_the_same_step(tmp_path: Path) -> None:
     old = make_tmp_leftover(tmp_path, 6)
     old_files = tree(old)
