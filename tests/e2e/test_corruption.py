@@ -271,19 +271,6 @@ def test_resealed_unparsable_file_fails_verify_and_preflight(cli: InProcess, ckp
     assert "Traceback" not in res.out
 
 
-def test_run_falls_back_over_a_resealed_bundle_that_does_not_restore(ckpt: Path) -> None:
-    """Before parsing, step_4 verified and every retry died at restore ("does not load into the configured model").
-    Now the run resumes from step_2, trains on, and saves its own step_4 and step_6."""
-    _wrong_shape_weights(ckpt / "step_4" / "policy" / "model.pt")
-    reseal(ckpt / "step_4")
-    res = sc_app("run", "--checkpoint-dir", str(ckpt), "--max-steps", "6", "--set", "checkpoint.save_period=2")
-    assert res.rc == 0, res.out[-3000:]
-    assert f"resuming from {ckpt / 'step_2'} (step 2)" in res.out and "Traceback" not in res.out, res.out[-3000:]
-    moved = [p for p in (ckpt / "quarantine").iterdir() if p.name.startswith("step_4.") and p.is_dir()]
-    assert len(moved) == 1, "the bad bundle is kept in quarantine"
-    assert all(verify_bundle(ckpt / f"step_{s}").ok for s in (4, 6))
-
-
 def test_prune_keeps_newest_verified_pinned_and_unverifiable(cli: InProcess, ckpt: Path) -> None:
     for step in (0, 1):
         shutil.copytree(ckpt / "step_2", ckpt / f"step_{step}")
@@ -361,9 +348,15 @@ def test_strict_refuses_a_bundle_that_does_not_restore_and_moves_nothing(ckpt: P
     }, "strict moves no bundle"
 
 
-def test_a_bundle_of_another_lineage_is_never_resumed_nor_costs_an_own_bundle(ckpt: Path) -> None:
-    """A bundle copied in from another job (another lineage), newer than every own bundle: the run resumes its own
-    newest bundle, and retention neither counts nor deletes anything because of the stranger."""
+def test_a_run_passes_a_resealed_bundle_and_another_lineage_and_resumes_its_own(ckpt: Path) -> None:
+    """One run, two bundles newer than step_2 it must not resume:
+
+    * step_4 with weights of the wrong shape, resealed (its digests match). Before verification parsed files it
+      verified and every retry died at restore ("does not load into the configured model"); now it is quarantined
+      and the run resumes step_2;
+    * step_100, copied in from another job (another lineage), valid on its own: set aside, never resumed, and
+      retention neither counts nor deletes anything because of it.
+    The run trains on to step 8 and keeps two bundles of its own (keep=2), both verified."""
     lineage = json.loads((ckpt / "LINEAGE").read_text())["lineage"]
     stranger = ckpt / "step_100"
     shutil.copytree(ckpt / "step_4", stranger)
@@ -373,6 +366,8 @@ def test_a_bundle_of_another_lineage_is_never_resumed_nor_costs_an_own_bundle(ck
     meta_path.write_text(json.dumps(meta))
     reseal(stranger, lambda doc: doc.update(step=100, lineage="another-job"))
     assert verify_bundle(stranger).ok, "valid on its own: only the lineage tells it apart"
+    _wrong_shape_weights(ckpt / "step_4" / "policy" / "model.pt")
+    reseal(ckpt / "step_4")
     res = sc_app(
         "run",
         "--checkpoint-dir",
@@ -385,9 +380,12 @@ def test_a_bundle_of_another_lineage_is_never_resumed_nor_costs_an_own_bundle(ck
         "checkpoint.keep=2",
     )
     assert res.rc == 0, res.out[-3000:]
-    assert f"resuming from {ckpt / 'step_4'} (step 4)" in res.out and "another-job" in res.out, res.out[-3000:]
+    assert f"resuming from {ckpt / 'step_2'} (step 2)" in res.out and "another-job" in res.out, res.out[-3000:]
+    assert "Traceback" not in res.out
     own = sorted(int(p.name[5:]) for p in ckpt.glob("step_*") if p.name[5:].isdigit())
     assert own == [6, 8], own  # keep=2 of its own; the stranger was set aside, not deleted, not counted
-    moved = [p for p in (ckpt / "quarantine").glob("step_100.*") if p.is_dir()]
-    assert len(moved) == 1, "the stranger is moved aside, never deleted"
+    assert all(verify_bundle(ckpt / f"step_{s}").ok for s in own)
+    for name in ("step_4", "step_100"):  # the bad bundle and the stranger are kept in quarantine
+        moved = [p for p in (ckpt / "quarantine").iterdir() if p.name.startswith(f"{name}.") and p.is_dir()]
+        assert len(moved) == 1, name
     assert json.loads((ckpt / "LINEAGE").read_text())["lineage"] == lineage
