@@ -69,15 +69,19 @@ def local_ray() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         pytest.fail("Ray is already initialised in this process; in-process tests share the local_ray fixture")
-    from sc_app.attempt.ray_start import job_runtime_env
+    from sc_app.attempt.ray_start import job_runtime_env, start_ray
 
-    ray.init(
-        address="local",
-        num_cpus=8,
-        include_dashboard=False,
-        namespace="sc_app_test",
-        log_to_driver=False,
-        runtime_env=job_runtime_env({}),  # TransferQueue's actors start as the job's do
+    start_ray(  # a start that times out on a loaded node (two suites on 2 cores) is retried once, as sc-app's is
+        lambda: ray.init(
+            address="local",
+            num_cpus=8,
+            include_dashboard=False,
+            namespace="sc_app_test",
+            log_to_driver=False,
+            runtime_env=job_runtime_env({}),  # TransferQueue's actors start as the job's do
+        ),
+        ray.shutdown,
+        what="the suite's local Ray",
     )
     try:
         yield ray

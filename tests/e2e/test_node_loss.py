@@ -29,23 +29,22 @@ from tests.support.proc import finish, placed_run_args, read_trace, start_logged
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from tests.support.cluster import add_node, start_cluster  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 8,
-            "include_dashboard": False,
-            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
-        },
+    c = start_cluster(
+        num_cpus=8,
+        include_dashboard=False,
+        _system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 4},
     )
     try:
         for _ in range(2):
-            c.add_node(num_cpus=2, resources={"trainer_node": 4})
-        c.add_node(num_cpus=3, resources={"gen_node": 4, "tq_node": 4})
+            add_node(c, num_cpus=2, resources={"trainer_node": 4})
+        add_node(c, num_cpus=3, resources={"gen_node": 4, "tq_node": 4})
         c.wait_for_nodes()
         yield c
     finally:

@@ -14,18 +14,23 @@ import time
 
 import ray
 
+from sc_app.attempt.ray_start import start_ray
 from sc_app.observe.metrics import JobMetrics
 from sc_app.observe.records import Event, StepMetrics
 
 
 def main(port: int) -> None:
-    ray.init(
-        address="local",
-        num_cpus=1,
-        include_dashboard=False,
-        _metrics_export_port=port,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
+    start_ray(  # a start that times out on a loaded node (two suites on 2 cores) is retried once, as sc-app's is
+        lambda: ray.init(
+            address="local",
+            num_cpus=1,
+            include_dashboard=False,
+            _metrics_export_port=port,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        ),
+        ray.shutdown,
+        what="the probe's local Ray",
     )
     m = JobMetrics("probe-run", 2)
     m.event(Event("resume", 10, {"bundle": "step_10"}), at=1_700_000_000.0)

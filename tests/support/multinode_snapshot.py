@@ -56,11 +56,12 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     import ray
-    from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4})
+    from tests.support.cluster import add_node, start_cluster
+
+    cluster = start_cluster(num_cpus=4)
     try:
-        nodes = [cluster.add_node(num_cpus=2, resources={"tq_node": 1}) for _ in range(2)]
+        nodes = [add_node(cluster, num_cpus=2, resources={"tq_node": 1}) for _ in range(2)]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace="mn_snapshot", log_to_driver=False)
         report = asyncio.run(scenario(cluster, [n.node_id for n in nodes]))
