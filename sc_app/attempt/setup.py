@@ -75,6 +75,17 @@ class SetupOrder:
         self.done.append(phase)
 
 
+def start_controller_actor(args: SingleControllerActorArgs) -> Any:
+    """The controller actor, on the driver's node while it has room (soft affinity): the node of the run's lease
+    and, with a checkpoint directory per pod (the chart's ``checkpoint.volume: local``), of the bundles it commits."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS, scheduling_strategy=here).remote(
+        args
+    )
+
+
 def worker_results(refs: list[Any]) -> list[Any]:
     """``ray.get(refs)`` bounded by the set-up's deadline and stop request (``sc_app.waits``); a worker's bad input
     (model directory, dataset, reward) is raised as itself."""
@@ -335,7 +346,7 @@ def _build(
     dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
     order.enter("sealed")
     args = controller_args(cfg, policy, restored, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
-    setup.actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
+    setup.actor = start_controller_actor(args)
     setup.handles.append(setup.actor)
     order.enter("actor")
     restoring = setup.actor.restore.remote()  # index from the sidecar + inventory check, before any pump

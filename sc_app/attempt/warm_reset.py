@@ -45,12 +45,12 @@ from sc_app.attempt.setup import (
     SetupOrder,
     TQPolicy,
     controller_args,
+    start_controller_actor,
 )
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
-from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
-from sc_app.controller.actor import SingleControllerActor
+from sc_app.config.app import AppConfig
 from sc_app.data_plane.guard import GUARD_NAME, get_guard
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, clear_all_rows, shutdown_transferqueue
 from sc_app.faults import fault_point
@@ -312,7 +312,7 @@ class WarmReset:
             self.report.reset.append("the controller actor")
             return setup.actor
         self.report.restarted.append("the controller actor")
-        return ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS).remote(args)
+        return start_controller_actor(args)
 
 
 def actors_died_during_reset(setup: Setup, controller_was_dead: bool, wait_s: float = 5.0) -> ActorsDied | None:

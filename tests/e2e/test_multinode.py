@@ -30,6 +30,8 @@ from tests.support.proc import finish, free_port, load_sidecar, placed_run_args,
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from tests.support.cluster import add_node, start_cluster  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 NODE_CPUS = 4  # logical CPUs of nodes A and B: room for what the config sends there (B: 2 units), plus one spare
@@ -51,14 +53,11 @@ class Nodes:
 def nodes() -> Iterator[Nodes]:
     # This process does not join the cluster (it may hold the suite's shared local Ray): the state API is asked
     # through the cluster's address instead.
-    cluster = Cluster(
-        initialize_head=True,
-        # the dashboard (the state API) on a free port: 8265 may be another test's or another suite's
-        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": True, "dashboard_port": free_port()},
-    )
+    # the dashboard (the state API) on a free port: 8265 may be another test's or another suite's
+    cluster = start_cluster(num_cpus=HEAD_CPUS, include_dashboard=True, dashboard_port=free_port())
     try:
-        a = cluster.add_node(num_cpus=NODE_CPUS, resources={"trainer_node": 4})
-        b = cluster.add_node(num_cpus=NODE_CPUS, resources={"gen_node": 4, "tq_node": 4})
+        a = add_node(cluster, num_cpus=NODE_CPUS, resources={"trainer_node": 4})
+        b = add_node(cluster, num_cpus=NODE_CPUS, resources={"gen_node": 4, "tq_node": 4})
         cluster.wait_for_nodes()
         yield Nodes(cluster, cluster.address, cluster.head_node.node_id, a.node_id, b.node_id)
     finally:
@@ -110,6 +109,9 @@ def test_multinode_placement_bundles_and_resume(cli: InProcess, nodes: Nodes, tm
     assert placement["GenerationWorker"] == {nodes.gen_node}, placement
     assert placement["SimpleStorageUnit"] == {nodes.gen_node}, placement
     assert nodes.head not in placement["TrainerWorker"] | placement["GenerationWorker"]
+    # the controller actor follows the driver (soft affinity): the node of the lease, and of the bundles it commits
+    # when each pod has its own checkpoint directory
+    assert placement["SingleControllerActor"] == {nodes.head}, placement
 
     # two trainer workers formed a torch.distributed group over gloo
     assert re.search(r"gloo.*world size 2", first.out), first.out[-3000:]
