@@ -62,14 +62,16 @@ def main(argv: list[str] | None = None) -> int:
 def script() -> NoReturn:
     """The ``sc-app`` script and ``python -m sc_app``: ``main()``, then Python's exit less its last part.
 
-    Everything an exit must do is done, in Python's order: non-daemon threads joined, ``atexit`` callbacks run (Ray's
+    Everything an exit must do is done, in Python's order: ``threading._shutdown`` (its exit hooks — thread pools
+    told to end —, then every non-daemon thread joined), ``atexit`` callbacks run (Ray's
     and TransferQueue's among them), log handlers flushed and closed, stdout/stderr flushed. What is skipped is the
     interpreter clearing every module's globals one by one: with torch, transformers and Ray loaded that took 4-13 s
     on 2 cores after the job had ended (its bundles already durable), paid by every run and every command."""
     code = main()
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # type: ignore[attr-defined]  # what Python's exit does first: its hooks, then the joins
+    # the command's output is complete: what libraries log while they shut down (torch's cache statistics at INFO)
+    # is not the console's, warnings still are
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.WARNING))
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

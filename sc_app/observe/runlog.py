@@ -15,8 +15,9 @@ Invariants:
   the log before this attempt — a torn line counts — found by reading the file backwards to the previous ``start``
   event, which records the high-water mark before it). The same rule purges the older points in TensorBoard.
 * Everything touching the volume runs in the writer thread, at background priority: opening, scanning, writing,
-  TensorBoard (flushed with every batch, like the JSONL lines), fsync (every ``fsync_interval_s`` and at close).
-  ``close(timeout)`` waits at most ``timeout`` for it and reports what was still unwritten.
+  TensorBoard (its writer made at the first step, after that batch's JSONL lines; flushed with every batch), fsync
+  (every ``fsync_interval_s`` and at close). ``close(timeout)`` waits at most ``timeout`` for it and reports what
+  was still unwritten.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ class RunLogWriter:
         self.path = Path(opts.log_dir) / LOG_FILE
         self._cond = threading.Condition()
         self._s = _State()
+        self._tb_tried = False  # the TensorBoard writer was made (or failed): made once, at the first step
+        self._tb_held: list[LoggedStep | LoggedEvent] = []
         self._thread = threading.Thread(target=self._run, name="run-log", daemon=True)
         self._written = 0
         self.prior: Prior | None = None  # known once the thread opened the log
@@ -249,14 +252,19 @@ class RunLogWriter:
         # a FIFO here blocks only this thread, as a hung volume would: training never waits for the log (close()
         # gives up after its timeout and counts what it could not write)
         fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the thread
-        tb = None
-        if opts.tensorboard:
-            redo = self.prior.high_water > opts.start_step
-            try:
-                tb = ScalarWriter(Path(opts.log_dir), purge_step=opts.start_step + 1 if redo else None)
-            except Exception as exc:  # TensorBoard is a convenience: the JSONL log goes on without it
-                log.warning("run log %s: TensorBoard files disabled (%s: %s)", opts.log_dir, type(exc).__name__, exc)
-        return fh, tb
+        return fh, None
+
+    def _open_tensorboard(self) -> ScalarWriter | None:
+        """The attempt's TensorBoard writer, made at its first step (importing it costs seconds of CPU: the JSONL
+        lines of a batch are written before, and a run that trains no step never pays it)."""
+        opts = self.opts
+        self._tb_tried = True
+        redo = self.prior is not None and self.prior.high_water > opts.start_step
+        try:
+            return ScalarWriter(Path(opts.log_dir), purge_step=opts.start_step + 1 if redo else None)
+        except Exception as exc:  # TensorBoard is a convenience: the JSONL log goes on without it
+            log.warning("run log %s: TensorBoard files disabled (%s: %s)", opts.log_dir, type(exc).__name__, exc)
+            return None
 
     def _stamp(self, t: float) -> Stamp:
         assert self.prior is not None
@@ -296,6 +304,12 @@ class RunLogWriter:
         return lines, logged
 
     def _to_tensorboard(self, tb: ScalarWriter | None, logged: list[LoggedStep | LoggedEvent]) -> ScalarWriter | None:
+        if tb is None and self.opts.tensorboard and not self._tb_tried:
+            self._tb_held.extend(logged)  # events before the first step wait for it
+            if not any(isinstance(item, LoggedStep) for item in self._tb_held):
+                return None
+            logged, self._tb_held = self._tb_held, []
+            tb = self._open_tensorboard()
         if tb is None:
             return None
         try:

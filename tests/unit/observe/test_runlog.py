@@ -202,3 +202,17 @@ def test_tensorboard_files_read_back_once_per_step_after_a_resume(tmp_path: Path
     assert [e.step for e in acc.Scalars("train/rows_in_tq")] == list(range(1, 11))
     assert [e.step for e in acc.Scalars("save/seconds")] == [2, 4, 6, 8, 10]
     assert [(e.step, e.value) for e in acc.Scalars("run/attempt")] == [(0, 1.0), (4, 2.0)]
+
+
+def test_an_attempt_that_trains_no_step_writes_no_tensorboard_file(tmp_path: Path) -> None:
+    """TensorBoard's writer is made at the first step (its import costs seconds): a refused or stopped-early attempt
+    logs its events to metrics.jsonl only, and never waits on that import."""
+    w = RunLogWriter(RunLogOptions(tmp_path, run_id="r", attempt=1, start_step=0, tensorboard=True)).start()
+    w.event(Event("start", 0, {"decision": "fresh"}))
+    result = w.close(final=Event("exit", 0, {"code": 2, "final_step": 0}))
+    assert result.unwritten == 0 and result.written == 2
+    assert [json.loads(line)["event"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        "start",
+        "exit",
+    ]
+    assert not list(tmp_path.glob("events.out.tfevents.*"))
