@@ -37,3 +37,20 @@ def test_the_ratio_verdict_says_met_or_missed() -> None:
     assert ratio_verdict("x", 3.0, 2.0, 2.0).endswith("= 1.50x (target <= 2x) met")
     assert ratio_verdict("x", 5.0, 2.0, 2.0).endswith("MISSED")
     assert "inf" in ratio_verdict("x", 1.0, 0.0, 2.0) and math.isinf(Budget(1.0, 1, 0.0).read_mib_s)
+
+
+def test_the_engine_bench_verdicts_count_vllm_engine_starts_and_compare_first_tokens() -> None:
+    from bench.in_job_engines import EngineRun, Restore, table, verdicts
+
+    def run(engine: str, path: str, starts: int, first: float) -> EngineRun:
+        r = Restore("trainer", "trainer.worker", path, 4.0, starts, [], first, first + 4.0)
+        return EngineRun(engine, path, [r], [], 60.0, 1.0)
+
+    warm = verdicts([run("hf", "warm", 0, 1.0), run("vllm", "warm", 0, 1.5)])
+    assert warm[0] == "warm: vLLM engine starts in 1 restores: 0 met"
+    assert warm[1].startswith("warm: resume -> first token, vLLM vs HF (median): 1.50 s vs 1.00 s = 1.50x")
+    assert warm[1].endswith("met") and warm[2].endswith("met")
+    full = verdicts([run("hf", "full", 1, 1.0), run("vllm", "full", 1, 30.0)])
+    assert full[0].endswith(": 1 (the full rebuild's cost)") and full[1].endswith("MISSED")
+    assert verdicts([run("vllm", "warm", 1, 1.0)]) == ["warm: vLLM engine starts in 1 restores: 1 MISSED"]
+    assert table([run("vllm", "warm", 0, 1.5)], ["trainer"])[2] == "| trainer.worker | 4.0 / 0 / 1.5 / 5.5 |"
