@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.chaos_in_job import KILLS, faults_seen
+from bench.chaos_in_job import KILLS, faults_seen, pct, run_goodput
 from bench.restore_figures import first_rollout_after, first_rollouts, median, ratio_verdict
 from sc_app.observe.reader import read_history
 from tests.support.hf import ARITHMETIC, hf_world, make_model_dir
@@ -74,6 +74,7 @@ class EngineRun:
     problems: list[str]
     wall_s: float
     load_after: float
+    goodput: float | None = None  # the run's ledger (``sc-app report``)
 
 
 def steps_since_start(trace: Path) -> int:
@@ -138,7 +139,8 @@ def one(engine: str, path: str, kinds: list[str], base: Path) -> EngineRun:
             finish(proc, 1, "cleanup")
     wall = time.monotonic() - started
     problems += check(world, log, max_steps, restores, kills)
-    return EngineRun(engine, path, restores, problems, round(wall, 1), round(os.getloadavg()[0], 1))
+    load = round(os.getloadavg()[0], 1)
+    return EngineRun(engine, path, restores, problems, round(wall, 1), load, run_goodput(world.ckpt))
 
 
 def check(world: Any, log: Path, max_steps: int, restores: list[Restore], kills: list[float]) -> list[str]:
@@ -233,7 +235,8 @@ def main() -> int:
             run = one(engine, path, kinds, work / f"{path}-{engine}")
             runs.append(run)
             verdict = "passed" if not run.problems else "FAILED: " + "; ".join(run.problems)
-            print(f"{path} {engine}: {run.wall_s:.0f} s wall, load {run.load_after}: {verdict}", flush=True)
+            gp = pct(run.goodput)
+            print(f"{path} {engine}: {run.wall_s:.0f} s wall, goodput {gp}, load {run.load_after}: {verdict}")
     print(f"load average {load_start} at the start, {os.getloadavg()[0]:.1f} at the end")
     print("cells: restore s / engine starts / resume -> first token s / kill -> first token s")
     print("\n".join(table(runs, kinds) + verdicts(runs)))
