@@ -198,7 +198,9 @@ def verdicts(runs: list[EngineRun]) -> list[str]:
     by = {(r.path, r.engine): r for r in runs}
     for path in dict.fromkeys(r.path for r in runs):
         vllm, hf = by.get((path, "vllm")), by.get((path, "hf"))
-        if vllm is not None:
+        if vllm is not None and not vllm.restores:
+            out.append(f"{path}: vLLM: no restore measured (the run failed before its first)")
+        elif vllm is not None:
             starts = sum(r.engine_starts for r in vllm.restores)
             word = "met" if starts == 0 else ("MISSED" if path == "warm" else "(the full rebuild's cost)")
             out.append(f"{path}: vLLM engine starts in {len(vllm.restores)} restores: {starts} {word}")
@@ -210,7 +212,8 @@ def verdicts(runs: list[EngineRun]) -> list[str]:
         ):
             v = median([getattr(r, key) for r in vllm.restores if getattr(r, key) is not None])
             h = median([getattr(r, key) for r in hf.restores if getattr(r, key) is not None])
-            out.append(f"{path}: " + ratio_verdict(f"{what}, vLLM vs HF (median)", v, h, 2.0))
+            if v == v and h == h:  # both measured (not NaN)
+                out.append(f"{path}: " + ratio_verdict(f"{what}, vLLM vs HF (median)", v, h, 2.0))
     return out
 
 

@@ -54,3 +54,7 @@ def test_the_engine_bench_verdicts_count_vllm_engine_starts_and_compare_first_to
     assert full[0].endswith(": 1 (the full rebuild's cost)") and full[1].endswith("MISSED")
     assert verdicts([run("vllm", "warm", 1, 1.0)]) == ["warm: vLLM engine starts in 1 restores: 1 MISSED"]
     assert table([run("vllm", "warm", 0, 1.5)], ["trainer"])[2] == "| trainer.worker | 4.0 / 0 / 1.5 / 5.5 |"
+    failed = EngineRun("vllm", "full", [], ["exit 1"], 60.0, 1.0)
+    assert verdicts([run("hf", "full", 1, 1.0), failed]) == [
+        "full: vLLM: no restore measured (the run failed before its first)"
+    ], "a run without restores is not a verdict of 0 engine starts, nor a ratio"
