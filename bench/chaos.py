@@ -17,8 +17,11 @@ Checks, every iteration:
 Prints one line per iteration and ``N passed, M failed``; exits 1 if any check failed.
 
 ``--in-job`` runs the in-job fault chaos instead (``bench/chaos_in_job.py``: process kills of the run's actors and
-failing data-plane calls the run must survive without exiting; ``--kinds``, ``--max-steps``, ``--faults``, ``--set``):
+failing data-plane calls the run must survive without exiting; ``--kinds``, ``--max-steps``, ``--faults``, ``--set``;
+``--each``: one kill of every kind of ``--kinds`` per run, in its order; ``--restore warm,full``: the same runs once
+per ``run.in_job_restore`` path and the restore table, ``bench/chaos_compare.py``):
   .venv/bin/python bench/chaos.py --in-job --iterations 10 --seed 1 --kinds generation,trainer,storage,tq-controller,dp
+  .venv/bin/python bench/chaos.py --in-job --restore warm,full --each --kinds trainer,storage,tq-controller,controller
 """
 
 from __future__ import annotations
@@ -193,6 +196,9 @@ def main() -> int:
     in_job.add_argument("--kinds", default="generation,trainer,storage,tq-controller,dp", help="comma-separated")
     in_job.add_argument("--max-steps", type=int, default=60, help="steps of every run")
     in_job.add_argument("--faults", type=int, default=3, help="process kills per run")
+    in_job.add_argument(
+        "--each", action="store_true", help="kill each of --kinds once per run, in its order (not --faults at random)"
+    )
     in_job.add_argument("--no-baseline", action="store_true", help="skip the fault-free run")
     in_job.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
     in_job.add_argument(
@@ -205,9 +211,10 @@ def main() -> int:
         from bench.chaos_in_job import Shape
         from bench.chaos_in_job import main as in_job_main
 
-        shape = Shape(args.max_steps, args.faults, [k for k in args.kinds.split(",") if k], args.set)
+        kinds = [k.replace("_", "-") for k in args.kinds.split(",") if k]  # tq_controller or tq-controller
+        shape = Shape(args.max_steps, args.faults, kinds, args.set, each=args.each)
         if args.restore:
-            from bench.chaos_in_job import compare_restores
+            from bench.chaos_compare import compare_restores
 
             paths = [p for p in args.restore.split(",") if p]
             return compare_restores(args.iterations, args.seed, work, shape, paths, baseline=not args.no_baseline)

@@ -63,6 +63,7 @@ class Shape:
     faults: int  # kills per run
     kinds: list[str]
     sets: list[str] = field(default_factory=list)  # extra --set KEY=VALUE for every run
+    each: bool = False  # kill each kill kind of ``kinds`` once, in their order (``faults`` ignored), not at random
 
 
 @dataclass
@@ -105,11 +106,15 @@ def fault_events(root: Path) -> list[dict[str, Any]]:
 
 def plan_kills(rng: random.Random, shape: Shape) -> list[tuple[int, float, str]]:
     """(train step to wait for, extra delay s, kind) of every kill, in step order, within the first two thirds of
-    the run (from step 3): a recovery then has room to show before the run ends."""
+    the run (from step 3): a recovery then has room to show before the run ends. ``shape.each``: one kill of every
+    kind, in the order given, spread evenly over that span (a kind random draws may never pick is measured)."""
     kinds = [k for k in shape.kinds if k in KILLS]
     if not kinds:
         return []
-    at = sorted(rng.randint(3, max(3, 2 * shape.max_steps // 3)) for _ in range(shape.faults))
+    last = max(3, 2 * shape.max_steps // 3)
+    if shape.each:
+        return [(3 + n * (last - 3) // len(kinds), rng.uniform(0.0, 1.5), k) for n, k in enumerate(kinds)]
+    at = sorted(rng.randint(3, last) for _ in range(shape.faults))
     return [(s, rng.uniform(0.0, 1.5), rng.choice(kinds)) for s in at]
 
 
@@ -318,78 +323,3 @@ def main(iterations: int, seed: int, work: Path, shape: Shape, baseline: bool) -
         f"(fault-free {pct(result['fault_free_goodput'])})"
     )
     return 1 if result["failed"] or (free is not None and free.problems) else 0
-
-
-def restores_by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """In-job restores only (a ``restored_step``): recovery seconds median/max and count per fault kind."""
-    by: dict[str, list[float]] = {}
-    for f in faults:
-        if "restored_step" in f and f.get("outcome") == "recovered":
-            by.setdefault(f["fault"], []).append(float(f["recovery_s"]))
-    return {
-        k: {"median": round(statistics.median(v), 1), "max": round(max(v), 1), "n": len(v)}
-        for k, v in sorted(by.items())
-    }
-
-
-def engine_starts(faults: list[dict[str, Any]], engines: int) -> int:
-    """Generation engines started by restores of faults that were not an engine's: a full rebuild starts every one,
-    a warm restore the ones it names as restarted."""
-    starts = 0
-    for f in faults:
-        if "restored_step" not in f or f["fault"] == "generation.worker":
-            continue
-        if str(f.get("path", "full")).startswith("full"):
-            starts += engines
-        else:
-            starts += sum(str(r).startswith("generation worker") for r in f.get("restarted", []))
-    return starts
-
-
-def compare_restores(iterations: int, seed: int, work: Path, shape: Shape, paths: list[str], baseline: bool) -> int:
-    """The same runs (same seed: the same kills at the same steps) once per ``run.in_job_restore`` path, side by
-    side: recovery median/max per kind, engine starts, goodput, and the machine's load while they ran."""
-    results: dict[str, dict[str, Any]] = {}
-    failed = 0
-    for path in paths:
-        rng = random.Random(seed)
-        sets = [*shape.sets, f"run.in_job_restore={path}"]
-        runs = []
-        for i in range(iterations):
-            o = one_run(i, rng, work / path, Shape(shape.max_steps, shape.faults, shape.kinds, sets))
-            runs.append(o)
-            verdict = "ok" if not o.problems else "FAIL " + "; ".join(o.problems)
-            print(f"[{path} {i + 1}/{iterations}] {o.what}: goodput {pct(o.goodput)} of {o.wall_s:.0f}s: {verdict}")
-            print(f"  load average {os.getloadavg()[0]:.1f}", flush=True)
-        failed += sum(bool(o.problems) for o in runs)
-        faults = [f for o in runs for f in o.faults]
-        results[path] = {
-            "restores": restores_by_kind(faults),
-            "engine_starts": engine_starts(faults, engines=1),
-            "goodput": [None if o.goodput is None else round(o.goodput, 4) for o in runs],
-            "wall_s": [round(o.wall_s, 1) for o in runs],
-        }
-    if baseline:
-        free = one_run(0, random.Random(seed), work / "fault-free", Shape(shape.max_steps, 0, [], shape.sets))
-        results["fault-free"] = {"goodput": [free.goodput], "wall_s": [round(free.wall_s, 1)]}
-    results["load_average_end"] = [round(x, 1) for x in os.getloadavg()]
-    print(json.dumps(results))
-    print_restore_table(results, paths)
-    return 1 if failed else 0
-
-
-def print_restore_table(results: dict[str, Any], paths: list[str]) -> None:
-    kinds = sorted({k for p in paths for k in results[p]["restores"]})
-    print("| fault | " + " | ".join(f"{p}: median / max s (n)" for p in paths) + " | warm / full (median) |")
-    print("|---" * (len(paths) + 2) + "|")
-    for kind in kinds:
-        cells = []
-        for p in paths:
-            r = results[p]["restores"].get(kind)
-            cells.append("-" if r is None else f"{r['median']} / {r['max']} ({r['n']})")
-        warm, full = (results.get(p, {}).get("restores", {}).get(kind) for p in ("warm", "full"))
-        ratio = f"{warm['median'] / full['median']:.2f}x" if warm and full else "-"
-        print(f"| {kind} | " + " | ".join(cells) + f" | {ratio} |")
-    for p in paths:
-        r = results[p]
-        print(f"{p}: engine starts in restores of other faults {r['engine_starts']}, goodput {r['goodput']}")

@@ -50,7 +50,7 @@ def test_recovery_seconds_are_summed_up_per_fault_kind() -> None:
 
 
 def test_the_restore_table_counts_restores_per_kind_and_engine_starts_per_path() -> None:
-    from bench.chaos_in_job import engine_starts, restores_by_kind
+    from bench.chaos_compare import engine_starts, restores_by_kind
 
     warm = [
         fault("trainer.worker", restored_step=2, recovery_s=4.0, path="warm", restarted=["trainer rank 0"]),
@@ -67,3 +67,11 @@ def test_the_restore_table_counts_restores_per_kind_and_engine_starts_per_path()
     full = [fault("trainer.worker", restored_step=2, path="full"), fault("controller", restored_step=4, path="full")]
     assert engine_starts(full, engines=2) == 4, "a full rebuild starts every engine"
     assert check_faults(warm, Shape(60, 1, ["trainer"]), ["trainer@5"]) == [], "interrupted: covered by the next"
+
+
+def test_each_kills_every_kind_once_in_the_order_given_within_the_span() -> None:
+    shape = Shape(24, 3, ["trainer", "storage", "tq-controller", "controller", "dp"], each=True)
+    plan = plan_kills(random.Random(1), shape)
+    assert [k for _, _, k in plan] == ["trainer", "storage", "tq-controller", "controller"]
+    at = [s for s, _, _ in plan]
+    assert at == sorted(set(at)) and at[0] == 3 and at[-1] <= 16, "spread, distinct steps, first two thirds"
