@@ -31,10 +31,16 @@ class EmergencyTimeout(RuntimeError):
     """The stop request's emergency checkpoint did not finish inside ``checkpoint.emergency_budget_s``."""
 
 
+DEATH_GRACE_S = 5.0  # how long a foreign error waits for the GCS to report a death behind it
+
+
 @contextmanager
-def job_errors() -> Iterator[None]:
+def job_errors(watch: Callable[[], None] = lambda: None, grace_s: float = DEATH_GRACE_S) -> Iterator[None]:
     """Ray's errors out of the controller → what the job means by them: a dead process is ``JobFailed``; a task
-    error is re-raised as the exception the controller raised (``LeaseLost``, ``SaveFailed``, ...)."""
+    error is re-raised as the exception the controller raised (``LeaseLost``, ``SaveFailed``, ...). An error that is
+    not sc-app's own (a survivor's collective failing on its dead peer: gloo's "Connection reset by peer") can
+    reach the driver before the GCS records the death behind it: ``watch`` is asked for ``grace_s`` first, and
+    the death it raises (``ActorsDied``, a ``JobFailed``: restored in-job) wins over the error."""
     try:
         yield
     except ray.exceptions.RayActorError as exc:
@@ -47,7 +53,21 @@ def job_errors() -> Iterator[None]:
             raise JobFailed(
                 f"a worker died ({type(cause).__name__}); rerun to resume from the newest complete bundle"
             ) from None
+        if not type(cause).__module__.startswith("sc_app"):
+            death_behind(watch, grace_s)
         raise cause from None
+
+
+def death_behind(
+    watch: Callable[[], None], grace_s: float, clock: Callable[[], float] = time.monotonic, pause_s: float = 0.5
+) -> None:
+    """``watch()`` every ``pause_s`` for ``grace_s``: returns when it raised nothing (no process of the job died)."""
+    end = clock() + grace_s
+    while True:
+        watch()
+        if clock() >= end:
+            return
+        time.sleep(pause_s)
 
 
 @dataclass
@@ -119,7 +139,7 @@ def drive(
         actor.request_stop.remote(time.time() + emergency_budget_s)
         return time.monotonic() + emergency_budget_s
 
-    with job_errors():
+    with job_errors(watch):
         if stop_requested():  # asked before training started (e.g. SIGTERM while Ray started): train nothing
             deadline = ask_stop()
         ref, asking = actor.run.remote(), None
