@@ -6,6 +6,7 @@ stream, so only the save's own work is counted."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import uuid
 from pathlib import Path
@@ -38,9 +39,24 @@ async def saves(one: Any, meter: cpu.CpuMeter) -> dict[str, list[cpu.Sample]]:
     return out
 
 
+def _restore_fresh_buffers(tq: Any, sdir: Path) -> Any:
+    """The restore as it was before issue 30: every part read into a freshly allocated buffer (a pool that keeps
+    nothing; the bench's streams run in this process, so the patch reaches them)."""
+    from sc_app.data_plane import stream_io
+    from sc_app.data_plane.part_buffers import PartBuffers
+    from sc_app.data_plane.streamed import load_streamed
+
+    pooled = stream_io.PartBuffers
+    stream_io.PartBuffers = functools.partial(PartBuffers, keep=0)  # type: ignore[misc]
+    try:
+        return load_streamed(tq, sdir)
+    finally:
+        stream_io.PartBuffers = pooled  # type: ignore[misc]
+
+
 async def restores(one: Any, meter: cpu.CpuMeter, sdir: Path, in_memory: list[Any]) -> dict[str, list[cpu.Sample]]:
-    """The streamed restore of ``sdir`` (page cache dropped), TransferQueue's own put of ``in_memory`` and a raw
-    read, ``one.reps`` times each."""
+    """The streamed restore of ``sdir`` (page cache dropped) now and before issue 30 (fresh part buffers),
+    TransferQueue's own put of ``in_memory`` and a raw read, ``one.reps`` times each."""
     from sc_app.data_plane.streamed import load_streamed
 
     return await cpu.interleave(
@@ -50,6 +66,10 @@ async def restores(one: Any, meter: cpu.CpuMeter, sdir: Path, in_memory: list[An
             "restore": (
                 lambda: (one.h.clear_all(), drop_cache(files_under(sdir))),
                 lambda: asyncio.to_thread(load_streamed, one.tq, sdir),
+            ),
+            "restore_before": (
+                lambda: (one.h.clear_all(), drop_cache(files_under(sdir))),
+                lambda: asyncio.to_thread(_restore_fresh_buffers, one.tq, sdir),
             ),
             "tq_put": (one.h.clear_all, lambda: one.tq_put_all(in_memory)),
             "raw_read": (None, lambda: asyncio.to_thread(raw_read, one.raw_path)),

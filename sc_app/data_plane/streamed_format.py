@@ -24,6 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.data_plane.client import METADATA_FILE
+from sc_app.data_plane.part_buffers import PartBuffers, PartLease
 from sc_app.data_plane.part_writer import PartWriter, digest_of, merged_metadata
 from sc_app.data_plane.schema import (
     DTYPE_SIZES,
@@ -144,6 +145,13 @@ class RestoredGroup:
     ids: list[str]
     tags: list[dict[str, Any]]
     data: TensorDict
+    lease: PartLease | None = None  # the pooled part buffer ``data`` views (``iter_groups(buffers=...)``)
+
+    def release(self) -> None:
+        """Nothing reads ``data`` any more (its put completed): its part buffer may be reused once all are."""
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
 
 def _open_part(directory: Path, name: str) -> tuple[PartHeader, int]:
@@ -162,10 +170,11 @@ def _open_part(directory: Path, name: str) -> tuple[PartHeader, int]:
         raise StreamedFormatError(f"{header_path}: {exc}") from None
 
 
-def _read_bin(directory: Path, header: PartHeader, fd: int) -> torch.Tensor:
-    """The bin's bytes into an uninitialised (never zero-filled) uint8 tensor: one plain read of the file."""
+def _read_bin(directory: Path, header: PartHeader, fd: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The bin's bytes into ``out`` (``header.bytes`` long) or an uninitialised (never zero-filled) uint8 tensor: one
+    plain read of the file."""
     size = header.bytes
-    buf = torch.empty(size, dtype=torch.uint8)
+    buf = torch.empty(size, dtype=torch.uint8) if out is None else out
     if not size:
         return buf
     view = memoryview(buf.numpy())
@@ -204,10 +213,12 @@ def stream_headers(directory: Path, doc: dict[str, Any] | None = None) -> list[l
 
 
 def iter_groups(
-    directory: Path, doc: dict[str, Any] | None = None, stream: int | None = None
+    directory: Path, doc: dict[str, Any] | None = None, stream: int | None = None, buffers: PartBuffers | None = None
 ) -> Iterator[RestoredGroup]:
     """Every stored segment (a group's rows; in v2 the rows of a group one unit held) of stream ``stream`` (default:
-    every stream), in write order; a part's bytes are read once into memory and viewed, not copied.
+    every stream), in write order; a part's bytes are read once into memory and viewed, not copied. With
+    ``buffers``, each part is read into a pooled buffer and every group holds it (``RestoredGroup.lease``) until the
+    consumer calls ``release()``; without, into a fresh tensor of its own.
 
     Each part's header is checked in full before any of its bytes is viewed as a tensor, a sample id stored twice
     is refused before it is yielded again, and after the last part the totals (of the stream, and with every stream
@@ -220,17 +231,26 @@ def iter_groups(
     for k in chosen:
         for name in streams[k]:
             header, fd = _open_part(directory, name)
+            lease = None
             try:
                 tally.add(header, name)
-                buf = _read_bin(directory, header, fd)
+                lease = buffers.take(header.bytes) if buffers is not None else None
+                buf = _read_bin(directory, header, fd, None if lease is None else lease.tensor)
             except StreamedFormatError as exc:
                 raise StreamedFormatError(f"{directory / (name + '.json')}: {exc}") from None
             finally:
                 os.close(fd)
-            for seg in header.segments:
-                data = {key: _rebuild(buf, spec) for key, spec in seg.fields.items()}
-                tags = [dict(t) for t in seg.tags]
-                yield RestoredGroup(seg.group, list(seg.ids), tags, TensorDict(data, batch_size=len(seg.ids)))
+            try:
+                for seg in header.segments:
+                    data = {key: _rebuild(buf, spec) for key, spec in seg.fields.items()}
+                    tags = [dict(t) for t in seg.tags]
+                    if lease is not None:
+                        lease.hold()
+                    td = TensorDict(data, batch_size=len(seg.ids))
+                    yield RestoredGroup(seg.group, list(seg.ids), tags, td, lease)
+            finally:
+                if lease is not None:
+                    lease.release()  # the reader's own hold; each yielded group holds the buffer until released
     try:
         tally.finish()
     except StreamedFormatError as exc:
