@@ -75,13 +75,17 @@ def _policy(doc: dict[str, Any] | None, add: Any) -> None:
         return
     add("### hf policy save (DCP): CPU-seconds per GiB against a raw write, and the pause per 100 MiB")
     add("")
-    add("| model | ranks | policy MiB | DCP CPU-s/GiB | raw CPU-s/GiB | **x raw** | **paused ms / 100 MiB** |")
-    add("|---|---|---|---|---|---|---|")
+    add(
+        "| model | ranks | policy MiB | DCP CPU-s/GiB | raw CPU-s/GiB | **x raw** | before (issue 30) x raw "
+        "| **paused ms / 100 MiB** |"
+    )
+    add("|---|---|---|---|---|---|---|---|")
     for name, entry in doc["results"].items():
         for w in entry["worlds"]:
             add(
                 f"| {name} | {w['world']} | {w['bytes'] / 2**20:.0f} | {_f(w['cpu_s_per_gib_dcp']['median'])} | "
                 f"{_f(w['cpu_s_per_gib_raw']['median'])} | **{_f(w['cpu_dcp_over_raw'])}** | "
+                f"{_f(w.get('cpu_dcp_before_over_raw'))} | "
                 f"**{_f(w['paused_ms_per_100mib']['median'], 1)}** |"
             )
     add("")
