@@ -6,7 +6,6 @@ stream, so only the save's own work is counted."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import shutil
 import uuid
 from pathlib import Path
@@ -39,23 +38,26 @@ async def saves(one: Any, meter: cpu.CpuMeter) -> dict[str, list[cpu.Sample]]:
     return out
 
 
-def _restore_fresh_buffers(tq: Any, sdir: Path) -> Any:
-    """The restore as it was before issue 30: every part read into a freshly allocated buffer (a pool that keeps
-    nothing; the bench's streams run in this process, so the patch reaches them)."""
+def _restore_before(tq: Any, sdir: Path) -> Any:
+    """The restore as it was before issue 30: each part read whole into a fresh buffer, 8 segments read ahead (the
+    bench's streams run in this process, so the patch reaches them)."""
     from sc_app.data_plane import stream_io
-    from sc_app.data_plane.part_buffers import PartBuffers
     from sc_app.data_plane.streamed import load_streamed
+    from sc_app.data_plane.streamed_format import iter_groups
 
-    pooled = stream_io.PartBuffers
-    stream_io.PartBuffers = functools.partial(PartBuffers, keep=0)  # type: ignore[misc]
+    def whole_parts(directory: Path, doc: Any, stream: int, buffers: Any = None) -> Any:
+        return iter_groups(directory, doc, stream)
+
+    saved = stream_io.iter_groups, stream_io.READ_AHEAD
+    stream_io.iter_groups, stream_io.READ_AHEAD = whole_parts, 8
     try:
         return load_streamed(tq, sdir)
     finally:
-        stream_io.PartBuffers = pooled  # type: ignore[misc]
+        stream_io.iter_groups, stream_io.READ_AHEAD = saved
 
 
 async def restores(one: Any, meter: cpu.CpuMeter, sdir: Path, in_memory: list[Any]) -> dict[str, list[cpu.Sample]]:
-    """The streamed restore of ``sdir`` (page cache dropped) now and before issue 30 (fresh part buffers),
+    """The streamed restore of ``sdir`` (page cache dropped) now and before issue 30 (whole parts, fresh buffers),
     TransferQueue's own put of ``in_memory`` and a raw read, ``one.reps`` times each."""
     from sc_app.data_plane.streamed import load_streamed
 
@@ -69,7 +71,7 @@ async def restores(one: Any, meter: cpu.CpuMeter, sdir: Path, in_memory: list[An
             ),
             "restore_before": (
                 lambda: (one.h.clear_all(), drop_cache(files_under(sdir))),
-                lambda: asyncio.to_thread(_restore_fresh_buffers, one.tq, sdir),
+                lambda: asyncio.to_thread(_restore_before, one.tq, sdir),
             ),
             "tq_put": (one.h.clear_all, lambda: one.tq_put_all(in_memory)),
             "raw_read": (None, lambda: asyncio.to_thread(raw_read, one.raw_path)),

@@ -1,12 +1,14 @@
-"""Read buffers a restore reuses for its part files, so a part's bytes land in pages already mapped.
+"""Read buffers a restore reuses for its segments, so their bytes land in pages already mapped.
 
-Reading a part into a freshly allocated buffer makes the kernel fault in and zero every page first: 0.4-0.5 CPU-s
-per GiB here on top of the read itself (the read into a reused buffer costs what a raw read does, 0.2-0.3), which
-was most of what a restore cost over TransferQueue's own put. A buffer goes back to the pool only when nothing
-views it any more: the reader's own hold ends after it has yielded the part's last segment, and each segment's hold
-ends when its put has completed (TransferQueue's put sends the tensors' memory as it is, zero-copy, and the storage
-unit has received it once the put returns). A hold never released (a failed put, a consumer that stopped) keeps its
-buffer out of the pool for good: it is then freed like any tensor, never reused while something may read it.
+Reading into a freshly allocated buffer makes the kernel fault in and zero every page first: 0.4-0.5 CPU-s per GiB
+here on top of the read itself (the read into a reused buffer costs what a raw read does, 0.2-0.3). A restore that
+read each 64 MiB part whole into a new buffer paid that for every byte, most of what it cost over TransferQueue's
+own put. Now each segment is read alone into a buffer of this pool and the fresh pages are only those of the
+segments in flight at once (the reader's queue and the puts). A buffer goes back to the pool only when nothing
+views it any more: a segment's hold ends when its put has completed (TransferQueue's put sends the tensors' memory
+as it is, zero-copy, and the storage unit has received it once the put returns). A hold never released (a failed
+put, a consumer that stopped) keeps its buffer out of the pool for good: it is then freed like any tensor, never
+reused while something may read it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import threading
 
 import torch
 
-KEEP = 4  # free buffers kept between parts (a stream has ~3 parts alive: reading, queued, in its puts)
+KEEP = 8  # free buffers kept (a stream has ~5 segments alive: reading, queued, in its puts)
 
 
 class PartLease:
-    """One part's buffer (``tensor``: exactly the part's size) and the holds on it."""
+    """One segment's buffer (``tensor``: exactly its size) and the holds on it (the first is the taker's)."""
 
     def __init__(self, pool: PartBuffers, base: torch.Tensor, size: int) -> None:
         self._pool = pool

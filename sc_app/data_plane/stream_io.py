@@ -38,6 +38,7 @@ GETS_IN_FLIGHT = 2  # segment reads overlapping the file writes, per stream
 GET_BYTES = 4 * 1024 * 1024  # small segments share a get up to about this many bytes
 MAX_SEGMENTS_PER_GET = 64
 PUTS_IN_FLIGHT = 2  # segment puts overlapping the file reads on restore, per stream
+READ_AHEAD = 2  # segments read ahead of the puts on restore (the kernel reads the files ahead: ``read_ahead``)
 
 Blocking = Callable[..., Awaitable[Any]]
 
@@ -287,7 +288,7 @@ async def restore_stream(
     # not awaited: the kernel may submit the reads synchronously, and the puts should start at once
     threading.Thread(target=read_ahead, args=(Path(directory), parts), name="restore-readahead", daemon=True).start()
     try:
-        for group in prefetched(iter_groups(Path(directory), doc, stream, buffers=PartBuffers())):
+        for group in prefetched(iter_groups(Path(directory), doc, stream, buffers=PartBuffers()), READ_AHEAD):
             while len(inflight) >= max(1, puts_in_flight):
                 finished, left = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 for t in finished:
