@@ -28,7 +28,7 @@ def render(res: dict[str, Any], add: Any) -> None:
         add("Driver (with the stream writer threads), TransferQueue's controller and storage units, Ray's own")
         add("processes; the tree's idle CPU rate is subtracted over each sample's wall time. Median over repetitions,")
         add("interleaved. Targets: save <= 1.25x (TQ get + raw write); restore <= 1.25x (TQ put + raw read).")
-        add('"restore before" = the restore as before issue 30 (each part read whole into a fresh buffer), interleaved.')
+        add('"restore before" = the restore before issue 30 (each part read whole into a fresh buffer), interleaved.')
         add("")
         add(
             "| units | live MiB | save | TQ get | raw write | **save x (get + write)** | restore | restore before "
