@@ -55,10 +55,9 @@ class PartBuffers:
 
     def take(self, size: int) -> PartLease:
         with self._lock:
-            fits = [b for b in self._free if b.numel() >= size]
-            if fits:
-                base = min(fits, key=lambda b: b.numel())
-                self._free.remove(base)
+            fits = [i for i, b in enumerate(self._free) if b.numel() >= size]
+            if fits:  # by position: ``list.remove`` would compare tensors element by element
+                base = self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
             else:
                 base = None
                 self.allocated += 1
@@ -70,4 +69,4 @@ class PartBuffers:
         with self._lock:
             self._free.append(base)
             if len(self._free) > self.keep:
-                self._free.remove(min(self._free, key=lambda b: b.numel()))
+                self._free.pop(min(range(len(self._free)), key=lambda i: self._free[i].numel()))

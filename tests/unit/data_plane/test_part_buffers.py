@@ -72,3 +72,14 @@ def test_pool_keeps_at_most_keep_free_buffers() -> None:
     again = pool.take(15)
     assert again.tensor.numel() == 15 and pool.allocated == 3, "a free buffer large enough is lent, sliced to size"
     assert pool.take(40) is not None and pool.allocated == 4, "none large enough: a new one"
+
+
+def test_the_smallest_fitting_buffer_is_lent_whatever_its_place() -> None:
+    pool = PartBuffers()
+    leases = [pool.take(n) for n in (30, 10, 20)]  # sizes differ: tensors that cannot be compared element-wise
+    bases = [lease.tensor.data_ptr() for lease in leases]
+    for lease in leases:
+        lease.release()
+    assert pool.take(15).tensor.data_ptr() == bases[2], "20 fits 15 best, third in the free list"
+    assert pool.take(5).tensor.data_ptr() == bases[1]
+    assert pool.take(25).tensor.data_ptr() == bases[0] and pool.allocated == 3
