@@ -91,7 +91,7 @@ class RowSource:
 
     async def put(self, group: RestoredGroup, global_indexes: list[int]) -> None:
         """Put one restored segment onto rows already registered at ``global_indexes``, tags included; then its
-        part buffer may be reused (only after a put that completed: the storage unit has the bytes)."""
+        pooled buffer may be reused (only after a put that completed: the storage unit has the bytes)."""
         meta = units.batch_meta(self.partition, global_indexes)
         meta.update_custom_meta(group.tags)
         await self.client.async_put(group.data, meta)
