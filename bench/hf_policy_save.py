@@ -10,7 +10,9 @@ raw, DCP, ...), after a barrier:
   part of a save training waits for);
 * DCP save: ``HFTrainer.write_captured()`` into a fresh ``policy/`` — DCP plan + every rank writing its shard +
   fsync + the sha256 of what it wrote (what the bundle manifest then reuses);
-* raw: each rank writes as many bytes as its DCP files hold, sequentially, + fsync of file and directory.
+* raw: each rank writes as many bytes as its DCP files hold, sequentially, + fsync of file and directory;
+* DCP before: the same captured state written by ``policy_ckpt`` as it was when issue 30 was opened
+  (``ISSUE30_BEFORE``, read from git; left out without the history) — the "before" of the save's CPU-seconds.
 
 Each of the three is also measured in CPU-seconds: ``getrusage(RUSAGE_SELF)`` (user + system, every thread of the
 rank process — DCP writes on the calling thread) before and after, summed over the ranks. Targets (issue 21): the
@@ -40,13 +42,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.scbench.common import raw_write  # noqa: E402
+from bench.scbench.common import before_module, raw_write  # noqa: E402
 
 MiB = 1024 * 1024
 FULL_SPECS = {"small": {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4},
               "medium": {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 8}}  # fmt: skip
 QUICK_SPECS = {"small": FULL_SPECS["small"]}
 P, R = 8, 8
+ISSUE30_BEFORE = "408f378"  # main when issue 30 (DCP saves near a raw write) was taken up
 
 
 def summary(xs: list[float]) -> dict[str, float]:
@@ -116,9 +119,11 @@ class RankBench:
         """DCP saves (the pause to capture, then the write) and raw writes of this rank's bytes, interleaved."""
         pattern = os.urandom(8 * MiB)
         paused, dcp_s, raw_s, my_bytes, total_bytes = [], [], [], [], []
-        cpu: dict[str, list[float]] = {"paused": [], "dcp": [], "raw": []}
+        cpu: dict[str, list[float]] = {"paused": [], "dcp": [], "raw": [], "dcp_before": []}
+        old = before_module("sc_app/rl/hf/policy_ckpt.py", ISSUE30_BEFORE)
+        kinds = ("dcp", "raw", "dcp_before") if old is not None else ("dcp", "raw")
         for rep in range(reps):
-            for kind in ("dcp", "raw") if rep % 2 == 0 else ("raw", "dcp"):
+            for kind in kinds if rep % 2 == 0 else tuple(reversed(kinds)):
                 d = work / f"rep{rep}-{kind}"
                 self.barrier()
                 if kind == "dcp":
@@ -136,6 +141,16 @@ class RankBench:
                     my_bytes.append(written.bytes)
                     self.barrier()
                     total_bytes.append(sum(p.stat().st_size for p in d.rglob("*") if p.is_file()))
+                elif kind == "dcp_before":
+                    self.trainer.capture()
+                    if self.rank == 0:
+                        d.mkdir(parents=True)
+                    self.barrier()
+                    c0 = cpu_now()
+                    tr = self.trainer
+                    _, captured = tr._captured  # type: ignore[misc]
+                    old.write(captured, d, rank=tr.rank, process_group=tr.ckpt_group, model_files=tr.model_files)
+                    cpu["dcp_before"].append(cpu_now() - c0)
                 else:
                     nbytes = my_bytes[-1] if my_bytes else 0
                     d.mkdir(parents=True, exist_ok=True)
@@ -221,8 +236,21 @@ def fold(world: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_s_per_gib_raw": summary(cpu_raw),
         "cpu_s_per_gib_paused": summary([sum(r["cpu"]["paused"][i] for r in ranks) / gib for i in range(n)]),
         "cpu_dcp_over_raw": statistics.median(cpu_dcp) / statistics.median(cpu_raw),
+        **_before(ranks, gib, cpu_raw),
         "step_plain_ms": summary([1000 * s for s in plain]),
         "step_behind_ms": summary([1000 * s for s in behind]) if behind else None,
+    }
+
+
+def _before(ranks: list[dict[str, Any]], gib: float, cpu_raw: list[float]) -> dict[str, Any]:
+    """The pre-issue-30 save's CPU-seconds per GiB and its ratio to the raw write (absent without git history)."""
+    k = min(len(r["cpu"].get("dcp_before", [])) for r in ranks)
+    if not k:
+        return {}
+    before = [sum(r["cpu"]["dcp_before"][i] for r in ranks) / gib for i in range(k)]
+    return {
+        "cpu_s_per_gib_dcp_before": summary(before),
+        "cpu_dcp_before_over_raw": statistics.median(before) / statistics.median(cpu_raw),
     }
 
 
@@ -248,9 +276,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "CPU-seconds per GiB of policy files (all ranks' processes, getrusage) and the pause per 100 MiB of trainer",
         "state. Targets: DCP <= 1.5x raw; paused <= 10 ms per 100 MiB.",
         "",
-        "| model | ranks | DCP save CPU-s/GiB | raw write CPU-s/GiB | **x raw** | capture CPU-s/GiB "
-        "| **paused ms per 100 MiB** |",
-        "|---|---|---|---|---|---|---|",
+        "| model | ranks | DCP save CPU-s/GiB | raw write CPU-s/GiB | **x raw** | before (issue 30) CPU-s/GiB "
+        "| before x raw | capture CPU-s/GiB | **paused ms per 100 MiB** |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for size, entry in doc["results"].items():
         for r in entry["worlds"]:
@@ -266,7 +294,8 @@ def markdown(doc: dict[str, Any]) -> str:
             )
             cpu.append(
                 f"| {size} | {r['world']} | {fmt(r['cpu_s_per_gib_dcp'], 2)} | {fmt(r['cpu_s_per_gib_raw'], 2)} | "
-                f"**{r['cpu_dcp_over_raw']:.2f}** | {fmt(r['cpu_s_per_gib_paused'], 2)} | "
+                f"**{r['cpu_dcp_over_raw']:.2f}** | {fmt(r.get('cpu_s_per_gib_dcp_before'), 2)} | "
+                f"{r.get('cpu_dcp_before_over_raw', float('nan')):.2f} | {fmt(r['cpu_s_per_gib_paused'], 2)} | "
                 f"**{fmt(r['paused_ms_per_100mib'], 1)}** |"
             )
     return "\n".join(lines + cpu) + "\n"

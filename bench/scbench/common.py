@@ -135,12 +135,12 @@ MOVED = {
 MOVED_RE = re.compile(r"\bsc_app\.(" + "|".join(sorted(MOVED, key=len, reverse=True)) + r")\b")
 
 
-def before_module(path: str) -> ModuleType | None:
-    """``path`` (a module of this repo) as it was at ``BEFORE_COMMIT``, imported under a private name; None when
+def before_module(path: str, commit: str = BEFORE_COMMIT) -> ModuleType | None:
+    """``path`` (a module of this repo) as it was at ``commit``, imported under a private name; None when
     the checkout has no git history to read it from (the before/after columns are then left out)."""
     try:
         source = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{BEFORE_COMMIT}:{path}"],
+            ["git", "-C", str(REPO), "show", f"{commit}:{path}"],
             capture_output=True,
             check=True,
             text=True,

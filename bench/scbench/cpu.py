@@ -217,7 +217,11 @@ def cost_rows(samples: dict[str, list[Sample]], nbytes: int, idle_rate: float) -
 
     out: dict[str, Any] = {name: per_gib(s, nbytes) for name, s in samples.items()}
     out["idle_cpu_s_per_s"] = idle_rate
-    pairs = {"save": ("tq_get", "raw_write"), "restore": ("tq_put", "raw_read")}
+    pairs = {
+        "save": ("tq_get", "raw_write"),
+        "restore": ("tq_put", "raw_read"),
+        "restore_before": ("tq_put", "raw_read"),
+    }
     for what, (a, b) in pairs.items():
         if what in samples and a in samples and b in samples:
             ratios = [

@@ -28,19 +28,22 @@ def render(res: dict[str, Any], add: Any) -> None:
         add("Driver (with the stream writer threads), TransferQueue's controller and storage units, Ray's own")
         add("processes; the tree's idle CPU rate is subtracted over each sample's wall time. Median over repetitions,")
         add("interleaved. Targets: save <= 1.25x (TQ get + raw write); restore <= 1.25x (TQ put + raw read).")
+        add('"restore before" = the restore before issue 30 (each part read whole into a fresh buffer), interleaved.')
         add("")
         add(
-            "| units | live MiB | save | TQ get | raw write | **save x (get + write)** | restore | TQ put "
-            "| raw read | **restore x (put + read)** | save by process |"
+            "| units | live MiB | save | TQ get | raw write | **save x (get + write)** | restore | restore before "
+            "| TQ put | raw read | **restore x (put + read)** | before x | save by process | restore by process |"
         )
-        add("|---|---|---|---|---|---|---|---|---|---|---|")
+        add("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             c = r["cpu"]
             cols = [_f(c[k]["cpu_s_per_gib"]) for k in ("save", "tq_get", "raw_write")]
-            back = [_f(c[k]["cpu_s_per_gib"]) for k in ("restore", "tq_put", "raw_read")]
+            back = [_f(c[k]["cpu_s_per_gib"]) if k in c else "—" for k in ("restore", "restore_before", "tq_put")]
             add(
                 f"| {r['units']} | {r['size_mib']} | {' | '.join(cols)} | **{_f(c.get('save_over_baseline'))}** | "
-                f"{' | '.join(back)} | **{_f(c.get('restore_over_baseline'))}** | {_roles(c['save'])} |"
+                f"{' | '.join(back)} | {_f(c['raw_read']['cpu_s_per_gib'])} | "
+                f"**{_f(c.get('restore_over_baseline'))}** | {_f(c.get('restore_before_over_baseline'))} | "
+                f"{_roles(c['save'])} | {_roles(c['restore'])} |"
             )
         add("")
     stages = res.get("stages")
@@ -72,13 +75,17 @@ def _policy(doc: dict[str, Any] | None, add: Any) -> None:
         return
     add("### hf policy save (DCP): CPU-seconds per GiB against a raw write, and the pause per 100 MiB")
     add("")
-    add("| model | ranks | policy MiB | DCP CPU-s/GiB | raw CPU-s/GiB | **x raw** | **paused ms / 100 MiB** |")
-    add("|---|---|---|---|---|---|---|")
+    add(
+        "| model | ranks | policy MiB | DCP CPU-s/GiB | raw CPU-s/GiB | **x raw** | before (issue 30) x raw "
+        "| **paused ms / 100 MiB** |"
+    )
+    add("|---|---|---|---|---|---|---|---|")
     for name, entry in doc["results"].items():
         for w in entry["worlds"]:
             add(
                 f"| {name} | {w['world']} | {w['bytes'] / 2**20:.0f} | {_f(w['cpu_s_per_gib_dcp']['median'])} | "
                 f"{_f(w['cpu_s_per_gib_raw']['median'])} | **{_f(w['cpu_dcp_over_raw'])}** | "
+                f"{_f(w.get('cpu_dcp_before_over_raw'))} | "
                 f"**{_f(w['paused_ms_per_100mib']['median'], 1)}** |"
             )
     add("")

@@ -38,9 +38,27 @@ async def saves(one: Any, meter: cpu.CpuMeter) -> dict[str, list[cpu.Sample]]:
     return out
 
 
+def _restore_before(tq: Any, sdir: Path) -> Any:
+    """The restore as it was before issue 30: each part read whole into a fresh buffer, 8 segments read ahead (the
+    bench's streams run in this process, so the patch reaches them)."""
+    from sc_app.data_plane import stream_io
+    from sc_app.data_plane.streamed import load_streamed
+    from sc_app.data_plane.streamed_format import iter_groups
+
+    def whole_parts(directory: Path, doc: Any, stream: int, buffers: Any = None) -> Any:
+        return iter_groups(directory, doc, stream)
+
+    saved = stream_io.iter_groups, stream_io.READ_AHEAD
+    stream_io.iter_groups, stream_io.READ_AHEAD = whole_parts, 8
+    try:
+        return load_streamed(tq, sdir)
+    finally:
+        stream_io.iter_groups, stream_io.READ_AHEAD = saved
+
+
 async def restores(one: Any, meter: cpu.CpuMeter, sdir: Path, in_memory: list[Any]) -> dict[str, list[cpu.Sample]]:
-    """The streamed restore of ``sdir`` (page cache dropped), TransferQueue's own put of ``in_memory`` and a raw
-    read, ``one.reps`` times each."""
+    """The streamed restore of ``sdir`` (page cache dropped) now and before issue 30 (whole parts, fresh buffers),
+    TransferQueue's own put of ``in_memory`` and a raw read, ``one.reps`` times each."""
     from sc_app.data_plane.streamed import load_streamed
 
     return await cpu.interleave(
@@ -50,6 +68,10 @@ async def restores(one: Any, meter: cpu.CpuMeter, sdir: Path, in_memory: list[An
             "restore": (
                 lambda: (one.h.clear_all(), drop_cache(files_under(sdir))),
                 lambda: asyncio.to_thread(load_streamed, one.tq, sdir),
+            ),
+            "restore_before": (
+                lambda: (one.h.clear_all(), drop_cache(files_under(sdir))),
+                lambda: asyncio.to_thread(_restore_before, one.tq, sdir),
             ),
             "tq_put": (one.h.clear_all, lambda: one.tq_put_all(in_memory)),
             "raw_read": (None, lambda: asyncio.to_thread(raw_read, one.raw_path)),

@@ -28,6 +28,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.data_plane import units
+from sc_app.data_plane.part_buffers import PartBuffers
 from sc_app.data_plane.streamed_format import PartWriter, RestoredGroup, iter_groups, stream_parts
 from sc_app.io.safe_files import FileProblem, open_regular
 
@@ -37,6 +38,7 @@ GETS_IN_FLIGHT = 2  # segment reads overlapping the file writes, per stream
 GET_BYTES = 4 * 1024 * 1024  # small segments share a get up to about this many bytes
 MAX_SEGMENTS_PER_GET = 64
 PUTS_IN_FLIGHT = 2  # segment puts overlapping the file reads on restore, per stream
+READ_AHEAD = 2  # segments read ahead of the puts on restore (the kernel reads the files ahead: ``read_ahead``)
 
 Blocking = Callable[..., Awaitable[Any]]
 
@@ -88,10 +90,12 @@ class RowSource:
         return RowColumns(await units.get_rows(self.client, gis, list(fields)), len(gis))
 
     async def put(self, group: RestoredGroup, global_indexes: list[int]) -> None:
-        """Put one restored segment onto rows already registered at ``global_indexes``, tags included."""
+        """Put one restored segment onto rows already registered at ``global_indexes``, tags included; then its
+        pooled buffer may be reused (only after a put that completed: the storage unit has the bytes)."""
         meta = units.batch_meta(self.partition, global_indexes)
         meta.update_custom_meta(group.tags)
         await self.client.async_put(group.data, meta)
+        group.release()
 
 
 # ------------------------------------------------------------------------------------------------ copy (save)
@@ -284,7 +288,7 @@ async def restore_stream(
     # not awaited: the kernel may submit the reads synchronously, and the puts should start at once
     threading.Thread(target=read_ahead, args=(Path(directory), parts), name="restore-readahead", daemon=True).start()
     try:
-        for group in prefetched(iter_groups(Path(directory), doc, stream)):
+        for group in prefetched(iter_groups(Path(directory), doc, stream, buffers=PartBuffers()), READ_AHEAD):
             while len(inflight) >= max(1, puts_in_flight):
                 finished, left = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 for t in finished:

@@ -24,6 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app.data_plane.client import METADATA_FILE
+from sc_app.data_plane.part_buffers import PartBuffers, PartLease
 from sc_app.data_plane.part_writer import PartWriter, digest_of, merged_metadata
 from sc_app.data_plane.schema import (
     DTYPE_SIZES,
@@ -92,9 +93,10 @@ def _dtype(name: str) -> torch.dtype:
     return dt
 
 
-def _rebuild(buf: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
-    """Tensor described by ``spec`` (checked by ``parse_header``) from the part's uint8 buffer (a view, no copy)."""
-    start, n = spec.offset, spec.nbytes
+def _rebuild(buf: torch.Tensor, spec: FieldSpec, base: int = 0) -> torch.Tensor:
+    """Tensor described by ``spec`` (checked by ``parse_header``) from a uint8 buffer holding the part's bytes from
+    offset ``base`` on (a view, no copy)."""
+    start, n = spec.offset - base, spec.nbytes
     values = buf[start : start + n].view(_dtype(spec.dtype)).reshape(spec.shape)
     if spec.offsets is None:
         return values
@@ -144,6 +146,13 @@ class RestoredGroup:
     ids: list[str]
     tags: list[dict[str, Any]]
     data: TensorDict
+    lease: PartLease | None = None  # the pooled buffer ``data`` views (``iter_groups(buffers=...)``)
+
+    def release(self) -> None:
+        """Nothing reads ``data`` any more (its put completed): its pooled buffer may be reused."""
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
 
 def _open_part(directory: Path, name: str) -> tuple[PartHeader, int]:
@@ -160,6 +169,17 @@ def _open_part(directory: Path, name: str) -> tuple[PartHeader, int]:
     except StreamedFormatError as exc:
         os.close(fd)
         raise StreamedFormatError(f"{header_path}: {exc}") from None
+
+
+def _read_range(path: Path, fd: int, offset: int, out: torch.Tensor) -> None:
+    """``out.numel()`` bytes of the file from ``offset`` into ``out`` (``parse_header`` checked they are inside it)."""
+    view = memoryview(out.numpy())
+    got = 0
+    while got < view.nbytes:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            raise StreamedFormatError(f"{path}: short read at {offset + got}")
+        got += n
 
 
 def _read_bin(directory: Path, header: PartHeader, fd: int) -> torch.Tensor:
@@ -204,10 +224,13 @@ def stream_headers(directory: Path, doc: dict[str, Any] | None = None) -> list[l
 
 
 def iter_groups(
-    directory: Path, doc: dict[str, Any] | None = None, stream: int | None = None
+    directory: Path, doc: dict[str, Any] | None = None, stream: int | None = None, buffers: PartBuffers | None = None
 ) -> Iterator[RestoredGroup]:
     """Every stored segment (a group's rows; in v2 the rows of a group one unit held) of stream ``stream`` (default:
-    every stream), in write order; a part's bytes are read once into memory and viewed, not copied.
+    every stream), in write order; a part's bytes are read once into memory and viewed, not copied. Without
+    ``buffers``, each part is read whole into a fresh tensor; with, each segment's bytes alone into a pooled buffer
+    that the group holds (``RestoredGroup.lease``) until the consumer calls ``release()`` — so a restore touches
+    fresh pages only for the segments it has in flight, not for every part.
 
     Each part's header is checked in full before any of its bytes is viewed as a tensor, a sample id stored twice
     is refused before it is yielded again, and after the last part the totals (of the stream, and with every stream
@@ -221,16 +244,27 @@ def iter_groups(
         for name in streams[k]:
             header, fd = _open_part(directory, name)
             try:
-                tally.add(header, name)
-                buf = _read_bin(directory, header, fd)
-            except StreamedFormatError as exc:
-                raise StreamedFormatError(f"{directory / (name + '.json')}: {exc}") from None
+                try:
+                    tally.add(header, name)
+                    buf = _read_bin(directory, header, fd) if buffers is None else None
+                except StreamedFormatError as exc:
+                    raise StreamedFormatError(f"{directory / (name + '.json')}: {exc}") from None
+                for seg in header.segments:
+                    lease = None
+                    if buf is None:  # pooled: this segment's byte range alone, into a buffer it holds
+                        assert buffers is not None
+                        lo = min(spec.offset for spec in seg.fields.values())
+                        hi = max(spec.offset + spec.nbytes for spec in seg.fields.values())
+                        lease = buffers.take(hi - lo)
+                        _read_range(directory / header.bin, fd, lo, lease.tensor)
+                        data = {key: _rebuild(lease.tensor, spec, lo) for key, spec in seg.fields.items()}
+                    else:
+                        data = {key: _rebuild(buf, spec) for key, spec in seg.fields.items()}
+                    tags = [dict(t) for t in seg.tags]
+                    td = TensorDict(data, batch_size=len(seg.ids))
+                    yield RestoredGroup(seg.group, list(seg.ids), tags, td, lease)  # the group holds the lease
             finally:
                 os.close(fd)
-            for seg in header.segments:
-                data = {key: _rebuild(buf, spec) for key, spec in seg.fields.items()}
-                tags = [dict(t) for t in seg.tags]
-                yield RestoredGroup(seg.group, list(seg.ids), tags, TensorDict(data, batch_size=len(seg.ids)))
     try:
         tally.finish()
     except StreamedFormatError as exc:

@@ -16,7 +16,6 @@ with ``torch.load(weights_only=True)``. A file not listed, or with other bytes, 
 
 from __future__ import annotations
 
-import io
 import time
 import warnings
 from collections.abc import Iterator, Mapping
@@ -29,12 +28,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.io import hashing, torch_files
 from sc_app.io.durable import write_durable
+from sc_app.rl.hf.policy_stream import HashingFileSystem, ItemTransforms
 from sc_app.rl.hf.verified_read import PolicyIntegrityError, SafeLoadPlanner, VerifiedReader
 
 POLICY_META_FORMAT = "sc_app.hf_policy"
@@ -125,70 +124,6 @@ def policy_meta(version: int, strategy: str, world_size: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ write
-class _HashingStream(io.RawIOBase):
-    """Append-only writer that hashes every byte on its way to the file (DCP writes each file front to back)."""
-
-    def __init__(self, raw: Any, alg: str) -> None:
-        super().__init__()
-        self._raw = raw
-        self.hasher = hashing.new(alg)
-        self.alg = alg
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        n = self._raw.write(b)
-        self.hasher.update(memoryview(b)[:n])
-        self.size += n
-        return n
-
-    def tell(self) -> int:
-        return self.size
-
-    def seek(self, *args: Any) -> int:
-        raise io.UnsupportedOperation("a hashed policy file is written front to back")
-
-    def flush(self) -> None:
-        self._raw.flush()
-
-    def fileno(self) -> int:
-        # DCP fsyncs ``fileno()`` right after ``pickle.dump`` of the metadata, without a flush: flush here, or
-        # the buffered tail would not be on disk when the fsync returns
-        self._raw.flush()
-        return int(self._raw.fileno())
-
-
-class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording the digest (``hash_alg``) and size of every file this process writes (and
-    following DCP's rename of ``.metadata.tmp``), so nothing is read back to be hashed."""
-
-    def __init__(self, hash_alg: str = hashing.DEFAULT) -> None:
-        super().__init__()
-        self.hash_alg = hash_alg
-        self.records: dict[str, FileRecord] = {}
-
-    @contextmanager
-    def create_stream(self, path: str | Any, mode: str) -> Iterator[io.IOBase]:
-        if "w" not in mode:
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        p = Path(path)
-        with p.open("wb") as raw:
-            stream = _HashingStream(raw, self.hash_alg)
-            yield stream
-            stream.flush()
-        self.records[p.name] = FileRecord(stream.alg, stream.hasher.hexdigest(), stream.size)
-
-    def rename(self, path: str | Any, new_path: str | Any) -> None:
-        super().rename(path, new_path)
-        record = self.records.pop(Path(path).name, None)
-        if record is not None:
-            self.records[Path(new_path).name] = record
-
-
 def write(
     captured: CapturedPolicy,
     policy_dir: str | Path,
@@ -204,8 +139,9 @@ def write(
     t0 = time.perf_counter()
     out = Path(policy_dir)
     writer = FileSystemWriter(out, sync_files=True, overwrite=False)
-    fs = _HashingFileSystem()
+    fs = HashingFileSystem()
     writer.fs = fs
+    writer.transforms = ItemTransforms()  # DCP's, minus a wrapper call and a flush per write / item (same bytes)
     with _dcp_call(), torch_files.without_zip_crc():  # the files' digests stand behind them, not zip CRCs
         dcp.save(captured.state, storage_writer=writer, process_group=process_group, no_dist=not dist.is_initialized())
     files = dict(fs.records)
