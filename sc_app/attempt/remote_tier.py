@@ -132,7 +132,8 @@ class RemoteTier:
     def finish(self, *, wait: bool) -> None:
         if self.uploader is None:
             return
-        if wait and not self.uploader.drain(self.cfg.checkpoint.remote.drain_s):
+        # a fenced uploader (another attempt took the bucket) said so in its one line: nothing is left to wait for
+        if wait and not self.uploader.drain(self.cfg.checkpoint.remote.drain_s) and self.uploader.lost is None:
             log.warning("remote tier: the newest bundle is not on the bucket yet (checkpoint.remote.drain_s=%g); the "
                         "next attempt uploads it", self.cfg.checkpoint.remote.drain_s)  # fmt: skip
         self.uploader.stop()
