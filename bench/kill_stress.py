@@ -189,6 +189,7 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=None, help="work dir (default: a new temp dir)")
     ap.add_argument("--embedded", action="store_true", help="a fresh local Ray per run instead of one shared head")
     ap.add_argument("--remote", action="store_true", help="with checkpoint.remote on a real radosgw started here")
+    ap.add_argument("--kills", default="fault,sigkill,mid-upload", help="--remote: the kinds of kill drawn from")
     args = ap.parse_args()
     if args.remote:
         return main_remote(args)
@@ -216,6 +217,7 @@ def main_remote(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     tally = Tally(args.iterations + 1)
     bucket = remote.Bucket.start(work)
+    bucket.allowed = tuple(k for k in remote.KINDS if k in args.kills.split(","))
     head, address = (None, None)
     try:
         head, address = (None, None) if args.embedded else start_head(work)

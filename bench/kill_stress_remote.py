@@ -39,6 +39,9 @@ from sc_app.faults import SAVE_POINTS
 from tests.support.proc import kill_session, read_trace, start_logged, wait_for
 from tests.support.rgw import Rgw
 
+KINDS = ("fault", "sigkill", "mid-upload")
+WEIGHTS = {"fault": 4, "sigkill": 3, "mid-upload": 3}
+
 
 @dataclass
 class Bucket:
@@ -49,6 +52,7 @@ class Bucket:
     kinds: dict[str, int] = field(default_factory=dict)
     partial_uploads: int = 0  # kills that left an upload no record lists (caught mid-upload)
     fresh_zones: int = 0
+    allowed: tuple[str, ...] = KINDS  # the kinds of kill drawn from (``--kills``)
 
     @classmethod
     def start(cls, work: Path) -> Bucket:
@@ -107,7 +111,7 @@ def run_and_kill(
     i: int, rng: random.Random, root: Path, trace: Path, work: Path, address: str | None, bucket: Bucket,
     *, max_steps: int,
 ) -> str:  # fmt: skip
-    kind = rng.choices(["fault", "sigkill", "mid-upload"], weights=[4, 3, 3])[0]
+    kind = rng.choices(bucket.allowed, weights=[WEIGHTS[k] for k in bucket.allowed])[0]
     bucket.kinds[kind] = bucket.kinds.get(kind, 0) + 1
     env = dict(bucket.rgw.env())
     if kind == "fault":

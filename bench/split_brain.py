@@ -9,8 +9,9 @@ on an empty directory, resumes from the bucket, takes it (epoch + 1) and publish
 stopped. Checked: every bundle A published is older than B's take-over, B's are all after it; A says once that it
 was fenced ("publishes nothing more there") and uploads nothing after that line; every listed bundle verifies
 on the bucket (every file's digest).
-Scenario *simultaneous* (both started at once on a fresh prefix, two new lineages): exactly one takes the bucket;
-the other is refused with one error line (exit 2) and publishes nothing.
+Scenario *simultaneous* (both started at once on a fresh prefix): when both read the empty prefix (two new
+lineages), exactly one takes the bucket and the other is refused with one error line (exit 2) and publishes nothing;
+when the second read the first's record, it adopts that lineage and takes the bucket over, as in *takeover*.
 Prints one line per check and a final ``N passed, M failed``; exits 1 if any check failed. Not part of the test
 suite (two runs with embedded Ray each: minutes on a loaded machine).
 """
@@ -138,15 +139,22 @@ def simultaneous(rgw: Rgw, work: Path, ok: Checks) -> None:
         for p in procs.values():
             kill_session(p.pid)
     record, _ = read_record(store)
-    winners = [n for n, rc in rcs.items() if rc == 0]
+    assert record is not None
+    logs = {n: (work / f"{n}.log").read_text() for n in procs}
     losers = [n for n, rc in rcs.items() if rc == 2]
-    ok(len(winners) == 1 and len(losers) == 1, f"one run finished, one was refused (exits {rcs})")
-    if len(losers) == 1 and len(winners) == 1:
-        errors = [ln for ln in (work / f"{losers[0]}.log").read_text().splitlines() if "error:" in ln]
-        ok(len(errors) == 1 and "Traceback" not in (work / f"{losers[0]}.log").read_text(),
-           f"the refused run said why in one line: {errors}")
-        ok(record is not None and {e.run_id for e in record.bundles} == {run_id(work / winners[0])},
-           "only the winner published")
+    if losers:  # both read an empty prefix: two new lineages, the second compare-and-swap is refused
+        (loser,) = losers
+        (winner,) = set(procs) - {loser}
+        errors = [ln for ln in logs[loser].splitlines() if "error:" in ln]
+        ok(rcs[winner] == 0, f"one run finished, the other was refused ({rcs})")
+        ok(len(errors) == 1 and "Traceback" not in logs[loser], f"the refused run said why in one line: {errors}")
+        ok({e.run_id for e in record.bundles} == {run_id(work / winner)}, "only the winner published")
+    else:  # the second read the first's record: it adopted its lineage and took the bucket over
+        ok(set(rcs.values()) == {0}, f"both finished ({rcs}); the later took the bucket over")
+        first = next(n for n in procs if run_id(work / n) == (record.previous or {}).get("run_id"))
+        by_first = [e for e in record.bundles if e.run_id == run_id(work / first)]
+        ok(all(e.at <= record.acquired_at for e in by_first), "the first published nothing after the take-over")
+        ok(logs[first].count(FENCED) <= 1, "the fenced run said so at most once")
     ok(all_verify(store), "every listed bundle verifies on the bucket")
 
 
