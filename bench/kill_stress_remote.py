@@ -97,7 +97,7 @@ def one_iteration(
     expected = max(local[-1] if local else 0, bucket.newest_counting())
     n_starts = sum(1 for e in read_trace(trace) if e["ev"] == "start")
     before = bucket.unpublished()
-    what = run_and_kill(i, rng, root, trace, work, address, bucket, max_steps=expected + 10)
+    what = run_and_kill(i, rng, root, trace, work, address, bucket, max_steps=expected + 40)
     if bucket.unpublished() - before:
         bucket.partial_uploads += 1
         what += " (left a partial upload)"
