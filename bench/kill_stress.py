@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kill-anywhere stress: SIGKILL sc-app at explicit save phases and at random moments, then check the resume.
 
-Usage (repo root):  .venv/bin/python bench/kill_stress.py --iterations 100 [--seed 1] [--dir DIR]
+Usage (repo root):  .venv/bin/python bench/kill_stress.py --iterations 100 [--seed 1] [--dir DIR] [--remote]
 
 Each iteration runs the real CLI (embedded Ray + TransferQueue) on one checkpoint directory and kills it either
 at a fault-injection point (``SC_APP_FAULT_AT``: every phase of the save, controller SIGKILLed there) or at a
@@ -16,12 +16,16 @@ By default the runs join one local Ray head started here (``ray start --head --b
 at the end — never ``ray stop``), which saves Ray's start-up per iteration; between iterations the harness waits
 until the killed run's named actors (TransferQueue controller, restore guard) are gone, so every run starts on an
 untouched TransferQueue. ``--embedded`` starts a fresh local Ray per run instead.
+
+``--remote``: the same with ``checkpoint.remote`` on a real S3 server (radosgw started here), kills mid-upload
+included, some runs on an empty directory resuming from the bucket (``bench/kill_stress_remote.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import subprocess
@@ -184,7 +188,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=None, help="work dir (default: a new temp dir)")
     ap.add_argument("--embedded", action="store_true", help="a fresh local Ray per run instead of one shared head")
+    ap.add_argument("--remote", action="store_true", help="with checkpoint.remote on a real radosgw started here")
+    ap.add_argument("--kills", default="fault,sigkill,mid-upload", help="--remote: the kinds of kill drawn from")
     args = ap.parse_args()
+    if args.remote:
+        return main_remote(args)
     work = args.dir or Path(tempfile.mkdtemp(prefix="sc-app-kill-stress-"))
     work.mkdir(parents=True, exist_ok=True)
     root, trace = work / "ckpt", work / "trace.jsonl"
@@ -197,6 +205,33 @@ def main() -> int:
     finally:
         if head is not None:
             kill_session(head.pid)
+    return tally.close()
+
+
+def main_remote(args: argparse.Namespace) -> int:
+    from bench import kill_stress_remote as remote
+
+    work = args.dir or Path(tempfile.mkdtemp(prefix="sc-app-kill-stress-remote-"))
+    work.mkdir(parents=True, exist_ok=True)
+    root, trace = work / "ckpt", work / "trace.jsonl"
+    rng = random.Random(args.seed)
+    tally = Tally(args.iterations + 1)
+    bucket = remote.Bucket.start(work)
+    bucket.allowed = tuple(k for k in remote.KINDS if k in args.kills.split(","))
+    head, address = (None, None)
+    try:
+        head, address = (None, None) if args.embedded else start_head(work)
+        for i in range(args.iterations):
+            tally.record(i, *remote.one_iteration(i, rng, root, trace, work, address, bucket))
+        tally.record(args.iterations, "final run, not killed: the bucket catches up",
+                     remote.final_catch_up(root, trace, work, address, bucket))  # fmt: skip
+    finally:
+        if head is not None:
+            kill_session(head.pid)
+        bucket.stop()
+    summary = {"kills": bucket.kinds, "empty_dir_starts": bucket.fresh_zones,
+               "kills_leaving_a_partial_upload": bucket.partial_uploads, "bucket_newest": bucket.newest}  # fmt: skip
+    print(json.dumps(summary))
     return tally.close()
 
 

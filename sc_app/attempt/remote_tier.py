@@ -5,8 +5,12 @@
   write access, conditional writes, lineage); a refusal is one line, exit 2 (``RemoteRefused``);
 * ``RemoteTier.bring_home`` — before the resume decision: the bucket's newest bundle is downloaded when the local
   directory has no verified bundle as new (then the decision verifies and resumes it like any local one);
-* ``RemoteTier.start`` — once this attempt holds the local lease and knows its lineage: take the bucket (epoch + 1)
-  and start the uploader, which first catches the bucket up with the bundle the attempt resumes from;
+* ``RemoteTier.take`` — once this attempt holds the local lease and knows its lineage, before its resume decision:
+  take the bucket (epoch + 1), then ``bring_home`` again: a bundle the fenced attempt published after the first look
+  comes home too, so the attempt resumes from the bucket's newest as it stays (as a local retry resumes its
+  predecessor's newest bundle at the moment it took the lease);
+* ``RemoteTier.start`` — start the uploader, which first catches the bucket up with the bundle the attempt resumes
+  from;
 * ``RemoteTier.saved`` — every bundle published locally is handed to the uploader (behind training);
 * ``RemoteTier.finish`` — at the end: wait up to ``checkpoint.remote.drain_s`` for a run that ended by itself, not
   at all for a stop request (the local bundle is complete; the next attempt catches the bucket up).
@@ -23,7 +27,7 @@ from typing import Any
 
 from sc_app.checkpoint import BundleRules, choose_bundle, hmac_key_from_env
 from sc_app.checkpoint.lineage import read_lineage
-from sc_app.checkpoint.remote.fence import RemoteRefused, acquire
+from sc_app.checkpoint.remote.fence import RemoteLease, RemoteRefused, acquire, read_record
 from sc_app.checkpoint.remote.probe import open_bucket
 from sc_app.checkpoint.remote.record import RemoteRecord
 from sc_app.checkpoint.remote.store import RemoteError, Store
@@ -51,6 +55,7 @@ class RemoteTier:
     shown: Callable[[Any], None] = field(default=lambda r: None)  # the run's own on_progress
     newest_local: int = 0  # the newest bundle published locally (or resumed from)
     newest_remote: int = 0  # the newest published on the bucket
+    lease: RemoteLease | None = None  # once this attempt took the bucket
     _done: queue.SimpleQueue[UploadRecord] = field(default_factory=queue.SimpleQueue)
 
     def watch(self, calls: Any) -> Any:
@@ -81,12 +86,27 @@ class RemoteTier:
                 f"home ({exc}); nothing was started: rerun when the bucket (and the disk) can be used"
             ) from None
 
-    def start(self, run_id: str, lineage: str, resumed: Path | None) -> None:
+    def take(self, run_id: str, lineage: str) -> bool:
+        """Take the bucket (epoch + 1): the attempt that held it publishes nothing more. Then re-read its record;
+        True when it lists a bundle newer than at the first look (published by the attempt just fenced, after
+        ``bring_home`` looked): the caller brings it home before its resume decision."""
         remote = self.cfg.checkpoint.remote
+        before = max((b.step for b in self.record.bundles), default=-1) if self.record else -1
         try:
-            lease = acquire(self.store, run_id, lineage)
+            self.lease = acquire(self.store, run_id, lineage)
+            self.record = read_record(self.store)[0]
         except RemoteError as exc:
             raise RemoteRefused(f"checkpoint.remote.url={remote.url}: cannot take the bucket ({exc})") from None
+        return max((b.step for b in self.record.bundles), default=-1) > before if self.record else False
+
+    def start(self, run_id: str, lineage: str, resumed: Path | None) -> None:
+        """Start the uploader (taking the bucket first, unless ``take`` did), catching the bucket up with
+        ``resumed``."""
+        remote = self.cfg.checkpoint.remote
+        if self.lease is None:
+            self.take(run_id, lineage)
+        lease = self.lease
+        assert lease is not None
         published = [b.step for b in self.record.bundles] if self.record else []
         self.newest_remote = max(published, default=0)
         self.uploader = Uploader(
@@ -132,7 +152,8 @@ class RemoteTier:
     def finish(self, *, wait: bool) -> None:
         if self.uploader is None:
             return
-        if wait and not self.uploader.drain(self.cfg.checkpoint.remote.drain_s):
+        # a fenced uploader (another attempt took the bucket) said so in its one line: nothing is left to wait for
+        if wait and not self.uploader.drain(self.cfg.checkpoint.remote.drain_s) and self.uploader.lost is None:
             log.warning("remote tier: the newest bundle is not on the bucket yet (checkpoint.remote.drain_s=%g); the "
                         "next attempt uploads it", self.cfg.checkpoint.remote.drain_s)  # fmt: skip
         self.uploader.stop()

@@ -277,6 +277,9 @@ def _run_as_lease_holder(attempt: Attempt, plan: ResumePlan) -> RunResult:
     try:
         adopt = _recorded_lineage(plan) or (attempt.remote.lineage() if attempt.remote else None)
         attempt.rules = attempt.rules.with_lineage(ensure_lineage(root, adopt=adopt))
+        # take the bucket; what the attempt it fences published since the first look comes home before the decision
+        if attempt.remote is not None and attempt.remote.take(attempt.run_id, attempt.rules.lineage or ""):
+            attempt.remote.bring_home(attempt.rules)
         try:
             plan = attempt.plan("start")  # as the holder: now it may move leftovers aside
         except ResumeRefused:

@@ -1,5 +1,5 @@
-"""``sc-app ckpt list|verify|prune|rollback``: operator tools for the bundles of a checkpoint directory (``list`` and
-``verify`` and ``prune`` also of the remote tier, ``--remote s3://bucket/prefix``: ``ckpt_remote.py``).
+"""``sc-app ckpt list|verify|prune|rollback``: operator tools for the bundles of a checkpoint directory (each also of
+the remote tier, ``--remote s3://bucket/prefix``: ``ckpt_remote.py``).
 
 Every bundle is judged by the directory's ``BundleRules`` (``sc_app.checkpoint.selection``): a bundle of another
 lineage is listed and verified as BAD, never pruned nor counted, and never a rollback target.
@@ -12,7 +12,7 @@ import json
 
 from sc_app.checkpoint import layout
 from sc_app.checkpoint.selection import BundleRules
-from sc_app.cli.ckpt_remote import add_remote, cmd_remote, cmd_remote_prune
+from sc_app.cli.ckpt_remote import add_remote, cmd_remote, cmd_remote_prune, cmd_remote_rollback
 from sc_app.cli.options import add_checkpoint_dir, add_json, checkpoint_root
 from sc_app.exits import EXIT_BAD_INPUT, EXIT_OK, Parser, fail
 
@@ -38,9 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json(pr)
     pr.set_defaults(func=cmd_ckpt_prune)
     rb = cks.add_parser(
-        "rollback", help="move every bundle newer than step_K to quarantine/ (refused while a run holds the lease)"
+        "rollback", help="move every bundle newer than step_K to quarantine/ (refused while a run holds the lease; "
+        "--remote: to the bucket record's quarantine list, fencing any run still writing there)"
     )
-    add_checkpoint_dir(rb)
+    add_checkpoint_dir(rb, required=False)
+    add_remote(rb)
     rb.add_argument("--to", metavar="K", type=int, required=True, help="the step to resume from next")
     rb.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
     rb.set_defaults(func=cmd_ckpt_rollback)
@@ -147,6 +149,10 @@ def cmd_ckpt_prune(args: argparse.Namespace) -> int:
 def cmd_ckpt_rollback(args: argparse.Namespace) -> int:
     from sc_app.checkpoint.rollback import RollbackRefused, rollback
 
+    if problem := _one_tier(args):
+        return fail(problem)
+    if args.remote is not None:
+        return cmd_remote_rollback(args)
     root = checkpoint_root(args, must_exist=True)
     try:
         done = rollback(BundleRules.of_dir(root), args.to, dry_run=args.dry_run)

@@ -1,12 +1,15 @@
 """``sc-app export``: a verified bundle's policy, written in its backend's loadable layout (the hf backend: a
 Hugging Face directory). The bundle is ``choose_bundle``'s: the newest verified one of the directory's lineage, or
-the one ``--step`` names — a bundle copied in from another job is never exported as this run's."""
+the one ``--step`` names — a bundle copied in from another job is never exported as this run's. ``--remote
+s3://bucket/prefix`` exports from the bucket instead (``export_remote.py``)."""
 
 from __future__ import annotations
 
 import argparse
 
 from sc_app.checkpoint import BundleRules, choose_bundle, layout
+from sc_app.cli.ckpt_remote import add_remote
+from sc_app.cli.export_remote import cmd_export_remote
 from sc_app.cli.options import add_checkpoint_dir, checkpoint_root
 from sc_app.exits import EXIT_OK, fail
 
@@ -18,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Verify a bundle and write its policy as safetensors + config + tokenizer into a new directory "
         "that AutoModelForCausalLM.from_pretrained loads.",
     )
-    add_checkpoint_dir(ex)
+    add_checkpoint_dir(ex, required=False)
+    add_remote(ex)
     ex.add_argument("--step", metavar="N", type=int, help="the bundle step_N (default: the newest verified one)")
     ex.add_argument("--out", metavar="DIR", required=True, help="a new (or empty) directory")
     ex.set_defaults(func=cmd_export)
@@ -28,6 +32,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from sc_app.rl import hooks
     from sc_app.rl.export_target import ExportTargetError, check_export_out
 
+    if (args.checkpoint_dir is None) == (args.remote is None):
+        return fail("give exactly one of --checkpoint-dir DIR and --remote s3://bucket/prefix")
+    if args.remote is not None:
+        return cmd_export_remote(args)
     root = checkpoint_root(args, must_exist=True)
     try:
         check_export_out(args.out, root)  # never inside checkpoint.dir, never a link, a name that can be created

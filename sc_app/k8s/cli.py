@@ -114,6 +114,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 @_command
 def cmd_status(args: argparse.Namespace) -> int:
     st = RayJobs(_kube(args)).status(_name(args), live=not args.no_live, last_events=args.events)
+    if not args.no_remote:
+        from sc_app.k8s.remote_state import remote_doc, remote_state
+
+        doc = remote_doc(load_values(args.values, args.set))
+        st.remote = remote_state(doc, request_timeout=args.request_timeout) if doc is not None else None
     print(json.dumps(st.as_dict(), indent=2) if args.json else "\n".join(st.lines()))
     return EXIT_OK
 
@@ -226,6 +231,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--events", type=_count, default=5, metavar="N", help="driver events to show (default 5)")
     st.add_argument("--no-live", action="store_true", help="do not ask the head's Ray Jobs API (no proxy access)")
+    st.add_argument("--no-remote", action="store_true", help="do not read the bucket of config.checkpoint.remote "
+                    "(its newest bundle; needs its credentials where this runs)")  # fmt: skip
     st.set_defaults(func=cmd_status)
 
     wt = verbs.add_parser("wait", help="wait until the job completes or fails (exit 0 only on success)")

@@ -57,6 +57,7 @@ class JobStatus:
     kueue: list[str] = field(default_factory=list)  # one line per Kueue Workload of a queued job
     pre_running_deadline: int | None = None  # spec.preRunningDeadlineSeconds
     preflight: preflight_state.PreflightState | None = None
+    remote: Any = None  # remote_state.RemoteState: the bucket's newest bundle, when checkpoint.remote is set
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> JobStatus:
@@ -107,6 +108,7 @@ class JobStatus:
             "podsLeft": self.pods_left,
             "kueue": self.kueue,
             "preflightRefusal": self.preflight.reason if self.preflight and self.preflight.refusing else None,
+            "remote": self.remote.as_dict() if self.remote is not None else None,
         }
 
     def lines(self) -> list[str]:
@@ -125,6 +127,7 @@ class JobStatus:
             f"newest bundle at the last (re)start: {step}"
             + (f" [{self.resume_decision}]" if self.resume_decision else ""),
         ]
+        out += [self.remote.line()] if self.remote is not None else []
         out += [f"message: {self.message}"] if self.message else []
         out += self.kuberay_lines()
         out += self.kueue

@@ -21,8 +21,8 @@ class ExportTargetError(ValueError):
     """``--out`` cannot be written; ``str()`` is one line naming it and what to do."""
 
 
-def check_export_out(out: str, checkpoint_dir: str | Path) -> Path:
-    """``out`` as the path to write, or ``ExportTargetError``."""
+def check_export_out(out: str, checkpoint_dir: str | Path | None) -> Path:
+    """``out`` as the path to write, or ``ExportTargetError`` (``checkpoint_dir`` None: the bundle is on a bucket)."""
     if not out or "\0" in out:
         raise ExportTargetError(f"--out {show(out)!r}: not a path; name a new directory")
     path = Path(os.path.abspath(out))
@@ -41,6 +41,8 @@ def check_export_out(out: str, checkpoint_dir: str | Path) -> Path:
         )
     if os.path.islink(path):
         raise ExportTargetError(f"--out {show(out)}: is a symbolic link; name a new directory (links are not followed)")
+    if checkpoint_dir is None:
+        return path
     real = Path(os.path.realpath(path.parent)) / name
     ckpt = Path(os.path.realpath(checkpoint_dir))
     if real == ckpt or ckpt in real.parents:

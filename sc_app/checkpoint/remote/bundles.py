@@ -137,6 +137,16 @@ def download(store: Store, bundle: RemoteBundle, root: Path, *, concurrency: int
         raise
 
 
+def fetch_files(store: Store, bundle: RemoteBundle, rels: list[str], dest: Path, *, concurrency: int) -> None:
+    """Stream the files ``rels`` of ``bundle`` (checked: ``ok``) into ``dest/<rel>``, each hashed as it is written
+    (``Corrupt`` at the first size or digest that differs from the manifest); what a reader needs of a bundle
+    (``sc-app export --remote``: the policy) without bringing all of it home. The caller removes ``dest``."""
+    assert bundle.manifest is not None and bundle.ok
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="s3-get") as pool:
+        for done in [pool.submit(_fetch_file, store, bundle, rel, bundle.manifest.files[rel], dest) for rel in rels]:
+            done.result()
+
+
 def _fetch_file(store: Store, bundle: RemoteBundle, rel: str, want: dict[str, object], tmp: Path) -> None:
     key = store.key(BUNDLES, bundle.entry.dir, rel)
     dest = tmp / rel
@@ -164,5 +174,5 @@ def _fetch_file(store: Store, bundle: RemoteBundle, rel: str, want: dict[str, ob
     finally:
         body.close()
     if (h.hexdigest(), size) != (want["digest"], want["size"]):
-        raise Corrupt(f"{store.where(key)}: its bytes do not match the manifest's digest; not resuming from it")
+        raise Corrupt(f"{store.where(key)}: its bytes do not match the manifest's digest: that bundle is not used")
     del length

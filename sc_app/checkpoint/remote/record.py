@@ -7,7 +7,9 @@ One JSON object, rewritten only with a conditional PUT (``If-None-Match: *`` whe
 * an attempt takes the bucket by writing ``epoch + 1`` with its run id (the newest attempt wins, as locally);
 * it publishes a bundle by adding it to ``bundles`` *only while the record it read still names it* — an attempt
   that was superseded meanwhile gets 412 (the ETag changed), so its upload never becomes a bundle;
-* ``lineage`` is written by the first attempt and never changed: a run of another lineage is refused.
+* ``lineage`` is written by the first attempt and never changed: a run of another lineage is refused;
+* ``sc-app ckpt rollback --remote`` moves the bundles newer than its target from ``bundles`` to ``quarantined``
+  (their objects stay where they are: nothing is deleted, nothing counts or resumes from there).
 
 A bundle on the bucket counts only when this record lists it, its ``manifest.json`` is there with the digest the
 record names, and every file the manifest lists has its size (and, verified, its digest).
@@ -44,6 +46,15 @@ class Published:
 
 
 @dataclass(frozen=True)
+class Quarantined:
+    """A bundle a rollback took out of the record's ``bundles``: its objects stay on the bucket, uncounted."""
+
+    bundle: Published
+    why: str
+    moved_at: str
+
+
+@dataclass(frozen=True)
 class RemoteRecord:
     lineage: str
     run_id: str
@@ -51,6 +62,7 @@ class RemoteRecord:
     acquired_at: str
     bundles: tuple[Published, ...] = ()
     previous: dict[str, Any] | None = field(default=None)
+    quarantined: tuple[Quarantined, ...] = ()
 
     def newest_first(self) -> list[Published]:
         return sorted(self.bundles, key=lambda b: b.step, reverse=True)
@@ -71,9 +83,16 @@ class RemoteRecord:
     def without(self, entries: list[Published]) -> RemoteRecord:
         return replace(self, bundles=tuple(b for b in self.bundles if b not in entries))
 
+    def quarantine(self, entries: list[Published], why: str, at: str) -> RemoteRecord:
+        """``entries`` out of ``bundles`` and into ``quarantined`` (the newest ``MAX_LISTED`` kept there)."""
+        moved = [*self.quarantined, *(Quarantined(e, why, at) for e in entries)][-MAX_LISTED:]
+        return replace(self.without(entries), quarantined=tuple(moved))
+
     def to_json(self) -> bytes:
         doc = {"format": RECORD_FORMAT, **asdict(self)}
         doc["bundles"] = [asdict(b) for b in self.bundles]
+        if not self.quarantined:  # a record without a rollback reads as before (older sc-app ignores the key)
+            del doc["quarantined"]
         return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -94,6 +113,7 @@ class RemoteRecord:
             raise bad("no sc-app format")
         try:
             bundles = tuple(_published(b) for b in doc.get("bundles", []))
+            quarantined = tuple(_quarantined(q) for q in doc.get("quarantined", []))
             record = cls(
                 lineage=_typed(doc, "lineage", str),
                 run_id=_typed(doc, "run_id", str),
@@ -101,6 +121,7 @@ class RemoteRecord:
                 acquired_at=_typed(doc, "acquired_at", str),
                 bundles=bundles,
                 previous=doc.get("previous") if isinstance(doc.get("previous"), dict) else None,
+                quarantined=quarantined,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(str(exc.args[0]) if exc.args else type(exc).__name__) from None
@@ -132,6 +153,12 @@ def _published(doc: Any) -> Published:
     if "/" in entry.dir or entry.dir in ("", ".", "..") or len(entry.manifest) != 64:
         raise ValueError(f"bundle entry {entry.dir!r} is not a directory name with a 64-hex manifest digest")
     return entry
+
+
+def _quarantined(doc: Any) -> Quarantined:
+    if not isinstance(doc, dict):
+        raise TypeError("a quarantined entry is not an object")
+    return Quarantined(_published(doc.get("bundle")), _typed(doc, "why", str), _typed(doc, "moved_at", str))
 
 
 def bundle_dir(step: int, run_id: str, epoch: int) -> str:

@@ -185,15 +185,15 @@ class Store:
         return out["Body"], int(out["ContentLength"])
 
 
-def make_client(cfg: RemoteConfig) -> Any:
-    """A boto3 S3 client with the config's endpoint, region, addressing style and timeouts; credentials from
-    boto3's standard chain only."""
+def make_client(cfg: RemoteConfig, *, attempts: int = 5) -> Any:
+    """A boto3 S3 client with the config's endpoint, region, addressing style and timeouts, ``attempts`` tries per
+    request (backoff between); credentials from boto3's standard chain only."""
     import boto3
     from botocore.config import Config
 
     config = Config(
         s3={"addressing_style": cfg.addressing_style},
-        retries={"mode": "standard", "max_attempts": 5},
+        retries={"mode": "standard", "max_attempts": attempts},
         connect_timeout=min(cfg.request_timeout_s, 30.0),
         read_timeout=cfg.request_timeout_s,
         max_pool_connections=max(10, cfg.max_concurrency * 2),

@@ -295,3 +295,57 @@ def test_a_server_down_while_bringing_home_stops_the_run_rather_than_resume_olde
     assert "\n" not in str(err.value)
     assert tree(local) == before and sorted(p.name for p in local.iterdir()) == ["step_2"]
     assert tier.bring_home(BundleRules.of_dir(local)) is not None  # the server back: step_4 comes home
+
+
+def test_two_attempts_on_one_bucket_the_older_is_fenced_with_one_line(
+    s3_remote: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two clusters, one bucket, at the tier's level: the newer attempt takes the bucket; the older one's next upload
+    is refused (its objects never become a bundle), said in one line, and its end waits for nothing more."""
+    import logging
+
+    from sc_app.attempt.remote_tier import open_remote
+    from sc_app.config.app import AppConfig
+
+    cfg = AppConfig().model_copy(update={"checkpoint": AppConfig().checkpoint.model_copy(update={"remote": s3_remote})})
+    older, newer = open_remote(cfg, tmp_path / "a"), open_remote(cfg, tmp_path / "b")
+    assert older is not None and newer is not None
+    older.start("older", LINEAGE, None)
+    newer.start("newer", LINEAGE, None)
+    caplog.set_level(logging.INFO)
+    try:
+        assert older.uploader is not None
+        older.uploader.submit(make_bundle(tmp_path / "a", 2, lineage=LINEAGE))
+        older.finish(wait=True)
+    finally:
+        newer.finish(wait=False)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "now held by run newer (epoch 2); this run (epoch 1) publishes nothing more" in lines[0]
+    record, _ = read_record(newer.store)
+    assert record is not None and record.bundles == () and (record.run_id, record.epoch) == ("newer", 2)
+
+
+def test_what_the_fenced_attempt_published_after_the_first_look_comes_home_before_the_decision(
+    s3_remote: Any, tmp_path: Path
+) -> None:
+    """B looks at the bucket (step_2 comes home), A publishes step_4 meanwhile, B takes the bucket: A is fenced and
+    step_4 comes home too, so B resumes from the bucket's newest as it stays (not from step_2, which would fork)."""
+    from sc_app.attempt.remote_tier import open_remote
+    from sc_app.checkpoint import BundleRules
+    from sc_app.config.app import AppConfig
+
+    store = _store(s3_remote)
+    a = acquire(store, "run-a", LINEAGE)
+    _upload(store, make_bundle(tmp_path / "a", 2, lineage=LINEAGE), a)
+    cfg = AppConfig().model_copy(update={"checkpoint": AppConfig().checkpoint.model_copy(update={"remote": s3_remote})})
+    b = open_remote(cfg, tmp_path / "b")
+    assert b is not None
+    first = b.bring_home(BundleRules.of_dir(tmp_path / "b"))
+    assert first is not None and first.step == 2
+    _upload(store, make_bundle(tmp_path / "a", 4, lineage=LINEAGE), a)  # after B's look, before its take-over
+    assert b.take("run-b", LINEAGE) is True
+    again = b.bring_home(BundleRules.of_dir(tmp_path / "b"))
+    assert again is not None and again.step == 4 and verify_bundle(again.path).ok
+    with pytest.raises(RemoteLeaseLost):
+        _upload(store, make_bundle(tmp_path / "a", 6, lineage=LINEAGE), a)
+    assert b.take("run-b2", LINEAGE) is False  # nothing newer since: no second look needed

@@ -105,3 +105,15 @@ def test_bad_remote_config_is_one_line(setting: str, needle: str) -> None:
 def test_a_remote_tier_without_checkpoints_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"checkpoint\.remote\.url needs checkpoint\.enabled=true"):
         load_config(None, ["checkpoint.enabled=false", "checkpoint.remote.url=s3://bkt/p"])
+
+
+def test_quarantined_bundles_round_trip_and_stay_out_of_the_published_list() -> None:
+    from sc_app.checkpoint.remote.record import Published, RemoteRecord
+
+    a, b = (Published(s, f"step_{s}.r.e1", "ab" * 32, "r", 1, "t") for s in (2, 4))
+    rec = RemoteRecord("lin", "r", 1, "t", (a, b)).quarantine([b], "rolled back to step_2", "t2")
+    assert rec.bundles == (a,) and rec.published(4) is None
+    again = RemoteRecord.parse("s3://b/LEASE", rec.to_json())
+    assert again == rec and again.quarantined[0].bundle == b and again.quarantined[0].why == "rolled back to step_2"
+    plain = RemoteRecord("lin", "r", 1, "t", (a,))
+    assert b"quarantined" not in plain.to_json(), "a record without a rollback is written as before"
