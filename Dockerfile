@@ -72,7 +72,7 @@ COPY --from=build /opt/sc-app /opt/sc-app
 RUN if [ -s /opt/sc-app/apt-packages.txt ]; then \
       apt-get update \
       && xargs apt-get install -y --no-install-recommends < /opt/sc-app/apt-packages.txt \
-      && rm -rf /var/lib/apt/lists/*; \
+      && apt-get clean && rm -rf /var/lib/apt/lists/*; \
     fi
 # KubeRay starts Ray through `bash -c` (a login shell `bash -lc` only with the operator's ENABLE_LOGIN_SHELL, which
 # resets PATH from /etc/profile): the venv is first on PATH either way.
