@@ -34,8 +34,9 @@ test-sysdeps:
 
 # Two pytest workers, a whole file to each at a time, handed out in conftest's order (longest first by
 # tests/durations.json; xdist's own reorder, by number of tests per file, would start the long e2e files last).
-# 2026-12-02, 2 quiet cores, fresh clone: ~28 min (the budget is 20; see docs/development.md). `make test
-# PYTEST_ARGS=` runs it in one process.
+# 2026-12-02, two fresh clones' suites at once on the 2 cores (load 14-41): 39 min 51 s of pytest each, ~2,400
+# CPU-seconds each (a single quiet suite was not timed after that work; the budget is 20 min: docs/development.md).
+# `make test PYTEST_ARGS=` runs it in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP) test-sysdeps
