@@ -210,7 +210,7 @@ class RunLogWriter:
                     snapshot = self._s.dropped.copy()
                 try:
                     if fh is None:
-                        fh, tb = self._open()
+                        fh = self._open()
                     lines, logged = self._encode(batch, drops, snapshot)
                     fh.write("".join(lines))
                     fh.flush()
@@ -243,7 +243,7 @@ class RunLogWriter:
                 with contextlib.suppress(Exception):
                     tb.close()
 
-    def _open(self) -> tuple[TextIO, ScalarWriter | None]:
+    def _open(self) -> TextIO:
         opts = self.opts
         Path(opts.log_dir).mkdir(parents=True, exist_ok=True)
         if self.prior is None:
@@ -251,8 +251,7 @@ class RunLogWriter:
         close_torn_line(self.path)  # also after a failed write that may have cut a line
         # a FIFO here blocks only this thread, as a hung volume would: training never waits for the log (close()
         # gives up after its timeout and counts what it could not write)
-        fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the thread
-        return fh, None
+        return open(self.path, "a", encoding="utf-8")
 
     def _open_tensorboard(self) -> ScalarWriter | None:
         """The attempt's TensorBoard writer, made at its first step (importing it costs seconds of CPU: the JSONL
