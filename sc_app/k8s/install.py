@@ -106,6 +106,21 @@ def submit(kube: Kube, release: Release) -> list[str]:
     return done
 
 
+_UNREAD = object()  # a StorageClass that could not be read (not: one that does not exist, which is None)
+
+
+def _storage_class(kube: Kube, name: str, notes: list[str], pending: str) -> Any:
+    """StorageClass ``name`` (None: no such class); ``_UNREAD``, with a note in ``notes``, when it cannot be read for a
+    reason a retry would not change (cluster-scoped RBAC is often not granted); a transient error is raised."""
+    try:
+        return kube.get(kube.resource("storage.k8s.io/v1", "StorageClass"), name)
+    except K8sError as exc:
+        if exc.transient:
+            raise
+        notes.append(f"note: StorageClass {name} not checked ({exc}); `sc-app k8s status` shows {pending}")
+        return _UNREAD
+
+
 def _check_claims(kube: Kube, claims: list[dict[str, Any]]) -> list[str]:
     """Refuse (before anything is written) a claim its StorageClass cannot bind; lines to print when the classes
     cannot be read (cluster-scoped RBAC is often not granted: the check is then skipped, and ``status`` shows a
@@ -115,12 +130,8 @@ def _check_claims(kube: Kube, claims: list[dict[str, Any]]) -> list[str]:
         name = str((claim.get("spec") or {}).get("storageClassName") or "")
         if not name or kube.get(kube.resource("v1", "PersistentVolumeClaim"), claim["metadata"]["name"]):
             continue  # the cluster default (ReadWriteOnce only, see the chart) or a kept claim
-        try:
-            found = kube.get(kube.resource("storage.k8s.io/v1", "StorageClass"), name)
-        except K8sError as exc:
-            if exc.transient:
-                raise
-            notes.append(f"note: StorageClass {name} not checked ({exc}); `sc-app k8s status` shows a Pending claim")
+        found = _storage_class(kube, name, notes, "a Pending claim")
+        if found is _UNREAD:
             continue
         problem = storage.class_problem(claim, found)
         if problem:
@@ -134,12 +145,8 @@ def _check_per_pod_claims(kube: Kube, job: dict[str, Any]) -> list[str]:
     notes: list[str] = []
     for name in sorted({str((t.get("spec") or {}).get("storageClassName") or "")
                         for t in storage.per_pod_claims(job)} - {""}):
-        try:
-            found = kube.get(kube.resource("storage.k8s.io/v1", "StorageClass"), name)
-        except K8sError as exc:
-            if exc.transient:
-                raise
-            notes.append(f"note: StorageClass {name} not checked ({exc}); `sc-app k8s status` shows Pending pods")
+        found = _storage_class(kube, name, notes, "Pending pods")
+        if found is _UNREAD:
             continue
         problem = storage.class_problem({"spec": {"storageClassName": name, "accessModes": ["ReadWriteOnce"]}},
                                         found, what="each pod's checkpoint claim",
