@@ -14,10 +14,11 @@ Invariants:
 * A step is marked ``redone`` when an earlier attempt already trained it (``Prior.high_water``: the highest step in
   the log before this attempt — a torn line counts — found by reading the file backwards to the previous ``start``
   event, which records the high-water mark before it). The same rule purges the older points in TensorBoard.
-* Everything touching the volume runs in the writer thread, at background priority: opening, scanning, writing,
-  TensorBoard (its writer made at the first step, after that batch's JSONL lines; flushed with every batch), fsync
-  (every ``fsync_interval_s`` and at close). ``close(timeout)`` waits at most ``timeout`` for it and reports what
-  was still unwritten.
+* Everything touching ``metrics.jsonl`` runs in the writer thread, at background priority: opening, scanning,
+  writing, fsync (every ``fsync_interval_s`` and at close). It hands each written batch to ``TensorBoardFeed``
+  (a thread of its own) and never waits for it: TensorBoard's import never holds a JSONL line back, so a SIGKILL
+  loses only the records the volume had not taken yet. ``close(timeout)`` waits at most ``timeout`` for both and
+  reports what was still unwritten.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from sc_app.observe.records import (
     encode_step,
 )
 from sc_app.observe.runlog_file import Prior, close_torn_line, scan_prior
-from sc_app.observe.tensorboard_writer import ScalarWriter
+from sc_app.observe.tensorboard_writer import TensorBoardFeed
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,7 @@ class RunLogWriter:
         self.path = Path(opts.log_dir) / LOG_FILE
         self._cond = threading.Condition()
         self._s = _State()
-        self._tb_tried = False  # the TensorBoard writer was made (or failed): made once, at the first step
-        self._tb_held: list[LoggedStep | LoggedEvent] = []
+        self._tb = TensorBoardFeed(opts.log_dir, capacity=opts.capacity) if opts.tensorboard else None
         self._thread = threading.Thread(target=self._run, name="run-log", daemon=True)
         self._written = 0
         self.prior: Prior | None = None  # known once the thread opened the log
@@ -176,8 +176,13 @@ class RunLogWriter:
                 self._s.buf.append(_Pending("event", time.time(), final))
             self._s.closing = True
             self._cond.notify()
+        give_up = time.monotonic() + timeout
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self._tb is not None and not self._tb.close(max(0.0, give_up - time.monotonic())):
+            log.warning(
+                "run log %s: TensorBoard files not closed after %.0fs; metrics.jsonl is complete", self.path, timeout
+            )
         with self._cond:
             left = len(self._s.buf) + self._s.busy if self._thread.is_alive() else 0
             result = CloseResult(self._written, self._s.dropped.copy(), left)
@@ -194,7 +199,6 @@ class RunLogWriter:
     def _run(self) -> None:
         lower_current_thread_priority()
         fh: TextIO | None = None
-        tb: ScalarWriter | None = None
         reported = Dropped()
         last_fsync = time.monotonic()
         warned = False
@@ -230,7 +234,8 @@ class RunLogWriter:
                             fh.close()
                     fh = None
                     logged = []
-                tb = self._to_tensorboard(tb, logged)
+                if self._tb is not None and logged:
+                    self._tb.put(logged, purge_step=self._purge_step())
                 with self._cond:
                     self._s.busy = 0
                     if closing and not self._s.buf:
@@ -239,9 +244,6 @@ class RunLogWriter:
             if fh is not None:
                 with contextlib.suppress(OSError):
                     fh.close()
-            if tb is not None:
-                with contextlib.suppress(Exception):
-                    tb.close()
 
     def _open(self) -> TextIO:
         opts = self.opts
@@ -253,17 +255,10 @@ class RunLogWriter:
         # gives up after its timeout and counts what it could not write)
         return open(self.path, "a", encoding="utf-8")
 
-    def _open_tensorboard(self) -> ScalarWriter | None:
-        """The attempt's TensorBoard writer, made at its first step (importing it costs seconds of CPU: the JSONL
-        lines of a batch are written before, and a run that trains no step never pays it)."""
-        opts = self.opts
-        self._tb_tried = True
-        redo = self.prior is not None and self.prior.high_water > opts.start_step
-        try:
-            return ScalarWriter(Path(opts.log_dir), purge_step=opts.start_step + 1 if redo else None)
-        except Exception as exc:  # TensorBoard is a convenience: the JSONL log goes on without it
-            log.warning("run log %s: TensorBoard files disabled (%s: %s)", opts.log_dir, type(exc).__name__, exc)
-            return None
+    def _purge_step(self) -> int | None:
+        """The first step this attempt logs again (TensorBoard drops the older attempts' points from there)."""
+        redo = self.prior is not None and self.prior.high_water > self.opts.start_step
+        return self.opts.start_step + 1 if redo else None
 
     def _stamp(self, t: float) -> Stamp:
         assert self.prior is not None
@@ -301,27 +296,3 @@ class RunLogWriter:
                 lines.append(encode_event(ev, stamp))
             logged.append(item)
         return lines, logged
-
-    def _to_tensorboard(self, tb: ScalarWriter | None, logged: list[LoggedStep | LoggedEvent]) -> ScalarWriter | None:
-        if tb is None and self.opts.tensorboard and not self._tb_tried:
-            self._tb_held.extend(logged)  # events before the first step wait for it
-            if not any(isinstance(item, LoggedStep) for item in self._tb_held):
-                return None
-            logged, self._tb_held = self._tb_held, []
-            tb = self._open_tensorboard()
-        if tb is None:
-            return None
-        try:
-            for item in logged:
-                if isinstance(item, LoggedStep):
-                    tb.step(item)
-                else:
-                    tb.event(item)
-            if logged:
-                tb.flush()  # as durable as the JSONL lines: a SIGKILL loses no point metrics.jsonl kept
-            return tb
-        except Exception as exc:  # a broken event file must not stop the JSONL log
-            log.warning("run log %s: TensorBoard writing stopped (%s: %s)", self.opts.log_dir, type(exc).__name__, exc)
-            with contextlib.suppress(Exception):
-                tb.close()
-            return None

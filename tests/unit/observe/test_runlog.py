@@ -216,3 +216,68 @@ def test_an_attempt_that_trains_no_step_writes_no_tensorboard_file(tmp_path: Pat
         "exit",
     ]
     assert not list(tmp_path.glob("events.out.tfevents.*"))
+
+
+def test_jsonl_lines_never_wait_for_tensorboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorBoard's writer (a torch import: seconds of CPU, longer than a step on a loaded node) is made in a
+    thread of its own: every step queued meanwhile reaches metrics.jsonl, so a SIGKILL during that import loses no
+    line (the CI failure: steps 5-9 were held behind it when the head was killed, and the resumed bundle covered only
+    6-10). Once the writer exists, the points held for it are written."""
+    from sc_app.observe import tensorboard_writer
+
+    made = threading.Event()
+    release = threading.Event()
+    points: list[tuple[str, int]] = []
+
+    class SlowImport:
+        def __init__(self, log_dir: Path, *, purge_step: int | None) -> None:
+            made.set()
+            assert release.wait(60)
+
+        def step(self, logged: object) -> None:
+            points.append(("step", logged.step))  # type: ignore[attr-defined]
+
+        def event(self, logged: object) -> None:
+            points.append(("event", logged.step))  # type: ignore[attr-defined]
+
+        def flush(self) -> None: ...
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(tensorboard_writer, "ScalarWriter", SlowImport)
+    w = RunLogWriter(RunLogOptions(tmp_path, run_id="r", attempt=1, start_step=0, tensorboard=True)).start()
+    w.event(Event("start", 0, {"decision": "fresh"}))
+    w.step(rec(1))
+    assert made.wait(30)
+    for s in range(2, 10):
+        w.step(rec(s))
+    wait_until(lambda: len(read_history(tmp_path).steps) == 9)
+    assert [s.step for s in read_history(tmp_path).steps] == list(range(1, 10))
+    assert points == []
+    release.set()
+    result = w.close()
+    assert result.unwritten == 0
+    assert points == [("event", 0), *(("step", s) for s in range(1, 10))]
+
+
+def test_a_tensorboard_writer_still_importing_at_close_never_holds_the_jsonl_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sc_app.observe import tensorboard_writer
+
+    made = threading.Event()
+    release = threading.Event()
+
+    class Stuck:
+        def __init__(self, log_dir: Path, *, purge_step: int | None) -> None:
+            made.set()
+            release.wait(60)
+
+    monkeypatch.setattr(tensorboard_writer, "ScalarWriter", Stuck)
+    w = RunLogWriter(RunLogOptions(tmp_path, run_id="r", attempt=1, start_step=0, tensorboard=True)).start()
+    w.step(rec(1))
+    assert made.wait(30)
+    result = w.close(timeout=0.5, final=Event("exit", 1, {"code": 0, "final_step": 1}))
+    release.set()
+    assert result.unwritten == 0 and result.written == 2
+    assert [s.step for s in read_history(tmp_path).steps] == [1]
