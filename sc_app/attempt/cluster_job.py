@@ -40,6 +40,19 @@ DRAIN_TIMEOUT_S = 10.0  # how long a halted controller may take to hand over the
 PROBE_S = 10.0  # after a hang, how long each process has to answer the probe (at most run.hang_timeout_s)
 
 
+def drained_after_halt(records: list[ProgressRecord], *, after_hang: bool) -> list[ProgressRecord]:
+    """What a halted controller's unpolled progress hands on. After a hang, no step record: the job reported nothing
+    for ``run.hang_timeout_s`` before it was declared hung, so a step that finished since (its hung process killed,
+    its call then answered) holds the frozen seconds — never training in the goodput ledger; the restored job
+    trains it again from the bundle. After a death every record is kept (a step trained just before it)."""
+    if not after_hang:
+        return list(records)
+    kept = [r for r in records if not isinstance(r, StepRecord)]
+    if len(kept) < len(records):
+        log.info("after the hang: %d step record(s) of the halted controller not logged", len(records) - len(kept))
+    return kept
+
+
 class ClusterJob:
     """The attempt's job on Ray (the module docstring). ``attempt``: ``run.Attempt`` (not imported: ``run``
     imports this module); ``start``: ``run.start_controller``."""
@@ -157,7 +170,8 @@ class ClusterJob:
         generators = halt_controller(setup.actor, self.attempt.cfg.run.reset_timeout_s)
         if generators is not None:
             try:
-                for record in ray.get(setup.actor.progress.remote(self._seen), timeout=DRAIN_TIMEOUT_S):
+                drained = ray.get(setup.actor.progress.remote(self._seen), timeout=DRAIN_TIMEOUT_S)
+                for record in drained_after_halt(drained, after_hang=bool(self._hung)):
                     self._progress(record)
             except Exception:  # progress is a report: a restore does not wait on it
                 log.warning("could not collect the halted controller's last progress", exc_info=True)

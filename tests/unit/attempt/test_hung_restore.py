@@ -100,3 +100,16 @@ def test_the_probe_is_bounded_by_the_hang_timeout(monkeypatch: pytest.MonkeyPatc
     job.attempt.cfg = AppConfig.model_validate({"run": {"hang_timeout_s": 3}})
     job.what_died(SETUP, JOB_SILENT)
     assert watch.probed_for == 3.0 and watch.killed == ["trainer rank 0"]
+
+
+def test_after_a_hang_the_halted_controllers_step_records_are_not_logged() -> None:
+    """A step that finished after the job went silent (its hung process killed, the call then answered) holds the
+    frozen seconds: the drain hands on its save and fault records, never its steps. After a death every record of
+    the drain is a step trained before it, and is kept."""
+    from sc_app.progress import SaveRecord, StepRecord
+
+    step = StepRecord(step=5, reward=0.5, loss=0.1, staleness=0.0, rows_held=0, step_seconds=25.6)
+    save = SaveRecord(step=5, bundle="step_5", seconds=1, paused_seconds=0, window_seconds=0, groups=1,
+                      data_plane_bytes=0)
+    assert cluster_job.drained_after_halt([step, save], after_hang=True) == [save]
+    assert cluster_job.drained_after_halt([step, save], after_hang=False) == [step, save]
