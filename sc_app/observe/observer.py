@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sc_app.checkpoint.layout import step_dirs
 from sc_app.checkpoint.lease import Lease, read_lease
+from sc_app.checkpoint.manifest import ManifestError, hmac_key_from_env, read_manifest
 from sc_app.checkpoint.resume import ResumePlan
 from sc_app.exits import EXIT_SUPERSEDED
 from sc_app.observe.goodput import Ledger, ledger
@@ -238,25 +240,50 @@ class JobObserver:
         return self
 
     def _recover(self, plan: ResumePlan) -> None:
-        """Log the steps the resumed bundle covers that no attempt logged (its driver was killed before its writer
-        wrote them): the bundle's manifest keeps every step since the bundle before it. So a step a bundle covers
-        is never missing from the log, whatever killed the attempt that trained it."""
+        """Log the steps the bundles on the volume cover that no attempt logged (its driver was killed before its
+        writer wrote them, or while its volume stalled): each manifest keeps every step since the bundle before
+        it. The resumed bundle's verified manifest first, then the older bundles' (signature checked, files not:
+        a log line is a report, never a resume point), newest first until one holds no step the log lacks. So a step
+        a kept bundle covers is never missing from the log, whatever killed the attempt that trained it."""
         manifest = plan.reports[-1].manifest if plan.reports else None
-        kept = manifest.doc.get("steps") if manifest is not None else None
-        if self.writer is None or not isinstance(kept, list) or not kept:
+        if self.writer is None or manifest is None or plan.bundle is None:
             return
         try:
             logged = {s.step for s in read_history(self.opts.log_dir).steps}  # type: ignore[arg-type]
         except (OSError, RunLogMissing):
             logged = set()
+        if self._recover_from(plan.bundle.name, manifest.doc.get("steps"), logged, plan.step) is None:
+            return
+        try:
+            older = [path for step, path in step_dirs(plan.bundle.parent) if step < plan.step]
+        except OSError:
+            return
+        key = hmac_key_from_env()
+        for path in older:
+            try:
+                kept = read_manifest(path, hmac_key=key).doc.get("steps")
+            except (ManifestError, OSError) as exc:
+                log.debug("run log: no steps recovered from %s (%s)", path, exc)
+                continue
+            if self._recover_from(path.name, kept, logged, plan.step) is None:
+                return
+
+    def _recover_from(self, bundle: str, kept: Any, logged: set[int], upto: int) -> list[int] | None:
+        """Log the steps of one manifest's ``steps`` that ``logged`` lacks; None when it lacked none of them."""
+        assert self.writer is not None
+        if not isinstance(kept, list) or not kept:
+            return []
         recovered = []
         for doc in kept:
             rec = _step_from_bundle(doc)
-            if rec is not None and rec.step not in logged and rec.step <= plan.step:
+            if rec is not None and rec.step not in logged and rec.step <= upto:
                 self.writer.step(rec)
+                logged.add(rec.step)
                 recovered.append(rec.step)
-        if recovered:
-            self.event(Event("recovered", plan.step, {"steps": recovered, "bundle": plan.bundle.name}))
+        if not recovered:
+            return None
+        self.event(Event("recovered", upto, {"steps": recovered, "bundle": bundle}))
+        return recovered
 
     # ------------------------------------------------------------------ once Ray is up
     def ray_ready(self) -> None:

@@ -245,3 +245,36 @@ def test_steps_a_killed_attempt_never_logged_come_back_from_the_bundle(tmp_path:
     third.finish(0)
     assert len(read_history(logs).events_named("recovered")) == 1, "a step already logged is not logged again"
     assert [s.step for s in read_history(logs).steps] == list(range(1, 11))
+
+
+def test_steps_held_back_past_an_older_bundle_come_back_from_that_bundle(tmp_path: Path) -> None:
+    """Attempt 1 logged steps 1..4 and was SIGKILLed with 5..10 still queued (its writer held back: a stalled volume,
+    or TensorBoard's import before it had its own thread — the CI failure of test_manifest_e2e). step_5 kept 1..5,
+    step_10 kept 6..10: attempt 2, resuming step_10, logs 6..10 from its manifest and 5 from step_5's, and reads no
+    older manifest once one holds nothing the log lacks."""
+    from sc_app.checkpoint import BundleWriter
+    from sc_app.progress import step_summary
+    from tests.support.bundles import write_contents
+
+    logs = tmp_path / "logs"
+    first = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=5))
+    first.started("first", Lease.acquire(tmp_path, "first"), plan_resume(tmp_path, tidy=False))
+    for n in range(1, 5):
+        first.progress(progress_step(n))
+    first.writer.close()  # type: ignore[union-attr]  # what was written before the kill; no exit line
+    for step, steps in ((5, range(1, 6)), (10, range(6, 11))):
+        writer = BundleWriter(tmp_path, step).begin()
+        record = write_contents(writer, step)
+        writer.commit({**record, "steps": [step_summary(progress_step(n)) for n in steps]})
+
+    plan = plan_resume(tmp_path, tidy=False)
+    assert plan.decision == "resume" and plan.step == 10
+    second = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=5))
+    second.started("second", Lease.acquire(tmp_path, "second"), plan)
+    second.finish(0)
+    history = read_history(logs)
+    assert [s.step for s in history.effective_steps()] == list(range(1, 11))
+    assert [(e.data["bundle"], e.data["steps"]) for e in history.events_named("recovered")] == [
+        ("step_10", [6, 7, 8, 9, 10]),
+        ("step_5", [5]),
+    ]
