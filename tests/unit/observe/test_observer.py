@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sc_app.checkpoint import plan_resume
 from sc_app.checkpoint.lease import Lease
@@ -211,38 +212,47 @@ def test_the_last_lines_name_the_log_and_the_report_command(tmp_path: Path) -> N
     assert where_lines(off, JobObserver(ObserveOptions.of(off)).started("r", None, plan)) == []
 
 
+def killed_attempt(root: Path, logged: range, bundles: dict[int, list[dict[str, Any]]], save_period: int) -> None:
+    """Attempt 1 on ``root``: logs ``logged`` and is SIGKILLed (no exit line); ``bundles``: step → the steps its
+    manifest keeps (``progress.step_summary``), published as that attempt would have."""
+    from sc_app.checkpoint import BundleWriter
+    from tests.support.bundles import write_contents
+
+    first = JobObserver(ObserveOptions(root / "logs", tensorboard=False, max_steps=20, save_period=save_period))
+    first.started("first", Lease.acquire(root, "first"), plan_resume(root, tidy=False))
+    for n in logged:
+        first.progress(progress_step(n))
+    first.writer.close()  # type: ignore[union-attr]  # what was written before the kill; no exit line
+    for step, kept in bundles.items():
+        writer = BundleWriter(root, step).begin()
+        record = write_contents(writer, step)
+        writer.commit({**record, "steps": kept})
+
+
+def resumed_attempt(root: Path, run_id: str, save_period: int) -> None:
+    plan = plan_resume(root, tidy=False)
+    assert plan.decision == "resume"
+    obs = JobObserver(ObserveOptions(root / "logs", tensorboard=False, max_steps=20, save_period=save_period))
+    obs.started(run_id, Lease.acquire(root, run_id), plan)
+    obs.finish(0)
+
+
 def test_steps_a_killed_attempt_never_logged_come_back_from_the_bundle(tmp_path: Path) -> None:
     """Attempt 1 logged steps 1..8, trained 9 and 10, published step_10, and was SIGKILLed before its writer wrote
     9 and 10. The bundle's manifest kept steps 9 and 10; attempt 2, resuming step_10, logs them (once)."""
-    from sc_app.checkpoint import BundleWriter
     from sc_app.progress import step_summary
-    from tests.support.bundles import write_contents
 
     logs = tmp_path / "logs"
-    first = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=10))
-    first.started("first", Lease.acquire(tmp_path, "first"), plan_resume(tmp_path, tidy=False))
-    for n in range(1, 9):
-        first.progress(progress_step(n))
-    first.writer.close()  # type: ignore[union-attr]  # what was written before the kill; no exit line
-    writer = BundleWriter(tmp_path, 10).begin()
-    record = write_contents(writer, 10)
     kept = [step_summary(progress_step(n)) for n in (9, 10)]
     kept[0]["loss"] = None  # a NaN loss is kept as null and comes back as NaN
-    writer.commit({**record, "steps": kept})
-
-    plan = plan_resume(tmp_path, tidy=False)
-    assert plan.decision == "resume" and plan.step == 10
-    second = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=10))
-    second.started("second", Lease.acquire(tmp_path, "second"), plan)
-    second.finish(0)
+    killed_attempt(tmp_path, range(1, 9), {10: kept}, save_period=10)
+    resumed_attempt(tmp_path, "second", save_period=10)
     history = read_history(logs)
     assert [s.step for s in history.effective_steps()] == list(range(1, 11))
     (recovered,) = history.events_named("recovered")
     assert recovered.data["steps"] == [9, 10] and recovered.data["bundle"] == "step_10"
 
-    third = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=10))
-    third.started("third", Lease.acquire(tmp_path, "third"), plan_resume(tmp_path, tidy=False))
-    third.finish(0)
+    resumed_attempt(tmp_path, "third", save_period=10)
     assert len(read_history(logs).events_named("recovered")) == 1, "a step already logged is not logged again"
     assert [s.step for s in read_history(logs).steps] == list(range(1, 11))
 
@@ -252,27 +262,13 @@ def test_steps_held_back_past_an_older_bundle_come_back_from_that_bundle(tmp_pat
     or TensorBoard's import before it had its own thread — the CI failure of test_manifest_e2e). step_5 kept 1..5,
     step_10 kept 6..10: attempt 2, resuming step_10, logs 6..10 from its manifest and 5 from step_5's, and reads no
     older manifest once one holds nothing the log lacks."""
-    from sc_app.checkpoint import BundleWriter
     from sc_app.progress import step_summary
-    from tests.support.bundles import write_contents
 
-    logs = tmp_path / "logs"
-    first = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=5))
-    first.started("first", Lease.acquire(tmp_path, "first"), plan_resume(tmp_path, tidy=False))
-    for n in range(1, 5):
-        first.progress(progress_step(n))
-    first.writer.close()  # type: ignore[union-attr]  # what was written before the kill; no exit line
-    for step, steps in ((5, range(1, 6)), (10, range(6, 11))):
-        writer = BundleWriter(tmp_path, step).begin()
-        record = write_contents(writer, step)
-        writer.commit({**record, "steps": [step_summary(progress_step(n)) for n in steps]})
-
-    plan = plan_resume(tmp_path, tidy=False)
-    assert plan.decision == "resume" and plan.step == 10
-    second = JobObserver(ObserveOptions(logs, tensorboard=False, max_steps=20, save_period=5))
-    second.started("second", Lease.acquire(tmp_path, "second"), plan)
-    second.finish(0)
-    history = read_history(logs)
+    spans = {5: range(1, 6), 10: range(6, 11)}
+    kept = {step: [step_summary(progress_step(n)) for n in steps] for step, steps in spans.items()}
+    killed_attempt(tmp_path, range(1, 5), kept, save_period=5)
+    resumed_attempt(tmp_path, "second", save_period=5)
+    history = read_history(tmp_path / "logs")
     assert [s.step for s in history.effective_steps()] == list(range(1, 11))
     assert [(e.data["bundle"], e.data["steps"]) for e in history.events_named("recovered")] == [
         ("step_10", [6, 7, 8, 9, 10]),
