@@ -44,8 +44,8 @@ from sc_app.controller.saves import SaveFailed as SaveFailed  # what a run's end
 from sc_app.controller.steps import keep_with_trainer, rollout_phases, step_record
 from sc_app.data_plane import stream_io
 from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
-from sc_app.data_plane.client import DataPlaneClient
 from sc_app.data_plane.replay_buffer import Group, GroupCommit, TQReplayBuffer
+from sc_app.data_plane.retry import RetryingClient
 from sc_app.phases import StepClock
 from sc_app.progress import ProgressRecord, RunSummary, StepRecord
 from sc_app.rl.backend import Rollout, TrainStepResult
@@ -64,7 +64,7 @@ def group_id_for(prompt_index: int) -> str:
 
 
 class SingleControllerActor:
-    client: DataPlaneClient  # connect-only, built by restore()
+    client: RetryingClient  # connect-only (retried, fenced by ``halt``), built by restore()
     buffer: TQReplayBuffer  # built by restore() on the client
     saves: SaveCoordinator  # built by restore() on the client and the buffer
 
@@ -122,7 +122,14 @@ class SingleControllerActor:
     # ------------------------------------------------------------------ a warm in-job restore (in place)
     async def halt(self, timeout_s: float) -> list[Any]:
         """Stop ``run()`` in place (a save in flight is abandoned: the lease moved on, it cannot publish); returns
-        the generation workers in use, replacements included. ``TimeoutError`` past ``timeout_s``."""
+        the generation workers in use, replacements included. ``TimeoutError`` past ``timeout_s``.
+
+        First the old run's data-plane client is fenced: whatever of the run is still going (the abandoned save,
+        which ends on its own and then thaws — clearing rows by the old data plane's indexes or by key) reaches no
+        data plane from now on. TransferQueue's client is one per process and attaches to the data plane the
+        restore rebuilds or refills, so a late call of the old run would remove or overwrite restored rows."""
+        if hasattr(self, "client"):
+            self.client.fence("the controller was halted for an in-job restore")
         task = self._run_task
         if task is not None and not task.done():
             self.saves.abandon = True

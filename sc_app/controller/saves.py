@@ -228,6 +228,7 @@ class SaveCoordinator:
         in-job restore halts the run: the save is left to end on its own (the lease moved on: it cannot publish)."""
         if self._pending is not None and self.abandon:
             log.warning("save of step %d abandoned: the job is being restored in-job", self._pending[0])
+            self._pending[1].add_done_callback(_retrieve)  # it ends failing (its client is fenced): nobody's error
         elif self._pending is not None:
             (outcome,) = await asyncio.gather(self._pending[1], return_exceptions=True)
             if isinstance(outcome, BaseException):
