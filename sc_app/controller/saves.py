@@ -228,7 +228,7 @@ class SaveCoordinator:
         in-job restore halts the run: the save is left to end on its own (the lease moved on: it cannot publish)."""
         if self._pending is not None and self.abandon:
             log.warning("save of step %d abandoned: the job is being restored in-job", self._pending[0])
-            self._pending[1].add_done_callback(_retrieve)  # it ends failing (its client is fenced): nobody's error
+            self._pending[1].add_done_callback(_ended_abandoned)  # it ends failing (its client is fenced)
         elif self._pending is not None:
             (outcome,) = await asyncio.gather(self._pending[1], return_exceptions=True)
             if isinstance(outcome, BaseException):
@@ -371,6 +371,16 @@ class SaveCoordinator:
         finally:
             self._policy_written.set()  # the trainers may take a new copy (``before_capture``)
         return {name: record for files in written for name, record in files.items()}
+
+
+def _ended_abandoned(task: asyncio.Task[Any]) -> None:
+    """A save abandoned by a halt ended: how, in one line (nobody's error; what it tried after the halt shows)."""
+    error = None if task.cancelled() else task.exception()
+    chain = []
+    while error is not None:
+        chain.append(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}")
+        error = error.__context__
+    log.warning("the save abandoned by the halt ended: %s", " <- ".join(chain) or "cancelled or finished")
 
 
 async def _within(event: asyncio.Event, seconds: float) -> bool:
