@@ -18,8 +18,7 @@ Invariants:
   training in ``sc_app.checkpoint.save.write_bundle``, which states the whole save order. At most one save is in
   flight: the next save, the end of the run and a stop request each await it first;
 * a group trains only while ``version - group.version <= grpo.max_staleness`` (the sampler drops older ones);
-* the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before
-  ``run``).
+* the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before ``run``).
 """
 
 from __future__ import annotations
@@ -121,18 +120,12 @@ class SingleControllerActor:
 
     # ------------------------------------------------------------------ a warm in-job restore (in place)
     async def halt(self, timeout_s: float) -> list[Any]:
-        """Stop ``run()`` in place (a save in flight is abandoned: the lease moved on, it cannot publish); returns
-        the generation workers in use, replacements included. ``TimeoutError`` past ``timeout_s``.
-
-        First the old run's data-plane client is fenced: whatever of the run is still going (the abandoned save,
-        which ends on its own and then thaws — clearing rows by the old data plane's indexes or by key) reaches no
-        data plane from now on. TransferQueue's client is one per process and attaches to the data plane the
-        restore rebuilds or refills, so a late call of the old run would remove or overwrite restored rows."""
-        if hasattr(self, "client"):
-            self.client.fence("the controller was halted for an in-job restore")
+        """Stop ``run()`` in place (a save in flight is abandoned: the lease moved on, it cannot publish; the run's
+        data-plane client fenced first); returns the generation workers in use. ``TimeoutError`` past ``timeout_s``."""
         task = self._run_task
         if task is not None and not task.done():
             self.saves.abandon = True
+            self.client.fence("the controller was halted for an in-job restore")  # RetryingClient.fence: why
             task.cancel()
             if not (await asyncio.wait([task], timeout=timeout_s))[0]:
                 raise TimeoutError(f"the controller's run did not stop within {timeout_s:g}s")
