@@ -18,8 +18,7 @@ Invariants:
   training in ``sc_app.checkpoint.save.write_bundle``, which states the whole save order. At most one save is in
   flight: the next save, the end of the run and a stop request each await it first;
 * a group trains only while ``version - group.version <= grpo.max_staleness`` (the sampler drops older ones);
-* the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before
-  ``run``).
+* the index is loaded and checked against ``list_sample_ids()`` before any pump starts (``restore`` before ``run``).
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ from sc_app.controller.saves import SaveFailed as SaveFailed  # what a run's end
 from sc_app.controller.steps import keep_with_trainer, rollout_phases, step_record
 from sc_app.data_plane import stream_io
 from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
-from sc_app.data_plane.client import DataPlaneClient
 from sc_app.data_plane.replay_buffer import Group, GroupCommit, TQReplayBuffer
+from sc_app.data_plane.retry import RetryingClient
 from sc_app.phases import StepClock
 from sc_app.progress import ProgressRecord, RunSummary, StepRecord
 from sc_app.rl.backend import Rollout, TrainStepResult
@@ -64,7 +63,7 @@ def group_id_for(prompt_index: int) -> str:
 
 
 class SingleControllerActor:
-    client: DataPlaneClient  # connect-only, built by restore()
+    client: RetryingClient  # connect-only (retried, fenced by ``halt``), built by restore()
     buffer: TQReplayBuffer  # built by restore() on the client
     saves: SaveCoordinator  # built by restore() on the client and the buffer
 
@@ -121,11 +120,12 @@ class SingleControllerActor:
 
     # ------------------------------------------------------------------ a warm in-job restore (in place)
     async def halt(self, timeout_s: float) -> list[Any]:
-        """Stop ``run()`` in place (a save in flight is abandoned: the lease moved on, it cannot publish); returns
-        the generation workers in use, replacements included. ``TimeoutError`` past ``timeout_s``."""
+        """Stop ``run()`` in place (a save in flight is abandoned: the lease moved on, it cannot publish; the run's
+        data-plane client fenced first); returns the generation workers in use. ``TimeoutError`` past ``timeout_s``."""
         task = self._run_task
         if task is not None and not task.done():
             self.saves.abandon = True
+            self.client.fence("the controller was halted for an in-job restore")  # RetryingClient.fence: why
             task.cancel()
             if not (await asyncio.wait([task], timeout=timeout_s))[0]:
                 raise TimeoutError(f"the controller's run did not stop within {timeout_s:g}s")

@@ -228,6 +228,7 @@ class SaveCoordinator:
         in-job restore halts the run: the save is left to end on its own (the lease moved on: it cannot publish)."""
         if self._pending is not None and self.abandon:
             log.warning("save of step %d abandoned: the job is being restored in-job", self._pending[0])
+            self._pending[1].add_done_callback(_retrieve)  # it ends failing: its client is fenced
         elif self._pending is not None:
             (outcome,) = await asyncio.gather(self._pending[1], return_exceptions=True)
             if isinstance(outcome, BaseException):
@@ -385,8 +386,8 @@ async def _within(event: asyncio.Event, seconds: float) -> bool:
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
     """An abandoned save's end, whatever it is, is nobody's error (asyncio would log it as never retrieved)."""
-    if not task.cancelled():
-        task.exception()
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.warning("an abandoned save ended: %r (while handling %r)", error, error.__context__)
 
 
 async def _until(event: asyncio.Event, task: asyncio.Task[Any]) -> None:

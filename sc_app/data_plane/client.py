@@ -35,6 +35,16 @@ class RestoreOrderError(RuntimeError):
     """A connect-only client was built before the restore decision was sealed."""
 
 
+class DataPlaneDetached(RuntimeError):
+    """A call through a client of a data plane this process has left (a warm in-job restore rebuilt or refilled
+    it): refused, never retried. The old run's rows and global indexes mean nothing to the new data plane, and a
+    process's TransferQueue attachment is shared — a late call of the old run would land on the rebuilt one."""
+
+
+class RowsMissing(LookupError):
+    """A read found fewer rows than it asked for (TransferQueue's key lookup leaves out keys it does not hold)."""
+
+
 @dataclass(frozen=True)
 class CapturedRows:
     """What a checkpoint window captured: exactly these rows and, when the caller knows them, each group's field

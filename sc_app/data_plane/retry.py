@@ -15,6 +15,9 @@ when retried as it is done here:
 * ``get`` and ``list``: reads.
 
 Arguments a call refuses (``ValueError``, ``TypeError``) are not retried: the same call fails the same way.
+``fence()`` (the controller's ``halt`` before a warm in-job restore) ends the client: every call from then on, a
+retry of a call in flight included, raises ``DataPlaneDetached`` and reaches no data plane — what the old run
+still does (a save left to end on its own: its ``thaw()`` clear) never lands on the rebuilt one.
 Each fault is reported once through ``on_fault`` (a ``DataPlaneFault``: what, outcome, attempts, seconds to detect
 and to recover, rows removed), and counted in ``stats``. Pure: no Ray, no torch.
 """
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
+from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneDetached, DataPlaneSnapshot
 from sc_app.progress import FaultRecord, RecoveryExhausted
 
 if TYPE_CHECKING:
@@ -41,7 +44,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Op = Literal["put", "write", "clear", "get", "list"]
 Outcome = Literal["recovered", "rolled_back", "failed"]
-NOT_TRANSIENT: tuple[type[BaseException], ...] = (ValueError, TypeError)
+NOT_TRANSIENT: tuple[type[BaseException], ...] = (ValueError, TypeError, DataPlaneDetached)
 
 
 class DataPlaneCallFailed(RecoveryExhausted):
@@ -132,6 +135,16 @@ class RetryingClient(DataPlaneClient):
         self.stats = RetryStats()
         self._on_fault = on_fault
         self._sleep = sleep
+        self._fenced: str | None = None  # why this client was fenced (``fence``); None: in use
+
+    def fence(self, why: str) -> None:
+        """No call goes through this client from now on (``DataPlaneDetached``), retries of calls in flight
+        included."""
+        self._fenced = why
+
+    def _admit(self) -> None:
+        if self._fenced is not None:
+            raise DataPlaneDetached(f"data-plane client fenced: {self._fenced}")
 
     def __getattr__(self, name: str) -> Any:  # adapter extras (snapshot kind, last restore, sync reads)
         return getattr(self.__dict__["inner"], name)
@@ -146,6 +159,7 @@ class RetryingClient(DataPlaneClient):
         first: BaseException | None = None
         for attempt in range(1, self.policy.attempts + 1):
             try:
+                self._admit()
                 result = await fn(attempt)
             except NOT_TRANSIENT:
                 raise
@@ -277,10 +291,13 @@ class RetryingClient(DataPlaneClient):
     async def save_checkpoint(
         self, directory: Path, metadata: dict[str, Any], partition: str, captured: CapturedRows
     ) -> DataPlaneSnapshot:
+        self._admit()
         return await self.inner.save_checkpoint(directory, metadata, partition, captured)
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        self._admit()
         return self.inner.load_checkpoint(directory)
 
     def seal(self, info: dict[str, Any]) -> None:
+        self._admit()
         self.inner.seal(info)

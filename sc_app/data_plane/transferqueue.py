@@ -5,6 +5,12 @@
 decision is sealed in the shared ``DataPlaneGuard``.
 
 Sample ids are our own string keys (TransferQueue reuses its global indexes after clears).
+
+A client serves the TransferQueue its process was attached to when it was built: once the process detaches
+(``detach_transferqueue``, a warm in-job restore), every call through it raises ``DataPlaneDetached`` — TransferQueue's
+client is one per process and re-attaches to the rebuilt data plane, where the old rows' indexes and a late clear of
+the old run mean something else. A read returns exactly the rows it asked for, or raises ``RowsMissing``
+(TransferQueue's key lookup silently leaves out keys it does not hold).
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ from sc_app.data_plane.client import (
     METADATA_FILE,
     CapturedRows,
     DataPlaneClient,
+    DataPlaneDetached,
     DataPlaneSnapshot,
     RestoreOrderError,
     RestoreRefused,
+    RowsMissing,
 )
 from sc_app.data_plane.guard import get_guard
 from sc_app.data_plane.streamed import StreamedSnapshot, load_streamed
@@ -120,6 +128,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         self.bootstrap = bootstrap
         self.client_id = client_id or f"{'bootstrap' if bootstrap else 'connect'}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._touched = False
+        self._attachment = _detaches  # the process's TransferQueue attachment this client serves (_live)
         self.last_restore: dict[str, Any] | None = None  # what the last streamed restore did (rows, streams)
         self._guard = get_guard(namespace, create=bootstrap)
         if bootstrap:
@@ -132,6 +141,13 @@ class TransferQueueDataPlane(DataPlaneClient):
                     "the bootstrap client must restore (or decide on a fresh start) first"
                 )
             tq.init()  # attaches to the running TransferQueue
+
+    def _live(self) -> None:
+        """``DataPlaneDetached`` once this process detached from the TransferQueue this client was built on."""
+        if _detaches != self._attachment:
+            raise DataPlaneDetached(
+                f"{self.client_id}: this process detached from the data plane it was built on (an in-job restore)"
+            )
 
     # -- touch bookkeeping: one Ray call per client lifetime, not per row --------------------------------
     def _report_touch(self, op: str) -> None:
@@ -179,6 +195,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         tags: list[dict[str, Any]] | None,
         global_indexes: list[int] | None,
     ) -> list[int]:
+        self._live()
         await self._report_touch_async("put_samples")
         client = units.tq_client(self._tq)
         if global_indexes is None:
@@ -202,25 +219,31 @@ class TransferQueueDataPlane(DataPlaneClient):
         *,
         global_indexes: list[int] | None = None,
     ) -> TensorDict:
+        self._live()
         await self._report_touch_async("get_samples")
         if global_indexes is not None and field_names:
+            if len(global_indexes) != len(sample_ids):
+                raise ValueError(f"{len(global_indexes)} global indexes for {len(sample_ids)} sample ids")
             meta = units.batch_meta(partition, global_indexes, field_names)
-            return dense(await units.tq_client(self._tq).async_get_data(meta))
-        rows = await self._tq.async_kv_batch_get(
-            keys=list(sample_ids), partition_id=partition, select_fields=field_names
-        )
-        return dense(rows)
+            rows = await units.tq_client(self._tq).async_get_data(meta)
+        else:
+            rows = await self._tq.async_kv_batch_get(
+                keys=list(sample_ids), partition_id=partition, select_fields=field_names
+            )
+        return dense(_all_rows(rows, sample_ids, partition))
 
     def get_samples_sync(
         self, partition: str, sample_ids: list[str], field_names: list[str] | None = None
     ) -> TensorDict:
+        self._live()
         self._report_touch("get_samples")
         coro = self._tq.async_kv_batch_get(keys=list(sample_ids), partition_id=partition, select_fields=field_names)
-        return dense(_wait_detachable(coro))
+        return dense(_all_rows(_wait_detachable(coro), sample_ids, partition))
 
     async def clear_samples(
         self, partition: str, sample_ids: list[str], *, global_indexes: list[int] | None = None
     ) -> None:
+        self._live()
         await self._report_touch_async("clear_samples")
         action = faults.take("dp.clear")  # injected: the first half of the rows is cleared, then the call fails
         if action is not None:
@@ -233,12 +256,14 @@ class TransferQueueDataPlane(DataPlaneClient):
         await self._clear(partition, sample_ids, global_indexes)
 
     async def _clear(self, partition: str, sample_ids: list[str], global_indexes: list[int] | None) -> None:
+        self._live()
         if global_indexes is not None:
             await units.tq_client(self._tq).async_clear_samples(units.batch_meta(partition, global_indexes))
             return
         await self._tq.async_kv_clear(keys=list(sample_ids), partition_id=partition)
 
     async def list_samples(self, partition: str) -> dict[str, dict[str, Any]]:
+        self._live()
         await self._report_touch_async("list_sample_ids")
         listing = await self._tq.async_kv_list(partition_id=partition)
         return {sid: dict(tags or {}) for sid, tags in listing.get(partition, {}).items()}
@@ -248,6 +273,7 @@ class TransferQueueDataPlane(DataPlaneClient):
     ) -> DataPlaneSnapshot:
         """``streamed``: record the rows only (bytes are copied by ``write()``, after the window).
         ``native``: TransferQueue's own snapshot, all bytes written here, inside the caller's window."""
+        self._live()
         await self._report_touch_async("save_checkpoint")
         if self.snapshot == "streamed":
             return StreamedSnapshot.capture(self._tq, Path(directory), metadata, partition, captured)
@@ -292,6 +318,17 @@ class TransferQueueDataPlane(DataPlaneClient):
         )
 
 
+def _all_rows(rows: TensorDict, sample_ids: list[str], partition: str) -> TensorDict:
+    """``rows`` when it holds one row per asked id, else ``RowsMissing`` (never a shorter batch)."""
+    got = int(rows.batch_size[0]) if rows.batch_size else 0
+    if got != len(sample_ids):
+        raise RowsMissing(
+            f"a read of {len(sample_ids)} rows of partition {partition!r} found {got} "
+            f"(asked {sample_ids[0]!r}..{sample_ids[-1]!r}); the rest are not stored"
+        )
+    return rows
+
+
 def shutdown_transferqueue() -> None:
     """Close TransferQueue from the process that initialised it."""
     import transfer_queue as tq
@@ -300,10 +337,6 @@ def shutdown_transferqueue() -> None:
         tq.close()
     except Exception:  # best effort at shutdown
         log.debug("tq.close failed", exc_info=True)
-
-
-class DataPlaneDetached(RuntimeError):
-    """A blocking read was abandoned: this process detached from TransferQueue (a warm in-job restore)."""
 
 
 _detaches = 0  # how many times this process detached: a blocking read started before the latest one gives up

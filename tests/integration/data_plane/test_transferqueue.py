@@ -27,7 +27,7 @@ tq = pytest.importorskip("transfer_queue")
 import torch  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
-from sc_app.data_plane.client import CapturedRows, RestoreOrderError, RestoreRefused  # noqa: E402
+from sc_app.data_plane.client import CapturedRows, RestoreOrderError, RestoreRefused, RowsMissing  # noqa: E402
 from sc_app.data_plane.guard import get_guard  # noqa: E402
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane  # noqa: E402
 from tests.support.tq import close_transferqueue  # noqa: E402
@@ -239,6 +239,12 @@ def test_connect_only_before_seal_is_refused_then_restore_onto_untouched_works(w
     back = arun(client.get_samples(PARTITION, written.ids))
     assert torch.equal(back["tokens"], written.fields["tokens"])
     assert torch.allclose(back["reward"], written.fields["reward"])
+    # TransferQueue's key lookup leaves out a key it does not hold; the adapter never returns the shorter batch
+    asked = [*written.ids, "gone:0"]
+    with pytest.raises(RowsMissing, match=f"a read of {len(asked)} rows of partition 'train' found {len(written.ids)}"):
+        arun(client.get_samples(PARTITION, asked, ["reward"]))
+    with pytest.raises(RowsMissing):
+        client.get_samples_sync(PARTITION, asked, ["reward"])
 
 
 def test_connect_only_with_no_bootstrap_at_all_is_an_order_error(cluster: None) -> None:

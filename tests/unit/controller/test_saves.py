@@ -15,8 +15,9 @@ import torch
 
 from sc_app.checkpoint import BundleWriter
 from sc_app.controller.saves import InventoryMismatch, SaveFailed
+from sc_app.data_plane.client import DataPlaneDetached
 from sc_app.progress import SaveFailedRecord, SaveRecord, StopRecord
-from tests.support.fake_data_plane import until
+from tests.support.fake_data_plane import FakeDataPlane, until
 from tests.unit.controller.harness import G, commit, make_controller, run
 
 
@@ -256,3 +257,42 @@ def test_no_periodic_save_starts_after_a_stop(tmp_path: Path) -> None:
     saves = [r for r in controller.progress(0) if isinstance(r, SaveRecord)]
     assert [(r.step, r.emergency) for r in saves] == [(2, True)], saves
     assert summary.final_step == 2 and summary.last_saved_step == 2
+
+
+def test_a_save_abandoned_by_a_warm_restore_never_reaches_the_data_plane_again(tmp_path: Path) -> None:
+    """A warm in-job restore halts the controller with a save in flight and leaves that save to end on its own
+    (``settle``, ``abandon``). Its snapshot write ends only once the old data plane is gone (a dead storage unit:
+    TransferQueue waits up to 200 s), and then its ``thaw()`` clears the rows of the groups trained meanwhile — by
+    the old data plane's global indexes, or by key. The controller's TransferQueue client is per process and
+    re-attaches to the rebuilt data plane, so that clear removed rows the restore had just put back (at load, the
+    next advantage read found 32 of 64 rows). ``halt`` fences the old run's client: nothing reaches a data plane
+    through it after the halt."""
+    controller, old = make_controller(tmp_path, max_steps=8, save_period=2)
+    old.indexes = {}  # global indexes handed out, as TransferQueue does
+    old.write_gate = asyncio.Event()  # step 2's snapshot write is stuck (a dead storage unit)
+    new = FakeDataPlane()  # the rebuilt data plane
+
+    async def body() -> BaseException | None:
+        await controller.restore()
+        running = asyncio.create_task(controller.run())
+        # step 3 trained and dropped groups step 2's save captured: their clear waits for that save's thaw()
+        await until(lambda: bool(controller.buffer._deferred_clears) or running.done(), seconds=60)
+        assert not running.done()
+        abandoned = controller.saves._pending
+        assert abandoned is not None and abandoned[0] == 2
+        await controller.halt(10)
+        halted_at = len(old.calls)
+        controller._connect, controller._disconnect = (lambda cfg: new), (lambda: None)
+        await controller.reset(controller.args)
+        await controller.restore()
+        old.write_gate.set()  # the old data plane is gone: the stuck write ends
+        (outcome,) = await asyncio.gather(abandoned[1], return_exceptions=True)
+        assert old.calls[halted_at:] == [], f"the abandoned save reached the data plane: {old.calls[halted_at:]}"
+        return outcome if isinstance(outcome, BaseException) else None
+
+    outcome = run(body())
+    chain = []
+    while outcome is not None:  # (its tmp dir's removal then fails too: settle shut its I/O thread)
+        chain.append(type(outcome))
+        outcome = outcome.__context__
+    assert DataPlaneDetached in chain, f"the abandoned save ended refused by the fence, not {chain}"

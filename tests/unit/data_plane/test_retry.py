@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from sc_app.data_plane.client import DataPlaneDetached
 from sc_app.data_plane.replay_buffer import GroupCommit, TQReplayBuffer
 from sc_app.data_plane.retry import DataPlaneCallFailed, DataPlaneFault, RetryingClient, RetryPolicy, policy_of
 from sc_app.observe.observer import translate
@@ -126,6 +127,30 @@ def test_a_partial_clear_is_retried_by_key_and_recovers() -> None:
     assert inventory_holds(buf, fake) and [g.group_id for g in buf.groups()] == ["p2"]
     assert fake.by_index == ["clear"], "the retry clears by key: freed indexes may belong to new rows already"
     assert [(f.op, f.outcome, f.attempts) for f in faults] == [("clear", "recovered", 2)]
+
+
+def test_a_fenced_client_reaches_no_data_plane_not_even_a_retry_in_flight() -> None:
+    """A clear failed (its storage unit died) and waits to retry; meanwhile the controller is halted for a warm
+    in-job restore (``fence``). The retry would list and clear by key — on the rebuilt data plane, which TransferQueue's
+    per-process client attaches to, removing restored rows of the same ids. It is refused, not retried, and not
+    reported as a data-plane fault; every later call is refused too."""
+    buf, fake, client, faults, _ = setup()
+    commit(buf, "p0", "p1")
+    fake.fails["clear"] = 1
+
+    async def halted_while_waiting(s: float) -> None:
+        client.fence("halted")
+
+    client._sleep = halted_while_waiting
+    before = list(fake.calls)
+    with pytest.raises(DataPlaneDetached, match="fenced: halted"):
+        asyncio.run(buf.drop(["p0"]))
+    assert fake.calls[len(before) :] == ["clear_samples"], "only the first attempt reached the data plane"
+    assert faults == [] and client.stats.retries["clear"] == 1
+    for call in (client.list_samples(PARTITION), client.get_samples(PARTITION, ["p1:0"], ["reward"])):
+        with pytest.raises(DataPlaneDetached):
+            asyncio.run(call)
+    assert fake.calls[len(before) :] == ["clear_samples"]
 
 
 def test_an_advantage_write_is_rewritten_until_it_lands() -> None:
