@@ -23,16 +23,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from sc_app.checkpoint.layout import step_dirs
 from sc_app.checkpoint.lease import Lease, read_lease
-from sc_app.checkpoint.manifest import ManifestError, hmac_key_from_env, read_manifest
 from sc_app.checkpoint.resume import ResumePlan
 from sc_app.exits import EXIT_SUPERSEDED
 from sc_app.observe.goodput import Ledger, ledger
 from sc_app.observe.reader import RunHistory, RunLogMissing, read_history
 from sc_app.observe.records import DEFAULT_LOG_SUBDIR, Event, LoggedEvent, LoggedStep, Stamp, StepMetrics
+from sc_app.observe.recovered_steps import unlogged_steps
 from sc_app.observe.runlog import CloseResult, RunLogOptions, RunLogWriter
 from sc_app.progress import (
     FaultRecord,
@@ -154,24 +153,6 @@ def fault_event(record: FaultRecord) -> Event:
     return Event("fault", record.step, data)
 
 
-def _step_from_bundle(doc: Any) -> StepMetrics | None:
-    """A step a bundle kept (``progress.step_summary``), or None when it is not one."""
-    try:
-        return StepMetrics(
-            step=int(doc["step"]),
-            reward_mean=float(doc["reward"]),
-            reward_min=float(doc["reward_min"]),
-            reward_max=float(doc["reward_max"]),
-            loss=float("nan") if doc["loss"] is None else float(doc["loss"]),
-            staleness=float(doc["staleness"]),
-            rows_held=int(doc["rows_held"]),
-            step_seconds=float(doc["step_seconds"]),
-            weights_version=None if doc.get("weights_version") is None else int(doc["weights_version"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 class JobObserver:
     """One attempt's run log + metrics. Every method is safe to call in any state: before ``started`` (nothing is
     recorded), with the log or the metrics switched off, after ``finish``."""
@@ -240,50 +221,18 @@ class JobObserver:
         return self
 
     def _recover(self, plan: ResumePlan) -> None:
-        """Log the steps the bundles on the volume cover that no attempt logged (its driver was killed before its
-        writer wrote them, or while its volume stalled): each manifest keeps every step since the bundle before
-        it. The resumed bundle's verified manifest first, then the older bundles' (signature checked, files not:
-        a log line is a report, never a resume point), newest first until one holds no step the log lacks. So a step
-        a kept bundle covers is never missing from the log, whatever killed the attempt that trained it."""
-        manifest = plan.reports[-1].manifest if plan.reports else None
-        if self.writer is None or manifest is None or plan.bundle is None:
+        """Log the steps the kept bundles cover that no attempt logged (``recovered_steps``), one ``recovered``
+        event per bundle they came from."""
+        if self.writer is None:
             return
         try:
             logged = {s.step for s in read_history(self.opts.log_dir).steps}  # type: ignore[arg-type]
         except (OSError, RunLogMissing):
             logged = set()
-        if self._recover_from(plan.bundle.name, manifest.doc.get("steps"), logged, plan.step) is None:
-            return
-        try:
-            older = [path for step, path in step_dirs(plan.bundle.parent) if step < plan.step]
-        except OSError:
-            return
-        key = hmac_key_from_env()
-        for path in older:
-            try:
-                kept = read_manifest(path, hmac_key=key).doc.get("steps")
-            except (ManifestError, OSError) as exc:
-                log.debug("run log: no steps recovered from %s (%s)", path, exc)
-                continue
-            if self._recover_from(path.name, kept, logged, plan.step) is None:
-                return
-
-    def _recover_from(self, bundle: str, kept: Any, logged: set[int], upto: int) -> list[int] | None:
-        """Log the steps of one manifest's ``steps`` that ``logged`` lacks; None when it lacked none of them."""
-        assert self.writer is not None
-        if not isinstance(kept, list) or not kept:
-            return []
-        recovered = []
-        for doc in kept:
-            rec = _step_from_bundle(doc)
-            if rec is not None and rec.step not in logged and rec.step <= upto:
+        for found in unlogged_steps(plan, logged):
+            for rec in found.steps:
                 self.writer.step(rec)
-                logged.add(rec.step)
-                recovered.append(rec.step)
-        if not recovered:
-            return None
-        self.event(Event("recovered", upto, {"steps": recovered, "bundle": bundle}))
-        return recovered
+            self.event(Event("recovered", plan.step, {"steps": [r.step for r in found.steps], "bundle": found.bundle}))
 
     # ------------------------------------------------------------------ once Ray is up
     def ray_ready(self) -> None:
