@@ -152,6 +152,7 @@ def _restore(job: RestorableJob, setup: Any, restore: _Restore, warm: bool) -> t
     if warm:
         try:
             halted = job.halt(setup)
+            restore.reached = max(restore.reached, job.step_reached())  # the steps the halted controller handed on
             plan = job.replan()
             since = restore.lap("fencing", since)
             setup, reset = job.reset(setup, plan, halted, epoch)

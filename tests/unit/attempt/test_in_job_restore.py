@@ -42,6 +42,7 @@ class FakeJob:
     faults: list[FaultRecord] = field(default_factory=list)
     setups: int = 0
     reached: int = 0
+    drained: int = 0  # steps the halted controller hands on (its unpolled progress)
     epoch: int = 1
 
     def start(self, plan: ResumePlan) -> tuple[Any, ResumePlan]:
@@ -76,6 +77,7 @@ class FakeJob:
 
     def halt(self, setup: Any) -> str:
         self.log.append("halt")
+        self.reached += self.drained
         return "generators"
 
     def reset(self, setup: Any, plan: ResumePlan, halted: Any, epoch: int) -> tuple[Any, Reset]:
@@ -224,3 +226,13 @@ def test_no_restore_when_the_cluster_lost_room_or_a_stop_was_asked(change: dict[
         drive_restoring(job, FRESH, max_restores=3)
     assert job.log == ["start 0", "drive", "teardown 1"], "torn down, never fenced or rebuilt"
     assert not job.faults
+
+
+def test_steps_the_halted_controller_hands_on_count_as_redone_on_the_fallback_too() -> None:
+    """The halt collects the progress the driver had not polled (step 8 after 7); the warm reset then fails and
+    the full rebuild runs: the fault counts the steps from the bundle to 8, as the trace shows them redone (the
+    two-suite CI failure of test_in_job_restore: "fault events claim 5 steps redone, the trace shows 6")."""
+    job = FakeJob(drained=1, reset_fails=[ResetFailed("injected")])
+    drive_restoring(job, FRESH, max_restores=3)
+    (fault,) = job.faults
+    assert fault.path.startswith("full") and (fault.step, fault.steps_redone) == (8, 4)
