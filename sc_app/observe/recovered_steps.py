@@ -30,14 +30,21 @@ class Recovered:
 
 def unlogged_steps(plan: ResumePlan, logged: set[int]) -> Iterator[Recovered]:
     """The steps up to ``plan.step`` that ``logged`` lacks, per bundle, newest bundle first (module docstring)."""
+    for bundle, kept in _kept_steps(plan):
+        found = _missing(bundle, kept, logged, plan.step)
+        if found is None:
+            return
+        if found.steps:
+            yield found
+
+
+def _kept_steps(plan: ResumePlan) -> Iterator[tuple[str, Any]]:
+    """``(bundle name, its manifest's steps)``: the resumed bundle's verified manifest, then the older bundles',
+    newest first, each read only when asked for (a manifest that cannot be read is passed over)."""
     manifest = plan.manifest
     if manifest is None or plan.bundle is None:
         return
-    found = _missing(plan.bundle.name, manifest.doc.get("steps"), logged, plan.step)
-    if found is None:
-        return
-    if found.steps:
-        yield found
+    yield plan.bundle.name, manifest.doc.get("steps")
     try:
         older = [path for step, path in step_dirs(plan.bundle.parent) if step < plan.step]
     except OSError:
@@ -49,11 +56,7 @@ def unlogged_steps(plan: ResumePlan, logged: set[int]) -> Iterator[Recovered]:
         except (ManifestError, OSError) as exc:
             log.debug("run log: no steps recovered from %s (%s)", path, exc)
             continue
-        found = _missing(path.name, kept, logged, plan.step)
-        if found is None:
-            return
-        if found.steps:
-            yield found
+        yield path.name, kept
 
 
 def _missing(bundle: str, kept: Any, logged: set[int], upto: int) -> Recovered | None:
