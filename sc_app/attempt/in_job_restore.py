@@ -46,13 +46,12 @@ class ResetFailed(RuntimeError):
 @dataclass
 class Reset:
     """What a warm reset reports (``RestorableJob.reset``): the processes started again and reset in place, the
-    seconds of its phases, the calls of older epochs refused, and the step the old job had reached (None: unknown)."""
+    seconds of its phases and the calls of older epochs refused."""
 
     restarted: list[str] = field(default_factory=list)
     reset: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     refused: int = 0
-    reached: int | None = None
 
 
 class RestorableJob(Protocol):
@@ -85,7 +84,7 @@ class _Restore:
         return now
 
     def record(self, plan: ResumePlan | None, outcome: str, reset: Reset | None = None, error: str = "") -> FaultRecord:
-        death, reached = self.death, max(self.reached, (reset.reached if reset else None) or 0)
+        death, reached = self.death, self.reached
         seconds = {"detection": self.detection, **self.seconds}
         return FaultRecord(
             step=reached,

@@ -77,7 +77,7 @@ class FakeJob:
 
     def halt(self, setup: Any) -> str:
         self.log.append("halt")
-        self.reached += self.drained
+        self.reached, self.drained = self.reached + self.drained, 0  # handed on once
         return "generators"
 
     def reset(self, setup: Any, plan: ResumePlan, halted: Any, epoch: int) -> tuple[Any, Reset]:
@@ -86,7 +86,7 @@ class FakeJob:
             self.log.append("reset failed")
             raise self.reset_fails.pop(0)
         self.log.append(f"reset {plan.step} epoch {epoch}")
-        return setup, Reset(["trainer rank 0"], ["generation worker 0"], {"reload": 0.5}, refused=2, reached=8)
+        return setup, Reset(["trainer rank 0"], ["generation worker 0"], {"reload": 0.5}, refused=2)
 
     def replan(self) -> ResumePlan:
         self.log.append("replan")
@@ -106,7 +106,7 @@ FRESH = ResumePlan("fresh", "no bundle")
 
 
 def test_a_warm_restore_fences_halts_replans_and_resets_in_place() -> None:
-    job = FakeJob(died_at=None)
+    job = FakeJob(died_at=None, drained=1)  # the halted controller hands on step 8
     summary, plan = drive_restoring(job, FRESH, max_restores=3)
     assert summary.final_step == 10 and plan.step == 4, "the plan of the reset job is returned"
     assert job.log == ["start 0", "drive", "fence", "halt", "replan", "reset 4 epoch 2", "drive"], (
@@ -156,7 +156,9 @@ def test_a_full_rebuild_that_fails_other_than_by_a_death_ends_the_attempt() -> N
 
 def test_a_death_during_a_warm_reset_is_a_death_of_its_own() -> None:
     """Issue 31 C: one event per death with its kind, no nesting, each with its own recovery seconds."""
-    job = FakeJob(reset_fails=[JobFailed("generation worker 0 died")], kinds=["trainer.worker", "generation.worker"])
+    job = FakeJob(
+        reset_fails=[JobFailed("generation worker 0 died")], kinds=["trainer.worker", "generation.worker"], drained=1
+    )
     summary, _ = drive_restoring(job, FRESH, max_restores=3)
     assert summary.final_step == 10
     assert job.log.count("fence") == 2 and job.log[-2:] == ["reset 4 epoch 3", "drive"]
