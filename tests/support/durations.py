@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +38,33 @@ def load(path: Path = FILE) -> dict[str, float]:
     return {k: float(v) for k, v in doc.items() if isinstance(k, str) and isinstance(v, int | float)}
 
 
-def order(items: Sequence[pytest.Item], seconds: Mapping[str, float]) -> list[pytest.Item]:
+def order(
+    items: Sequence[pytest.Item], seconds: Mapping[str, float], built_once: Collection[str] = ()
+) -> list[pytest.Item]:
     """``items`` with the files the record knows first, longest first; the rest after them in their own order.
-    Within a file the order is kept (the sort is stable and keyed by file only)."""
+    Within a file the order is kept (the sort is stable and keyed by file only). The two files the two workers
+    start with never both need a fixture of ``built_once`` (built by the first worker to ask while the other waits
+    on its lock, ``tests/support/shared.py``): the second is swapped with the next file that needs none of them."""
 
     def key(item: pytest.Item) -> tuple[int, float]:
         known = seconds.get(file_of(item.nodeid))
         return (0, -known) if known is not None else (1, 0.0)
 
-    return sorted(items, key=key)
+    blocks: list[list[pytest.Item]] = []  # runs of one file's items, in the sorted order
+    for item in sorted(items, key=key):
+        if blocks and file_of(blocks[-1][0].nodeid) == file_of(item.nodeid):
+            blocks[-1].append(item)
+        else:
+            blocks.append([item])
+
+    def needs(block: list[pytest.Item]) -> set[str]:
+        return {f for item in block for f in getattr(item, "fixturenames", ()) if f in built_once}
+
+    if len(blocks) > 2 and needs(blocks[0]) & needs(blocks[1]):
+        free = next((i for i in range(2, len(blocks)) if not needs(blocks[i]) & needs(blocks[0])), None)
+        if free is not None:
+            blocks[1], blocks[free] = blocks[free], blocks[1]
+    return [item for block in blocks for item in block]
 
 
 def merge(old: Mapping[str, float], new: Mapping[str, float], root: Path) -> dict[str, float]:

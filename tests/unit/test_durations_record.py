@@ -24,6 +24,23 @@ def test_known_files_go_longest_first_and_the_rest_keep_their_order() -> None:
     assert [i.nodeid for i in got] == ["t/b.py::x", "t/b.py::y", "t/c.py::x", "t/a.py::x", "t/d.py::x", "t/a.py::y"]
 
 
+def test_the_two_first_files_never_both_wait_on_one_shared_build() -> None:
+    """a.py and b.py, the longest, both need the shared run: b.py moves behind c.py (which does not), so the
+    second worker starts on c.py while the first builds the run; the rest keep the record's order."""
+
+    def item(nodeid: str, *fixtures: str) -> Any:
+        return SimpleNamespace(nodeid=nodeid, fixturenames=[*fixtures, "tmp_path"])
+
+    got = durations.order(
+        [item("t/d.py::x"), item("t/c.py::x"), item("t/b.py::x", "shared"), item("t/a.py::x", "shared")],
+        {"t/a.py": 90.0, "t/b.py": 80.0, "t/c.py": 70.0, "t/d.py": 60.0},
+        built_once=("shared",),
+    )
+    assert [i.nodeid for i in got] == ["t/a.py::x", "t/c.py::x", "t/b.py::x", "t/d.py::x"]
+    unshared = durations.order(got, {"t/a.py": 90.0, "t/b.py": 80.0, "t/c.py": 70.0, "t/d.py": 60.0})
+    assert [i.nodeid for i in unshared][:2] == ["t/a.py::x", "t/b.py::x"], "without built_once: the record's order"
+
+
 def test_a_new_record_overrides_the_old_and_drops_files_that_are_gone(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     for name in ("a.py", "b.py"):
