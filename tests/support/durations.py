@@ -44,7 +44,8 @@ def order(
     """``items`` with the files the record knows first, longest first; the rest after them in their own order.
     Within a file the order is kept (the sort is stable and keyed by file only). The two files the two workers
     start with never both need a fixture of ``built_once`` (built by the first worker to ask while the other waits
-    on its lock, ``tests/support/shared.py``): the second is swapped with the next file that needs none of them."""
+    on its lock, ``tests/support/shared.py``): the second is swapped with the next file that shares none with the
+    first."""
 
     def key(item: pytest.Item) -> tuple[int, float]:
         known = seconds.get(file_of(item.nodeid))
@@ -60,8 +61,9 @@ def order(
     def needs(block: list[pytest.Item]) -> set[str]:
         return {f for item in block for f in getattr(item, "fixturenames", ()) if f in built_once}
 
-    if len(blocks) > 2 and needs(blocks[0]) & needs(blocks[1]):
-        free = next((i for i in range(2, len(blocks)) if not needs(blocks[i]) & needs(blocks[0])), None)
+    first = needs(blocks[0]) if blocks else set()
+    if len(blocks) > 2 and first & needs(blocks[1]):
+        free = next((i for i in range(2, len(blocks)) if not first & needs(blocks[i])), None)
         if free is not None:
             blocks[1], blocks[free] = blocks[free], blocks[1]
     return [item for block in blocks for item in block]
