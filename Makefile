@@ -37,6 +37,7 @@ test-sysdeps:
 # 2026-12-02, fresh clone, 2 quiet cores (load 1-10): 1,937 passed in 20 min 15 s of pytest, 2,203 CPU-seconds
 # 2026-12-02 evening, fresh clone, nothing else running: 1,945 passed in 23 min 24 s of pytest (25.5 min with the venv)
 # 2026-12-03, new checkout, nothing else running (load 5-8 from the suite): 1,946 passed in 24 min 9 s of pytest
+# 2026-12-03, fresh clone, the shared-build order, load 4-10: 1,946 passed + 1 failed (since fixed) in 21 min 36 s
 # (the budget is 20 min: docs/development.md); two clones at once: 39 min 51 s each. `make test PYTEST_ARGS=`
 # runs it in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
