@@ -3,7 +3,7 @@ version reach the running engine in memory and every generate call reports the v
 is the hf engine's; vLLM's sampled-token log-probs equal the trainer's function at the same weights; a request's
 samples are a function of (run.seed, prompt index, version); a version lands by the param map with the bytes vLLM's
 own reload leaves, a layout the map cannot explain falls back (said once); the engine's compile cache is published
-under its fingerprint. (An engine that cannot start: tests/e2e/test_vllm_run.py.)
+under its fingerprint; a model vLLM cannot run is refused at start-up in one line naming the model and the cause.
 
 One engine for the module (a start is ~15 s here), in a process of its own (``tests.support.vllm_host``)."""
 
@@ -253,3 +253,30 @@ def test_the_engine_compiles_into_a_private_cache_and_publishes_it_for_the_next_
     assert len(published) == 1, list(cache_root.iterdir())
     marker = json.loads((published[0] / MARKER).read_text())
     assert marker["versions"]["vllm"] and marker["engine"]["max_model_len"] == PROMPT_LEN + RESPONSE_LEN
+
+
+def _start_head16(model_path: str) -> str:
+    """``start_llm`` for a second model in the host's process: the ``VLLMStartError`` line, or "started"."""
+    from sc_app.rl.hf.vllm_engine import VLLMSettings, VLLMStartError, start_llm
+
+    try:
+        start_llm(VLLMSettings(model_path=model_path, dtype="float32", seed=0, max_model_len=64, cache_root=None))
+    except VLLMStartError as exc:
+        return str(exc)
+    return "started"
+
+
+def test_a_model_vllm_cannot_run_is_refused_at_start_in_one_line(
+    host: VLLMHost, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """head_dim 16: vLLM's CPU attention refuses it at its first forward, which ``start_llm``'s one-token smoke
+    makes, so the refusal comes at start-up (the generation worker's set-up: ``sc-app run`` exits 2 with this line,
+    ``tests/integration/attempt/test_worker_setup_errors.py``), never at the first rollout. Tried in the host's
+    process after its own engine (a second ``LLM`` there reaches the same check in ~0.5 s; a process of its own
+    costs ~20 s), so it is this module's last test."""
+    model = make_model_dir(
+        tmp_path_factory.mktemp("head16"), hidden_size=64, num_attention_heads=4, num_key_value_heads=2
+    )
+    line = host.call(_start_head16, str(model))
+    assert line.startswith(f"generation.engine=vllm cannot start model {model}: "), line
+    assert "head_dim=16" in line and "use generation.engine=hf" in line and "\n" not in line, line
