@@ -79,6 +79,13 @@ def current() -> Bound:
     return _BOUND.get() or Bound()
 
 
+def stop_before(what: str) -> None:
+    """``StopCut`` when the current bound's stop was requested: called before a step that starts processes or
+    blocks without looking at the stop (``what`` names it), so a stop that came earlier never waits on it."""
+    if current().stop():
+        raise StopCut(f"a stop was requested before {what}")
+
+
 def get(
     refs: Any,
     *,

@@ -44,7 +44,7 @@ from sc_app.rl.generation import GenerationWorker
 from sc_app.rl.hooks import InputError
 from sc_app.rl.trainer import TrainerWorker
 from sc_app.rl.weight_sync.push import WeightSync
-from sc_app.waits import StopCut, get
+from sc_app.waits import StopCut, get, stop_before
 
 log = logging.getLogger(__name__)
 
@@ -330,10 +330,12 @@ def _build(
     dataset: DatasetRecord | None,
 ) -> None:
     order = SetupOrder()
+    stop_before("the job's processes were started")  # e.g. SIGTERM while Ray was starting
     # The workers first: their processes start (imports, model build) while TransferQueue starts below, so a start
     # costs the slower of the two rather than their sum. They touch no data plane before the seal.
     policy = setup.policy = TQPolicy(cfg, dataset=dataset)
     setup.handles += [*policy.trainers, *policy.generators]
+    stop_before("TransferQueue was started")  # its start (seconds) does not look at the stop
     dp_client = policy.dp_client = TransferQueueDataPlane(
         bootstrap=True,
         namespace=cfg.ray.namespace,

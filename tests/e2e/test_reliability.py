@@ -168,7 +168,9 @@ def test_full_disk_fails_only_the_save_and_keeps_older_bundles(small_fs: Path, p
 
 
 def test_sigterm_while_ray_is_starting_keeps_the_exit_contract(tmp_path: Path) -> None:
-    """A preemption notice that arrives before training started: exit 143, the same line, no traceback."""
+    """A preemption notice that arrives before training started: exit 143, the same line, no traceback; the job's
+    processes are never started once the stop came in during Ray's start (they used to be, and TransferQueue's
+    start waited out before the stop was seen: ~10 s more to exit)."""
     ckpt, log = tmp_path / "ckpt", tmp_path / "run.log"
     proc = start_logged("run", "--checkpoint-dir", str(ckpt), "--max-steps", "50", log=log)
     try:
@@ -180,6 +182,7 @@ def test_sigterm_while_ray_is_starting_keeps_the_exit_contract(tmp_path: Path) -
     out = log.read_text()
     assert rc == 143, out[-3000:]
     assert "received SIGTERM: stopping after the current step and saving" in out
+    assert "a stop was requested before the job's processes were started" in out, out[-3000:]
     assert "Traceback" not in out and not bundles(ckpt)
     released = json.loads((ckpt / "LEASE").read_text())["released"]
     assert released["outcome"] == "stopped", released

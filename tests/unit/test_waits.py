@@ -95,6 +95,15 @@ def test_the_callers_bound_applies_to_every_wait_inside_it() -> None:
     assert waits.current().until is None, "the bound ends with its block"
 
 
+def test_a_stop_already_requested_cuts_before_the_step_that_would_not_look() -> None:
+    waits.stop_before("TransferQueue was started")  # no bound, no stop: nothing happens
+    with waits.bounded(waits.Bound(stop=lambda: False)):
+        waits.stop_before("TransferQueue was started")
+    with waits.bounded(waits.Bound(stop=lambda: True)), pytest.raises(waits.StopCut) as cut:
+        waits.stop_before("TransferQueue was started")
+    assert str(cut.value) == "a stop was requested before TransferQueue was started"
+
+
 def test_without_a_bound_a_slow_answer_is_waited_for() -> None:
     ray = FakeRay({"a": 500.0})
     assert ray.get("a") == "value of a" and ray.now >= 500.0
