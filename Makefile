@@ -38,6 +38,8 @@ test-sysdeps:
 # 2026-12-02 evening, fresh clone, nothing else running: 1,945 passed in 23 min 24 s of pytest (25.5 min with the venv)
 # 2026-12-03, new checkout, nothing else running (load 5-8 from the suite): 1,946 passed in 24 min 9 s of pytest
 # 2026-12-03, fresh clone, the shared-build order, load 4-10: 1,946 passed + 1 failed (since fixed) in 21 min 36 s
+# 2026-12-03, fresh clone, after the vLLM-refusal, smoke-poll and stop cuts, load 5-12: 1,950 passed in 24 min 31 s,
+# 2,617 CPU-seconds (the VM's speed varies run to run by up to ~20%: docs/development.md)
 # (the budget is 20 min: docs/development.md); two clones at once: 39 min 51 s each. `make test PYTEST_ARGS=`
 # runs it in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
