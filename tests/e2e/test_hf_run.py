@@ -101,6 +101,7 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(world: HfWorld) -> Runs:
+    world.clear_runs()  # a rerun (Ray did not start in time) begins again on an empty directory
     a = world.sc_app(*world.run_args(4, "trainer.num_workers=1"), timeout=RUN_TIMEOUT)
     assert a.rc == 0, a.out[-4000:]
     oracles = {4: oracle(step_bundles(world.ckpt)[4], world.model)[0]}

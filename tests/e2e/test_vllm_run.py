@@ -75,6 +75,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> HfWorld:
 
 @pytest.fixture(scope="module")
 def runs(world: HfWorld) -> Runs:
+    world.clear_runs()  # a rerun (Ray did not start in time) begins again on an empty directory
     a_log = world.base / "run_a.log"
     a = start_logged(*world.run_args(10_000), log=a_log, env=world.env)
     try:

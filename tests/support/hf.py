@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,6 +81,11 @@ class HfWorld:
 
     def sc_app(self, *args: str, timeout: float) -> Finished:
         return sc_app(*args, timeout=timeout, env=self.env)
+
+    def clear_runs(self) -> None:
+        """No bundle and no trace: what a module's runs start from (again, when a rerun rebuilds them)."""
+        shutil.rmtree(self.ckpt, ignore_errors=True)
+        self.trace.unlink(missing_ok=True)
 
 
 def hf_world(

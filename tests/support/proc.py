@@ -86,6 +86,25 @@ def kill_session(sid: int, timeout: float = 30.0) -> None:
         raise AssertionError(f"processes of session {sid} survived SIGKILL: {survivors}")
 
 
+# Ray's own line when its node did not register within Ray's fixed 30 s (``ray/_private/node.py``), which sc-app
+# quotes in its one-line refusal after its one retry (``sc_app.attempt.ray_start``).
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+class RayDidNotStart(Exception):
+    """A run ended before training because Ray's node did not start in time, twice: an overloaded machine (two
+    suites on 2 cores at load 35 did it), not what any end-to-end test checks (the refusal itself is tested in
+    ``tests/unit/attempt/test_ray_start.py``). The suite runs a test that failed with it once more (pyproject:
+    ``reruns``, ``only_rerun``); every other failure fails at once."""
+
+
+def ray_did_not_start(out: str) -> None:
+    """``RayDidNotStart`` quoting sc-app's line when ``out`` (a run's output) says Ray could not start in time."""
+    for line in out.splitlines():
+        if RAY_START_TIMEOUT in line:
+            raise RayDidNotStart(line.strip())
+
+
 @dataclass
 class Finished:
     rc: int
@@ -109,7 +128,9 @@ def start_sc_app(
 def start_logged(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """Start the CLI with its output in ``log``; the caller must ``kill_session(proc.pid)`` when done."""
     with open(log, "w") as out:
-        return start_sc_app(*args, stdout=out, env=env)
+        proc = start_sc_app(*args, stdout=out, env=env)
+    proc.sc_app_log = log  # type: ignore[attr-defined]  # wait_for quotes it, and reads why the run ended
+    return proc
 
 
 def finish(proc: subprocess.Popen[str], timeout: float, what: str) -> Finished:
@@ -122,6 +143,8 @@ def finish(proc: subprocess.Popen[str], timeout: float, what: str) -> Finished:
         raise AssertionError(f"{what} timed out after {timeout}s:\n{(out or '')[-4000:]}") from None
     finally:
         kill_session(proc.pid)
+    if proc.returncode != 0:
+        ray_did_not_start(out or "")
     return Finished(proc.returncode, out or "")
 
 
@@ -164,12 +187,15 @@ def wait_for(
     poll: float = 0.25,
 ) -> None:
     """Poll ``predicate`` every ``poll`` s until true; fails early if ``proc`` exits first (quoting the tail of
-    ``log``, if given)."""
+    ``log``, by default the one ``start_logged`` wrote; ``RayDidNotStart`` if Ray could not start in time)."""
+    log = log if log is not None else getattr(proc, "sc_app_log", None)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if proc is not None and proc.poll() is not None:
+            if log is not None and log.exists():
+                ray_did_not_start(log.read_text())
             raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}{_tail(log)}")
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}{_tail(log)}")

@@ -3,12 +3,15 @@
 Under pytest-xdist each worker is a process of its own, so a session fixture alone would build once per worker. The
 first worker to ask builds under a file lock in the session's base temp dir (the parent of every worker's basetemp,
 the pattern of pytest-xdist's docs) and records the result there; the others wait on the lock and load it. A build
-that failed is not repeated: the other workers fail with its message. In one process it is simply built.
+that failed is not repeated: the other workers fail with its message — unless Ray could not start in time
+(``RayDidNotStart``: an overloaded machine), which leaves nothing behind, so the rerun of the test, or another
+worker, builds it again. In one process it is simply built.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +19,8 @@ from typing import TypeVar
 
 import pytest
 from filelock import FileLock
+
+from tests.support.proc import RayDidNotStart
 
 T = TypeVar("T")
 
@@ -41,6 +46,9 @@ def built_once(
         base.mkdir()
         try:
             built = build(base)
+        except RayDidNotStart:
+            shutil.rmtree(base, ignore_errors=True)
+            raise
         except BaseException:
             failed.write_text(traceback.format_exc()[-6000:])
             raise
