@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sc_app.attempt.ray_start import TIMEOUT_MARK
+
 REPO = Path(__file__).resolve().parents[2]
 SC_APP = [sys.executable, "-m", "sc_app"]
 
@@ -87,8 +89,8 @@ def kill_session(sid: int, timeout: float = 30.0) -> None:
 
 
 # Ray's own line when its node did not register within Ray's fixed 30 s (``ray/_private/node.py``), which sc-app
-# quotes in its one-line refusal after its one retry (``sc_app.attempt.ray_start``).
-RAY_START_TIMEOUT = "The current node timed out during startup"
+# recognises by ``TIMEOUT_MARK`` and quotes in its one-line refusal after its one retry.
+RAY_START_TIMEOUT = f"The current node {TIMEOUT_MARK}"
 
 
 class RayDidNotStart(Exception):
