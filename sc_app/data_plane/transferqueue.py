@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app import faults, waits
-from sc_app.data_plane import tq_fastpath, units
+from sc_app.data_plane import tq_fastpath, tq_start, units
 from sc_app.data_plane.client import (
     METADATA_FILE,
     CapturedRows,
@@ -132,7 +132,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         self.last_restore: dict[str, Any] | None = None  # what the last streamed restore did (rows, streams)
         self._guard = get_guard(namespace, create=bootstrap)
         if bootstrap:
-            tq.init(tq_conf(storage_units, storage_node_resource))
+            tq_start.start(tq_conf(storage_units, storage_node_resource))  # tq.init, its two actors at once
         else:
             sealed = waits.get(self._guard.sealed.remote(), what=GUARD_WHAT, kind="data_plane.controller")
             if sealed is None:
