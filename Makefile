@@ -40,6 +40,8 @@ test-sysdeps:
 # 2026-12-03, fresh clone, the shared-build order, load 4-10: 1,946 passed + 1 failed (since fixed) in 21 min 36 s
 # 2026-12-03, fresh clone, after the vLLM-refusal, smoke-poll and stop cuts, load 5-12: 1,950 passed in 24 min 31 s,
 # 2,617 CPU-seconds (the VM's speed varies run to run by up to ~20%: docs/development.md)
+# 2026-12-03 afternoon, fresh clone, nothing else running (load <= 7.7): 1,952 passed in 17 min 33 s (19.4 min with
+# the venv), 1,887 CPU-seconds: within the budget; the same tree's quiet runs spread 17.5-24.5 min on this VM
 # (the budget is 20 min: docs/development.md); two clones at once: 39 min 51 s each. `make test PYTEST_ARGS=`
 # runs it in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
