@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDict
 
 from sc_app import faults, waits
-from sc_app.data_plane import tq_fastpath, tq_start, units
+from sc_app.data_plane import tq_fastpath, tq_lifecycle, units
 from sc_app.data_plane.client import (
     METADATA_FILE,
     CapturedRows,
@@ -132,7 +132,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         self.last_restore: dict[str, Any] | None = None  # what the last streamed restore did (rows, streams)
         self._guard = get_guard(namespace, create=bootstrap)
         if bootstrap:
-            tq_start.start(tq_conf(storage_units, storage_node_resource))  # tq.init, its two actors at once
+            tq_lifecycle.start(tq_conf(storage_units, storage_node_resource))  # tq.init, its two actors at once
         else:
             sealed = waits.get(self._guard.sealed.remote(), what=GUARD_WHAT, kind="data_plane.controller")
             if sealed is None:
@@ -330,13 +330,8 @@ def _all_rows(rows: TensorDict, sample_ids: list[str], partition: str) -> Tensor
 
 
 def shutdown_transferqueue() -> None:
-    """Close TransferQueue from the process that initialised it."""
-    import transfer_queue as tq
-
-    try:
-        tq.close()
-    except Exception:  # best effort at shutdown
-        log.debug("tq.close failed", exc_info=True)
+    """Close TransferQueue from the process that initialised it (``tq_lifecycle.stop``)."""
+    tq_lifecycle.stop()
 
 
 _detaches = 0  # how many times this process detached: a blocking read started before the latest one gives up

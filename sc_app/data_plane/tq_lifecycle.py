@@ -1,4 +1,5 @@
-"""TransferQueue's first start with its controller and its storage units starting at the same time.
+"""TransferQueue started and stopped by the process that owns it: its controller and storage units start at the
+same time, and stop without the units' graceful shutdown.
 
 ``tq.init(conf)`` (transferqueue 0.1.11, ``transfer_queue/interface.py``) creates the controller actor, waits for
 its ZMQ address, and only then creates the storage units and waits for theirs: two actor starts (a process each,
@@ -7,13 +8,20 @@ importing torch) one after the other. The units never read the controller's addr
 the units before it waits for either: the same actors, names, namespace, config and client as ``tq.init``, in the
 time of the slower start instead of the sum — what an in-job restore that rebuilds the data plane waits for.
 
+``stop`` kills the storage units instead of asking them to shut down first, then closes as ``tq.close`` does (the
+client, then the controller). A unit's graceful shutdown only releases what its own process holds (TransferQueue
+waits up to a second for its idle threads to see it) — and the SSD offload's files, which sc-app never enables;
+every stop sc-app makes (a run's end, a teardown, a warm restore's rebuild of a data plane something died in)
+ends those processes anyway: ~1 s less each.
+
 Invariants:
-* the outcome is ``tq.init``'s: the controller named ``TransferQueueController`` in namespace ``transfer_queue``
-  holds the merged config (TransferQueue's defaults, then ``conf``) with both ZMQ addresses; this process's
-  TransferQueue client is built from it; the units are owned by this process (``tq.close`` stops them);
+* the outcome of ``start`` is ``tq.init``'s: the controller named ``TransferQueueController`` in namespace
+  ``transfer_queue`` holds the merged config (TransferQueue's defaults, then ``conf``) with both ZMQ addresses; this
+  process's TransferQueue client is built from it; the units are owned by this process (``stop`` ends them);
 * a running TransferQueue is attached to, as ``tq.init`` does;
-* anything this module does not reproduce exactly — another TransferQueue version, a backend other than
-  ``SimpleStorage``, metrics on, a sampler given as an object — is ``tq.init(conf)`` itself.
+* anything ``start`` does not reproduce exactly — another TransferQueue version, a backend other than
+  ``SimpleStorage``, metrics or SSD offload on, a sampler given as an object — is ``tq.init(conf)`` itself, and
+  ``stop`` leaves the units ``tq.init`` made to ``tq.close``'s graceful shutdown.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 REPRODUCED_VERSION = "0.1.11"  # the TransferQueue whose interface.init this mirrors
+_made_units = False  # this process's storage units were made by ``start`` (no SSD offload): ``stop`` kills them
 
 
 def start(conf: Any) -> None:
@@ -53,7 +62,9 @@ def start(conf: Any) -> None:
     except ValueError:  # another process created it meanwhile: attach, as tq.init does
         interface._init_from_existing()
         return
+    global _made_units
     interface._TQ_CONTROLLER = controller
+    _made_units = True
     merged = interface._maybe_create_tq_storage(merged)  # creates the units, waits for their addresses
     merged.controller.zmq_info = interface.process_zmq_server_info(controller)  # started meanwhile
     import ray
@@ -73,6 +84,8 @@ def _not_reproduced(tq: Any, merged: Any) -> str:
         return f"backend {merged.backend.storage_backend}"
     if merged.get("metrics", {}).get("enabled", False):
         return "metrics enabled"
+    if merged.backend.SimpleStorage.get("ssd_offload", {}).get("enabled", False):
+        return "SSD offload enabled (its files are removed by the units' graceful shutdown)"
     if not isinstance(merged.controller.sampler, str) or not hasattr(interface, merged.controller.sampler):
         return "a sampler that is not one of TransferQueue's by name"
     missing = [
@@ -81,3 +94,27 @@ def _not_reproduced(tq: Any, merged: Any) -> str:
         if not hasattr(interface, name)
     ]
     return f"interface lacks {', '.join(missing)}" if missing else ""
+
+
+def stop() -> None:
+    """Close this process's TransferQueue: storage units that ``start`` made killed (not asked to shut down: the
+    module docstring), then ``tq.close`` (client closed, controller killed; units someone else made shut down
+    gracefully); best effort — what is already dead is skipped."""
+    import ray
+    import transfer_queue as tq
+    from transfer_queue import interface
+
+    global _made_units
+    owned = getattr(interface, "_TQ_STORAGE", None) or {}
+    if _made_units and set(owned) == {"SimpleStorage"}:
+        for unit in owned["SimpleStorage"].values():
+            try:
+                ray.kill(unit)
+            except Exception:  # already dead
+                log.debug("killing a storage unit failed", exc_info=True)
+        interface._TQ_STORAGE = None
+    _made_units = False
+    try:
+        tq.close()
+    except Exception:  # best effort at shutdown
+        log.debug("tq.close failed", exc_info=True)

@@ -1,5 +1,6 @@
-"""data_plane.tq_start against real Ray + real TransferQueue: the same TransferQueue as ``tq.init``, with the
-storage units asked for before the controller is waited on, and ``tq.init`` itself where it is not reproduced."""
+"""data_plane.tq_lifecycle against real Ray + real TransferQueue: ``start`` makes the same TransferQueue as
+``tq.init``, with the storage units asked for before the controller is waited on (``tq.init`` itself where it does
+not reproduce it); ``stop`` kills the units it made instead of their graceful shutdown, the controller live or dead."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tensordict import TensorDict  # noqa: E402
 from transfer_queue import interface  # noqa: E402
 from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # noqa: E402
 
-from sc_app.data_plane import tq_start  # noqa: E402
+from sc_app.data_plane import tq_lifecycle  # noqa: E402
 from sc_app.data_plane.transferqueue import tq_conf  # noqa: E402
 from tests.support.tq import close_transferqueue  # noqa: E402
 
@@ -75,8 +76,8 @@ def test_the_same_transferqueue_as_tq_init_with_the_units_asked_for_first(
 
     monkeypatch.setattr(interface, "process_zmq_server_info", watched)
     monkeypatch.setattr(simple_storage_bootstrap, "process_zmq_server_info", watched)
-    monkeypatch.setattr(tq, "init", lambda *a, **k: pytest.fail("tq_start fell back to tq.init"))
-    tq_start.start(tq_conf(UNITS, None))
+    monkeypatch.setattr(tq, "init", lambda *a, **k: pytest.fail("tq_lifecycle fell back to tq.init"))
+    tq_lifecycle.start(tq_conf(UNITS, None))
 
     assert [w for w, _ in waited] == ["units", "controller"]
     assert waited[1][1], "the controller was waited for before the storage units were asked for"
@@ -87,19 +88,62 @@ def test_the_same_transferqueue_as_tq_init_with_the_units_asked_for_first(
     assert interface._TQ_CLIENT is not None and interface._TQ_CONTROLLER is not None
     round_trip()
     units = list(interface._TQ_STORAGE["SimpleStorage"].values())
-    close_transferqueue()  # tq.close stops what this process started: the controller and the units it owns
+    tq_lifecycle.stop()
+    assert_stopped(units)
+
+
+def closing(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What ``tq.close`` was left to shut down gracefully, call by call (the storage units, or None)."""
+    seen: list[Any] = []
+    real = tq.close
+
+    def watched() -> None:
+        seen.append(interface._TQ_STORAGE)
+        real()
+
+    monkeypatch.setattr(tq, "close", watched)
+    return seen
+
+
+def assert_stopped(units: list[Any]) -> None:
     for unit in units:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(unit.get_zmq_server_info.remote(), timeout=30)
+    close_transferqueue()  # waits until the controller's name is free (ray.kill is asynchronous)
+    assert interface._TQ_CLIENT is None and interface._TQ_CONTROLLER is None and interface._TQ_STORAGE is None
+
+
+@pytest.mark.parametrize("controller", ["live", "dead"])
+def test_stop_kills_the_units_it_made_without_their_graceful_shutdown(
+    fresh: None, monkeypatch: pytest.MonkeyPatch, controller: str
+) -> None:
+    tq_lifecycle.start(tq_conf(UNITS, None))
+    round_trip()
+    units = list(interface._TQ_STORAGE["SimpleStorage"].values())
+    if controller == "dead":  # a warm restore after the TransferQueue controller's death
+        ray.kill(interface._TQ_CONTROLLER)
+    seen = closing(monkeypatch)
+    tq_lifecycle.stop()
+    assert seen == [None], "the units were handed to tq.close's graceful shutdown"
+    assert_stopped(units)
+
+
+def test_stop_leaves_units_tq_init_made_to_tq_close(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    tq.init(tq_conf(1, None))
+    units = list(interface._TQ_STORAGE["SimpleStorage"].values())
+    seen = closing(monkeypatch)
+    tq_lifecycle.stop()
+    assert len(seen) == 1 and seen[0] is not None and list(seen[0]["SimpleStorage"].values()) == units
+    assert_stopped(units)
 
 
 @ray.remote(num_cpus=0)
 def start_elsewhere(units: int) -> tuple[str, bool]:
-    """``tq_start.start`` in another process while TransferQueue runs: the controller it is attached to, and
+    """``tq_lifecycle.start`` in another process while TransferQueue runs: the controller it is attached to, and
     whether it started storage units of its own; a put and a get through it."""
     from transfer_queue import interface as there
 
-    tq_start.start(tq_conf(units, None))
+    tq_lifecycle.start(tq_conf(units, None))
     round_trip()
     attached = there._TQ_CONTROLLER._actor_id.hex(), there._TQ_STORAGE is None
     there._TQ_CLIENT.close()
@@ -107,7 +151,7 @@ def start_elsewhere(units: int) -> tuple[str, bool]:
 
 
 def test_a_running_transferqueue_is_attached_to_not_started_again(fresh: None) -> None:
-    tq_start.start(tq_conf(UNITS, None))
+    tq_lifecycle.start(tq_conf(UNITS, None))
     controller = interface._TQ_CONTROLLER._actor_id.hex()
     # another unit count: ignored when attaching, as tq.init ignores its conf then
     assert ray.get(start_elsewhere.remote(1), timeout=120) == (controller, True)
@@ -124,6 +168,6 @@ def test_what_it_does_not_reproduce_is_tq_init_itself(fresh: None, monkeypatch: 
         conf.metrics = {"enabled": True, "port": 0}
     called: list[Any] = []
     monkeypatch.setattr(tq, "init", lambda c=None: called.append(c))
-    tq_start.start(conf)
+    tq_lifecycle.start(conf)
     assert called == [conf]
     assert interface._TQ_CONTROLLER is None, "it started TransferQueue itself as well"
