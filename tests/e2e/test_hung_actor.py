@@ -24,6 +24,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,6 +63,19 @@ def stop_one(sid: int, actor: str) -> int:
     return pids[0]
 
 
+RAY_KILL_GRACE_S = 5 + 10  # Ray's kill_worker_timeout_milliseconds (SIGTERM, then SIGKILL 5 s later) + a margin
+
+
+def gone_or_kept(proc: Any, stopped: list[tuple[str, int, Any]], log: Path) -> None:
+    """Wait until the last stopped process is gone: ``ray.kill`` of a hung actor sends SIGTERM, which a stopped
+    process holds, and SIGKILL 5 s later (Ray's default), so after a restore quicker than that it is still listed
+    for a moment; it must be gone within that grace."""
+    if stopped:
+        actor, victim, _ = stopped[-1]
+        gone = lambda: victim not in actor_pids(proc.pid, actor)  # noqa: E731
+        wait_for(gone, RAY_KILL_GRACE_S, f"the stopped {actor} gone", proc, log=log)
+
+
 def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
     ckpt, trace, log = tmp_path / "ckpt", tmp_path / "trace.jsonl", tmp_path / "run.log"
     extra = ["--set", f"run.hang_timeout_s={HANG_S:g}", "--set", f"checkpoint.emergency_budget_s={BUDGET_S:g}"]
@@ -71,9 +85,11 @@ def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
     try:
         for n, actor in enumerate(["TrainerWorker", "SimpleStorageUnit"]):
             wait_for(lambda n=n: trains_in(trace, n) >= 3, 600, f"3 steps before stopping {actor}", proc, log=log)
+            gone_or_kept(proc, stopped_pids, log)
             after.append(before := pids_of(proc.pid))
             stopped_pids.append((actor, stop_one(proc.pid, actor), before))
         wait_for(lambda: trains_in(trace, 2) >= 3, 600, "3 steps after the second restore", proc, log=log)
+        gone_or_kept(proc, stopped_pids, log)
         after.append(pids_of(proc.pid))
         stop_one(proc.pid, "SingleControllerActor")
         time.sleep(2)
@@ -89,8 +105,8 @@ def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
     assert took < BUDGET_S + 30, f"exited {took:.0f}s after SIGTERM against a {BUDGET_S:g}s budget"
     assert f"emergency checkpoint did not finish within checkpoint.emergency_budget_s={BUDGET_S:g}s" in out, out[-3000:]
     assert "the controller actor had not answered for" in out and "Traceback" not in out, out[-3000:]
-    assert not foreign_lines(out), foreign_lines(out)[:5]  # TransferQueue's shutdown warning: libraries.log
-    assert "transfer_queue" in (ckpt / "logs" / "libraries.log").read_text()
+    assert not foreign_lines(out), foreign_lines(out)[:5]  # Ray's and TransferQueue's lines: libraries.log
+    assert "ray._private.worker" in (ckpt / "logs" / "libraries.log").read_text()
 
     faults = list(read_history(ckpt / "logs").events_named("fault"))
     assert [f.data["fault"] for f in faults] == ["hang", "hang"], out[-3000:]
