@@ -42,6 +42,7 @@ test-sysdeps:
 # 2,617 CPU-seconds (the VM's speed varies run to run by up to ~20%: docs/development.md)
 # 2026-12-03 afternoon, fresh clone, nothing else running (load <= 7.7): 1,952 passed in 17 min 33 s (19.4 min with
 # the venv), 1,887 CPU-seconds: within the budget; the same tree's quiet runs spread 17.5-24.5 min on this VM
+# 2026-12-03, fresh clone of c1bf605, nothing else running (load <= 12.9): 1,959 passed in 19 min 30 s, 2,152 CPU-s
 # (the budget is 20 min: docs/development.md); two clones at once: 39 min 51 s each. `make test PYTEST_ARGS=`
 # runs it in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
