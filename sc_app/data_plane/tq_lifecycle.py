@@ -38,6 +38,8 @@ _made_units = False  # this process's storage units were made by ``start`` (no S
 
 def start(conf: Any) -> None:
     """Start TransferQueue (or attach to the running one) from ``conf``, an OmegaConf of overrides."""
+    global _made_units
+    import ray
     import transfer_queue as tq
     from omegaconf import OmegaConf
     from transfer_queue import interface
@@ -62,13 +64,10 @@ def start(conf: Any) -> None:
     except ValueError:  # another process created it meanwhile: attach, as tq.init does
         interface._init_from_existing()
         return
-    global _made_units
     interface._TQ_CONTROLLER = controller
     _made_units = True
     merged = interface._maybe_create_tq_storage(merged)  # creates the units, waits for their addresses
     merged.controller.zmq_info = interface.process_zmq_server_info(controller)  # started meanwhile
-    import ray
-
     ray.get(controller.store_config.remote(merged))
     interface._maybe_create_tq_client(merged)
 
