@@ -66,7 +66,7 @@ def stop_one(sid: int, actor: str) -> int:
 RAY_KILL_GRACE_S = 5 + 10  # Ray's kill_worker_timeout_milliseconds (SIGTERM, then SIGKILL 5 s later) + a margin
 
 
-def gone_or_kept(proc: Any, stopped: list[tuple[str, int, Any]], log: Path) -> None:
+def wait_until_stopped_gone(proc: Any, stopped: list[tuple[str, int, Any]], log: Path) -> None:
     """Wait until the last stopped process is gone: ``ray.kill`` of a hung actor sends SIGTERM, which a stopped
     process holds, and SIGKILL 5 s later (Ray's default), so after a restore quicker than that it is still listed
     for a moment; it must be gone within that grace."""
@@ -85,11 +85,11 @@ def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
     try:
         for n, actor in enumerate(["TrainerWorker", "SimpleStorageUnit"]):
             wait_for(lambda n=n: trains_in(trace, n) >= 3, 600, f"3 steps before stopping {actor}", proc, log=log)
-            gone_or_kept(proc, stopped_pids, log)
+            wait_until_stopped_gone(proc, stopped_pids, log)
             after.append(before := pids_of(proc.pid))
             stopped_pids.append((actor, stop_one(proc.pid, actor), before))
         wait_for(lambda: trains_in(trace, 2) >= 3, 600, "3 steps after the second restore", proc, log=log)
-        gone_or_kept(proc, stopped_pids, log)
+        wait_until_stopped_gone(proc, stopped_pids, log)
         after.append(pids_of(proc.pid))
         stop_one(proc.pid, "SingleControllerActor")
         time.sleep(2)
