@@ -32,20 +32,13 @@ test-sysdeps:
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $$CEPH >/dev/null 2>&1; } || \
 	  echo "Ceph's radosgw could not be installed: the remote-tier (S3) tests will be skipped"; fi
 
-# Two pytest workers, a whole file to each at a time, handed out in conftest's order (longest first by
-# tests/durations.json; xdist's own reorder, by number of tests per file, would start the long e2e files last).
-# 2026-12-02, fresh clone, 2 quiet cores (load 1-10): 1,937 passed in 20 min 15 s of pytest, 2,203 CPU-seconds
-# 2026-12-02 evening, fresh clone, nothing else running: 1,945 passed in 23 min 24 s of pytest (25.5 min with the venv)
-# 2026-12-03, new checkout, nothing else running (load 5-8 from the suite): 1,946 passed in 24 min 9 s of pytest
-# 2026-12-03, fresh clone, the shared-build order, load 4-10: 1,946 passed + 1 failed (since fixed) in 21 min 36 s
-# 2026-12-03, fresh clone, after the vLLM-refusal, smoke-poll and stop cuts, load 5-12: 1,950 passed in 24 min 31 s,
-# 2,617 CPU-seconds (the VM's speed varies run to run by up to ~20%: docs/development.md)
-# 2026-12-03 afternoon, fresh clone, nothing else running (load <= 7.7): 1,952 passed in 17 min 33 s (19.4 min with
-# the venv), 1,887 CPU-seconds: within the budget; the same tree's quiet runs spread 17.5-24.5 min on this VM
-# 2026-12-03, fresh clone of c1bf605, nothing else running (load <= 12.9): 1,959 passed in 19 min 30 s, 2,152 CPU-s
-# (the budget is 20 min: docs/development.md); two clones at once: 39 min 51 s each. `make test PYTEST_ARGS=`
+# Three pytest workers on the two cores, a whole file to each at a time, handed out in conftest's order (longest
+# first by tests/durations.json; xdist's own reorder, by number of tests per file, would start the long e2e files
+# last). A third worker fills the seconds the end-to-end tests spend waiting on a run (cores 86% busy with two
+# workers, 93% with three). 2026-12-03, fresh clone, nothing else running: 20 min 16 s of pytest with two workers,
+# 17 min 56 s with three (the budget is 20 min; the history is in docs/development.md). `make test PYTEST_ARGS=`
 # runs it in one process.
-PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
+PYTEST_ARGS ?= -n 3 --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP) test-sysdeps
 	$(VENV)/bin/ruff check sc_app tests bench

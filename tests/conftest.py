@@ -10,6 +10,7 @@ subprocess instead (``tests.support.proc``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``slow``, as are the modules that start a real run (``make test-quick`` leaves them out). Tests marked ``pods``
     run a real job across pod stand-ins (minutes each): ``make test-pods`` runs them, the default suite skips them
     and says so, to stay within its time budget."""
-    items[:] = durations.order(items, durations.load(), built_once=("interrupted_run",))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by xdist in each worker
+    items[:] = durations.order(items, durations.load(), built_once=("interrupted_run",), workers=workers)
     for item in items:
         if "local_ray" in getattr(item, "fixturenames", ()):  # a Ray start (~10 s) per worker, then real actors
             item.add_marker(pytest.mark.slow)

@@ -1,6 +1,6 @@
 """Seconds per test file, recorded from a real run (``tests/durations.json``), and the order they give the suite.
 
-``make test`` hands whole files to two workers (``--dist loadfile``) in collection order: a long file handed out
+``make test`` hands whole files to the workers (``--dist loadfile``) in collection order: a long file handed out
 last runs alone at the end. ``order`` puts the files longest first by the record (files it does not know yet last,
 in their usual order). ``make test-durations`` runs the suite with ``--record-durations FILE``: ``Recorder`` sums
 each file's setup, call and teardown seconds as the worker that ran it reported them (on the controller under
@@ -39,13 +39,16 @@ def load(path: Path = FILE) -> dict[str, float]:
 
 
 def order(
-    items: Sequence[pytest.Item], seconds: Mapping[str, float], built_once: Collection[str] = ()
+    items: Sequence[pytest.Item],
+    seconds: Mapping[str, float],
+    built_once: Collection[str] = (),
+    workers: int = 2,
 ) -> list[pytest.Item]:
     """``items`` with the files the record knows first, longest first; the rest after them in their own order.
-    Within a file the order is kept (the sort is stable and keyed by file only). The two files the two workers
-    start with never both need a fixture of ``built_once`` (built by the first worker to ask while the other waits
-    on its lock, ``tests/support/shared.py``): the second is swapped with the next file that shares none with the
-    first."""
+    Within a file the order is kept (the sort is stable and keyed by file only). No two of the ``workers`` files the
+    workers start with need the same fixture of ``built_once`` (built by the first worker to ask while the others
+    wait on its lock, ``tests/support/shared.py``): a starting file that would wait is swapped with the next file
+    that needs none of what the files before it need."""
 
     def key(item: pytest.Item) -> tuple[int, float]:
         known = seconds.get(file_of(item.nodeid))
@@ -61,11 +64,13 @@ def order(
     def needs(block: list[pytest.Item]) -> set[str]:
         return {f for item in block for f in getattr(item, "fixturenames", ()) if f in built_once}
 
-    first = needs(blocks[0]) if blocks else set()
-    if len(blocks) > 2 and first & needs(blocks[1]):
-        free = next((i for i in range(2, len(blocks)) if not first & needs(blocks[i])), None)
-        if free is not None:
-            blocks[1], blocks[free] = blocks[free], blocks[1]
+    taken: set[str] = set()  # what the starting files before position i build
+    for i in range(min(workers, len(blocks))):
+        if taken & needs(blocks[i]):
+            free = next((j for j in range(i + 1, len(blocks)) if not taken & needs(blocks[j])), None)
+            if free is not None:
+                blocks[i], blocks[free] = blocks[free], blocks[i]
+        taken |= needs(blocks[i])
     return [item for block in blocks for item in block]
 
 

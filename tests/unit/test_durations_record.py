@@ -41,6 +41,25 @@ def test_the_two_first_files_never_both_wait_on_one_shared_build() -> None:
     assert [i.nodeid for i in unshared][:2] == ["t/a.py::x", "t/b.py::x"], "without built_once: the record's order"
 
 
+def test_with_three_workers_no_two_starting_files_wait_on_one_shared_build() -> None:
+    """a.py, b.py and c.py, the longest, all need the shared run: with three workers the first starts on a.py, the
+    other two on d.py and e.py (which do not); b.py and c.py follow. With two workers only b.py moves."""
+
+    def item(nodeid: str, *fixtures: str) -> Any:
+        return SimpleNamespace(nodeid=nodeid, fixturenames=list(fixtures))
+
+    files = [item("t/a.py::x", "shared"), item("t/b.py::x", "shared"), item("t/c.py::x", "shared")]
+    files += [item("t/d.py::x"), item("t/e.py::x"), item("t/f.py::x")]
+    record = {"t/a.py": 90.0, "t/b.py": 80.0, "t/c.py": 70.0, "t/d.py": 60.0, "t/e.py": 50.0, "t/f.py": 40.0}
+    three = [i.nodeid[2:3] for i in durations.order(files, record, built_once=("shared",), workers=3)]
+    assert three[:3] == ["a", "d", "e"], three
+    assert sorted(three) == ["a", "b", "c", "d", "e", "f"], "every file still runs"
+    two = [i.nodeid[2:3] for i in durations.order(files, record, built_once=("shared",), workers=2)]
+    assert two[:2] == ["a", "d"], two
+    one = [i.nodeid[2:3] for i in durations.order(files, record, built_once=("shared",), workers=1)]
+    assert one == ["a", "b", "c", "d", "e", "f"], "one process builds it once and waits on nobody"
+
+
 def test_a_new_record_overrides_the_old_and_drops_files_that_are_gone(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     for name in ("a.py", "b.py"):
