@@ -95,7 +95,7 @@ class JobActors:
     @classmethod
     def of(cls, trainers: list[Any], controller: Any, generators: Sequence[Any] = ()) -> JobActors:
         """The trainers, the controller actor and TransferQueue's controller and storage units of this process."""
-        from transfer_queue import interface as tq_interface  # the handles tq.init() made in this process
+        from transfer_queue import interface as tq_interface  # set by tq_lifecycle.start or tq.init here
 
         named = [(t, TRAINER, f"trainer rank {rank}") for rank, t in enumerate(trainers)]
         named.append((controller, CONTROLLER, "the controller actor"))

@@ -36,7 +36,7 @@ class UnitRows:
 
 
 def tq_client(tq: Any) -> Any:
-    """TransferQueue's own low-level client of this process (``tq.init()`` must have run)."""
+    """TransferQueue's own low-level client of this process (``tq_lifecycle.start`` or ``tq.init`` ran here)."""
     return tq.get_client()
 
 
