@@ -36,8 +36,8 @@ test-sysdeps:
 # first by tests/durations.json; xdist's own reorder, by number of tests per file, would start the long e2e files
 # last). A third worker fills the seconds the end-to-end tests spend waiting on a run (cores 86% busy with two
 # workers, 93% with three). 2026-12-03, fresh clone, nothing else running: 20 min 16 s of pytest with two workers,
-# 17 min 56 s with three (the budget is 20 min; the history is in docs/development.md). `make test PYTEST_ARGS=`
-# runs it in one process.
+# 17 min 56 s, 18 min 22 s and 16 min 43 s with three (the budget is 20 min; the history is in
+# docs/development.md). `make test PYTEST_ARGS=` runs it in one process.
 PYTEST_ARGS ?= -n 3 --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP) test-sysdeps
