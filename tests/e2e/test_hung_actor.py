@@ -70,10 +70,14 @@ def wait_until_stopped_gone(proc: Any, stopped: list[tuple[str, int, Any]], log:
     """Wait until the last stopped process is gone: ``ray.kill`` of a hung actor sends SIGTERM, which a stopped
     process holds, and SIGKILL 5 s later (Ray's default), so after a restore quicker than that it is still listed
     for a moment; it must be gone within that grace."""
-    if stopped:
-        actor, victim, _ = stopped[-1]
-        gone = lambda: victim not in actor_pids(proc.pid, actor)  # noqa: E731
-        wait_for(gone, RAY_KILL_GRACE_S, f"the stopped {actor} gone", proc, log=log)
+    if not stopped:
+        return
+    actor, victim, _ = stopped[-1]
+
+    def gone() -> bool:
+        return victim not in actor_pids(proc.pid, actor)
+
+    wait_for(gone, RAY_KILL_GRACE_S, f"the stopped {actor} gone", proc, log=log)
 
 
 def test_hung_trainer_storage_and_controller(tmp_path: Path) -> None:
