@@ -12,7 +12,8 @@ it. A published directory is never written again:
 * **start** (``prepare``): the engine works in a private directory of its own (local ``/tmp``), a copy of the
   published cache when there is a valid one (warm), empty otherwise (cold);
 * **publish** (after a cold start): the private directory, if within ``max_bytes`` and if the volume keeps room
-  for bundles after it (10% of it and the cache's size again), is copied to a temporary name
+  for bundles after it (``room_to_keep``: twice the newest bundle beside the cache, and never less than the
+  cache's own size), is copied to a temporary name
   under ``engine_cache/`` with its marker, then renamed to ``<fingerprint>/`` in one step — two engines that start
   at once both work privately and the first rename wins; the other's copy is dropped. The oldest other
   fingerprints are removed while the whole ``engine_cache/`` is over ``max_bytes``.
@@ -36,13 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sc_app.checkpoint.layout import step_dirs
+
 log = logging.getLogger(__name__)
 
 CACHE_DIR = "engine_cache"  # under checkpoint.dir
 MARKER = "engine_cache.json"
 FORMAT = 1
 _TMP_PREFIX = ".tmp-"
-_KEEP_FREE = 0.10  # a publish leaves at least this share of the volume (and the cache's size) free for bundles
 _STALE_TMP_S = 3600.0  # a publish copy older than this was left by a process that died mid-copy
 
 
@@ -115,6 +117,15 @@ def prepare(cache: EngineCache) -> tuple[Path, bool]:
     return private, True
 
 
+def room_to_keep(cache: EngineCache, size: int) -> int:
+    """Bytes a publish of ``size`` bytes must leave free on the volume: twice the newest ``step_N`` beside the cache
+    (the save in flight and the next one), and at least ``size`` again (before the first bundle, the cache takes at
+    most half of what is free). Measured from the bundles, not a share of the disk: a large shared volume that is
+    90% full may still hold many bundles."""
+    newest = step_dirs(cache.root.parent)
+    return max(size, 2 * _size(newest[0][1]) if newest else 0)
+
+
 def publish(cache: EngineCache, private: Path) -> bool:
     """After a cold start: ``private`` becomes ``cache.published`` (copy under a temporary name, rename); True if
     this call published it. Never raises for the cache."""
@@ -130,12 +141,15 @@ def publish(cache: EngineCache, private: Path) -> bool:
             return False
         cache.root.mkdir(parents=True, exist_ok=True)
         usage = shutil.disk_usage(cache.root)
-        if usage.free - size < max(size, usage.total * _KEEP_FREE):
+        keep = room_to_keep(cache, size)
+        if usage.free - size < keep:
             log.warning(
-                "engine cache not kept: %.0f MiB would leave too little room for bundles on %s (%.0f MiB free)",
+                "engine cache not kept: %.0f MiB would leave %.0f MiB free on %s, under the %.0f MiB kept for "
+                "bundles (twice the newest): free space there or lower generation.engine_cache_gib",
                 size / 2**20,
+                (usage.free - size) / 2**20,
                 cache.root,
-                usage.free / 2**20,
+                keep / 2**20,
             )
             return False
         _tidy(cache)
