@@ -27,7 +27,8 @@ from sc_app.attempt.restore_policy import Death
 from sc_app.attempt.restore_scope import unfound_line
 from sc_app.attempt.warm_reset import JobIdentity, WarmReset, actors_died_during_reset, halt_controller
 from sc_app.checkpoint import ResumePlan
-from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, StepRecord
+from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, SaveRecord, StepRecord
+from sc_app.rl.factory import prepare_policy_check
 from sc_app.waits import Bound, ProcessHung, bounded
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class ClusterJob:
         self.plan: ResumePlan | None = None  # the plan of the newest set-up started
         self._hung: list[DeadActor] = []  # the driven setup's processes killed as hung (what_died), dead from then on
         self._unfound: str | None = None  # a hang the probe found no process of: the full rebuild runs (halt)
+        self._check_prepared = False  # the policy check's template built (once per process)
 
     def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
         """Set up from ``plan``; each wait ends on a stop (StopCut) or past run.setup_timeout_s (ProcessHung)."""
@@ -100,6 +102,20 @@ class ClusterJob:
         if isinstance(record, StepRecord):
             self._step = max(self._step, record.step)
         self.attempt.calls.on_progress(record)
+        if isinstance(record, SaveRecord) and not record.emergency:
+            self._prepare_policy_check()
+
+    def _prepare_policy_check(self) -> None:
+        """Once the first bundle landed (there is one to restore to), build what a restore's re-plan checks it
+        against while the job trains on (``prepare_policy_check``: 1-3 s the first time in a process), not after a
+        death. Only where an in-job restore may follow; a failure here is the check's to report, later."""
+        if self._check_prepared or self.attempt.cfg.run.max_in_job_restores == 0:
+            return
+        self._check_prepared = True
+        try:
+            prepare_policy_check(self.attempt.cfg)
+        except Exception as exc:
+            log.debug("the policy check's template was not built ahead (%s)", exc)
 
     def what_died(self, setup: Setup, exc: JobFailed) -> Death:
         """From the driven setup's watch; a death while a setup was being built (no watch) is named by its error:

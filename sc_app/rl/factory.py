@@ -44,3 +44,15 @@ def policy_format(cfg: AppConfig) -> str | None:
 
         return POLICY_FORMAT
     return None
+
+
+def prepare_policy_check(cfg: AppConfig) -> None:
+    """Build, once per process, what a bundle of ``cfg``'s run is checked against (its model on the meta device and
+    the optimizer's structure), so that a restore's re-plan, which checks the newest bundle, does not pay for the
+    first build (it imports ``torch._dynamo``: ~1 s for the tiny model, ~3 s with transformers). Raises what
+    reading the model's config raises; the check itself reports the same problem where it matters."""
+    if cfg.model.backend == "hf":
+        from sc_app.rl.hf.policy_check import prepare
+    else:
+        from sc_app.rl.state_schema import prepare
+    prepare(cfg)

@@ -11,6 +11,7 @@ optimizer's groups, hyperparameters and per-parameter state shaped like the opti
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,8 @@ import torch
 from pydantic import ValidationError
 
 from sc_app.checkpoint import layout
-from sc_app.config.app import ModelConfig
+from sc_app.checkpoint.compat import compat_of
+from sc_app.config.app import AppConfig, ModelConfig
 from sc_app.io.safe_files import FileProblem
 from sc_app.rl.model import TinyCausalLM
 
@@ -64,6 +66,28 @@ class PolicyTemplate:
         with torch.device("meta"):
             model = TinyCausalLM(cfg)
         return cls.of(model, new_optimizer(model.parameters(), lr))
+
+
+@functools.lru_cache(maxsize=4)
+def _template(model_json: str) -> PolicyTemplate:
+    return PolicyTemplate.for_config(ModelConfig.model_validate_json(model_json))
+
+
+def template_for(model_keys: dict[str, Any]) -> PolicyTemplate:
+    """The template of the model config ``model_keys`` (a manifest's ``compat`` ``model.*``, prefix removed), built
+    once per process per config and shared (read only): the first build imports ``torch._dynamo`` (a meta model's
+    init and any ``torch.optim`` optimizer do), about a second. ``ValidationError`` for keys that are no model
+    config."""
+    return _template(ModelConfig.model_validate(model_keys).model_dump_json())
+
+
+def model_keys_of(compat: dict[str, Any]) -> dict[str, Any]:
+    return {k.removeprefix("model."): v for k, v in compat.items() if k.startswith("model.")}
+
+
+def prepare(cfg: AppConfig) -> None:
+    """Build the template ``cfg``'s bundles are checked against now (``sc_app.rl.factory.prepare_policy_check``)."""
+    template_for(model_keys_of(compat_of(cfg)))
 
 
 def _is_int(v: Any) -> bool:
@@ -173,12 +197,12 @@ def check_policy_dir(ctx: PolicyCheck) -> list[str]:
     """The ``sc-app/torch-v1`` checker (``sc_app.checkpoint.policy_formats``): ``model.pt`` and ``optimizer.pt``
     checked against a model of the config recorded in the manifest's ``compat`` (``model.*``), nothing else."""
     compat = ctx.manifest.compat
-    model_keys = {k.removeprefix("model."): v for k, v in compat.items() if k.startswith("model.")}
+    model_keys = model_keys_of(compat)
     manifest_at = ctx.files.at(layout.MANIFEST_FILE)
     if not model_keys:
         return [f"{manifest_at}: records no model.* config in 'compat'; the policy cannot be checked against a model"]
     try:
-        template = PolicyTemplate.for_config(ModelConfig.model_validate(model_keys))
+        template = template_for(model_keys)
     except (ValidationError, ValueError, TypeError) as exc:
         return [f"{manifest_at}: compat's model.* is not a model config ({str(exc).splitlines()[0]})"]
     problems: list[str] = []

@@ -12,6 +12,9 @@ tensor payloads (tens of GB for a large model) are vouched for by their digests,
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sc_app.io import strict_json
@@ -21,6 +24,7 @@ from sc_app.rl.hf.verified_read import DCP_METADATA_FILE, PolicyIntegrityError
 
 if TYPE_CHECKING:
     from sc_app.checkpoint.policy_formats import PolicyCheck
+    from sc_app.config.app import AppConfig
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -46,12 +50,28 @@ def meta_model(config: dict[str, Any]) -> Any:
         return AutoModelForCausalLM.from_config(cfg)
 
 
-def model_template(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    """The state names → shapes and the parameter names → shapes of the model ``config`` describes (meta device)."""
-    model = meta_model(config)
+Template = tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]
+
+
+@functools.lru_cache(maxsize=4)
+def _model_template(config_json: str) -> Template:
+    model = meta_model(json.loads(config_json))
     state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     params = {k: tuple(p.shape) for k, p in model.named_parameters()}
     return state, params
+
+
+def model_template(config: dict[str, Any]) -> Template:
+    """The state names → shapes and the parameter names → shapes of the model ``config`` describes (meta device),
+    built once per process per config and shared (read only): the first build imports transformers' model class
+    and ``torch._dynamo`` (a meta model's init does), about three seconds."""
+    return _model_template(json.dumps(config, sort_keys=True))
+
+
+def prepare(cfg: AppConfig) -> None:
+    """Build the template ``cfg``'s bundles are checked against now (``sc_app.rl.factory.prepare_policy_check``):
+    the model directory's ``config.json``, which every bundle of the run copies into ``policy/hf/``."""
+    model_template(strict_json.parse((Path(cfg.model.path or "") / "config.json").read_bytes()))
 
 
 def check_policy_dir(ctx: PolicyCheck) -> list[str]:
