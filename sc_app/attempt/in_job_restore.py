@@ -165,6 +165,8 @@ def _restore(job: RestorableJob, setup: Any, restore: _Restore, warm: bool) -> t
             return _interrupted(job, setup, restore, plan, exc)
     else:
         restore.path = "full"
+        if not isinstance(setup, _Nothing):
+            _hand_on_unpolled(job, setup, restore)
     setup.teardown()
     since = restore.lap("reset", since)
     try:
@@ -175,6 +177,18 @@ def _restore(job: RestorableJob, setup: Any, restore: _Restore, warm: bool) -> t
     restore.lap("reload", since)
     job.on_fault(restore.record(plan, "recovered"))
     return setup, plan, None
+
+
+def _hand_on_unpolled(job: RestorableJob, setup: Any, restore: _Restore) -> None:
+    """The full path halts a live controller too, before tearing it down: the steps it trained since the driver's
+    last poll are handed on and counted as redone (else the fault claims fewer than the trace shows). A controller
+    that will not halt is torn down as it is."""
+    try:
+        job.halt(setup)
+    except ResetFailed as exc:
+        log.warning("the controller did not hand on its last progress before the rebuild (%s)", exc)
+        return
+    restore.reached = max(restore.reached, job.step_reached())
 
 
 def _interrupted(

@@ -120,13 +120,31 @@ def test_a_warm_restore_fences_halts_replans_and_resets_in_place() -> None:
     assert set(fault.phase_seconds) >= {"detection", "fencing", "reload"}
 
 
-def test_the_full_path_tears_down_fences_replans_and_sets_up() -> None:
+def test_the_full_path_fences_halts_tears_down_replans_and_sets_up() -> None:
     job = FakeJob()
     summary, plan = drive_restoring(job, FRESH, max_restores=3, warm=False)
     assert summary.final_step == 10 and plan.step == 4
-    assert job.log == ["start 0", "drive", "fence", "teardown 1", "replan", "start 4", "drive"]
+    assert job.log == ["start 0", "drive", "fence", "halt", "teardown 1", "replan", "start 4", "drive"]
     (fault,) = job.faults
     assert (fault.path, fault.step, fault.steps_redone, fault.restarted) == ("full", 7, 3, ("every actor of the job",))
+
+
+def test_steps_the_live_controller_trained_after_the_last_poll_count_as_redone_on_the_full_path() -> None:
+    """The chaos bench's full runs: "fault events claim 0 steps redone, the trace shows 2" when a step landed between
+    the driver's last poll and the death; the halt hands it on (step 8 after 7)."""
+    job = FakeJob(drained=1)
+    drive_restoring(job, FRESH, max_restores=3, warm=False)
+    (fault,) = job.faults
+    assert (fault.path, fault.step, fault.steps_redone) == ("full", 8, 4)
+
+
+def test_a_controller_that_will_not_halt_is_torn_down_as_it_is_on_the_full_path() -> None:
+    job = FakeJob(drained=1)
+    job.halt = lambda setup: (_ for _ in ()).throw(ResetFailed("did not halt within 30s"))  # type: ignore[method-assign]
+    summary, _ = drive_restoring(job, FRESH, max_restores=3, warm=False)
+    assert summary.final_step == 10
+    (fault,) = job.faults
+    assert (fault.path, fault.step) == ("full", 7)
 
 
 @pytest.mark.parametrize(
@@ -198,7 +216,7 @@ def test_a_death_during_the_full_rebuild_counts_and_is_restored_again() -> None:
     summary, _ = drive_restoring(job, FRESH, max_restores=3, warm=False)
     assert summary.final_step == 10
     assert job.log == [
-        *["start 0", "drive", "fence", "teardown 1", "replan", "start failed"],
+        *["start 0", "drive", "fence", "halt", "teardown 1", "replan", "start failed"],
         *["fence", "replan", "start 4", "drive"],
     ]
     assert [f.outcome for f in job.faults] == ["interrupted", "recovered"], "one event per death"
