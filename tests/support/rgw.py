@@ -4,7 +4,9 @@ One monitor (msgr2 on a free 127.0.0.1 port, no cephx), one memstore OSD, and ``
 loopback port; a user with fixed keys, a read-only subuser (for the read-only-bucket refusal) and one bucket. Ready in
 ~5 s, ~130 MiB RSS (memstore keeps objects in RAM). The configuration facts that make it start are in the
 project's notes on this server (``auth ... = none`` plus ``ms mon client mode = crc secure``, fast paxos, pool size
-one, every run/log path under the data dir, daemons' stdout redirected, always a fresh dir).
+one, every run/log path under the data dir, daemons' stdout redirected, always a fresh dir). The monitor's refusal
+to start on a host disk under 5% free (``mon data avail crit``) is off: memstore keeps nothing there, and a suite
+must not fail for the host's disk (it did, the OSD's mkfs hanging on a monitor that never came up).
 
 ``make test-sysdeps`` installs the packages as root; without them ``skip_reason()`` says why the S3 tests skip.
 Every daemon is stopped by its PID (SIGTERM, then SIGKILL) in ``stop()``.
@@ -72,6 +74,8 @@ osd objectstore = memstore
 memstore device bytes = 2147483648
 osd max object size = 134217728
 mon max pg per osd = 1000
+mon data avail crit = 0
+mon data avail warn = 0
 rgw frontends = beast endpoint=127.0.0.1:{rgw_port}
 rgw dns name = 127.0.0.1
 rgw data = {d}/rgw
