@@ -43,7 +43,9 @@ from tests.support.restart import attempts_of, generation_restart_problems, kept
 
 pytestmark = pytest.mark.slow
 
-MAX_STEPS = 24  # five kills, each after 3 steps of its part: room left even when restores are fast
+MAX_STEPS = 40  # five kills, each after 3 steps of its part; steps take ~0.07 s and a kill lands up to a poll
+# (0.25 s, and reading the process tree) later, so each part may run ~8 steps: 24 ran out before the fifth kill once
+# the warm restores got faster
 GROUP_SIZE = 8
 GENERATION = ("GenerationWorker", "generation.worker")
 CONTROLLER = ("SingleControllerActor", "controller")
@@ -101,6 +103,9 @@ def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
     base = tmp_path_factory.mktemp("in_job")
     ckpt, trace, log = base / "ckpt", base / "trace.jsonl", base / "run.log"
     restores = ["--set", f"run.max_in_job_restores={1 + len(RESTORED)}"]  # the controller actor's and RESTORED's
+    # every bundle kept: a controller killed between a publish and its trace line leaves the bundle as the only
+    # record that it was the newest, which the trace check reads at the end
+    restores += ["--set", f"checkpoint.keep={MAX_STEPS}"]
     # the last restore's warm reset fails (injected): the fallback, the full rebuild, runs for real
     fallback = {"SC_APP_FAULT_AT": "restore.warm", "SC_APP_FAULT_ACTION": "raise", "SC_APP_FAULT_AFTER": "3"}
     proc = start_logged(*run_args(ckpt, trace, MAX_STEPS, *restores), log=log, env=fallback)
