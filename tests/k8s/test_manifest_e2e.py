@@ -115,12 +115,16 @@ class Head:
         driver (the job's entrypoint names the test's config file)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        doomed = pids_with(str(self.root)) + pids_with(self.job_marker)
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30  # a pod is gone once its processes are: wait for them to die
-        while any(_running(pid) for pid in doomed) and time.monotonic() < deadline:
+        # a pod is gone once its processes are: kill what matches until nothing does (a worker forked while the
+        # first list was read escaped it once and published a bundle after the "loss"), then wait for them to die
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            doomed = [p for p in pids_with(str(self.root)) + pids_with(self.job_marker) if _running(p)]
+            if not doomed:
+                break
+            for pid in doomed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
         self.proc.wait(timeout=30)
         self.log.close()
