@@ -107,17 +107,22 @@ def test_step_counter_continues_after_resume(interrupted_run: Interrupted) -> No
             assert int(line) > after
 
 
-def _consumed_before(run: list[dict[str, Any]], bundle_step: int) -> list[int]:
-    """Prompts this run trained in steps <= bundle_step, or dropped as stale before training that step."""
+def _consumed_before(run: list[dict[str, Any]], bundle_step: int, *, emergency: bool = False) -> list[int]:
+    """Prompts this run trained in steps <= bundle_step, or dropped as stale before the bundle was captured.
+
+    A periodic bundle is captured right after its step trains, before the next step's sampler drops stale groups:
+    drops logged after that step belong to the next one. An ``emergency`` bundle (a stop request) is captured after
+    the sampler's last pass, so every drop logged after its step's train belongs to it (the bundle's index no longer
+    holds those groups and its loader place is past them)."""
     consumed: list[int] = []
-    for ev in run:
-        if ev["ev"] == "train":
-            if ev["step"] > bundle_step:
-                break
-            consumed.extend(ev["prompts"])
-        elif ev["ev"] == "drop_stale":
+    for n, ev in enumerate(run):
+        if ev["ev"] == "train" and ev["step"] > bundle_step:
+            break
+        if ev["ev"] in ("train", "drop_stale"):
             consumed.extend(ev["prompts"])
         if ev["ev"] == "train" and ev["step"] == bundle_step:
+            if emergency:
+                consumed.extend(p for later in run[n + 1 :] if later["ev"] == "drop_stale" for p in later["prompts"])
             break
     return consumed
 
@@ -133,8 +138,11 @@ def test_loader_position_continues_without_repeat_or_gap(interrupted_run: Interr
     k = interrupted_run
     runs = trace_of(k)
     resume_steps = [r[0]["step"] for r in runs[1:]] + [None]
+    assert k.stopped_at > k.bundle_step, "C's stop left no emergency bundle for D to resume from"
+    emergency = [False, False, True, False]  # C's bundle (D's resume point) is its stop's emergency bundle
     effective = [
-        _consumed_before(run, 10**9 if cut is None else cut) for run, cut in zip(runs, resume_steps, strict=True)
+        _consumed_before(run, 10**9 if cut is None else cut, emergency=em)
+        for run, cut, em in zip(runs, resume_steps, emergency, strict=True)
     ]
 
     # no repeat: along the effective history (work lost with a killed run does not count) a prompt is consumed once
