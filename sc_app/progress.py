@@ -178,8 +178,9 @@ def format_line(record: ProgressRecord, max_steps: int) -> str:
         )
     if isinstance(record, SaveFailedRecord):
         if record.in_a_row > 1:
+            newest = f"step_{record.last_saved_step}" if record.last_saved_step else "none"  # no bundle at step 0
             return (
-                f"{head}  SAVE FAILED ({record.in_a_row} in a row; newest bundle step_{record.last_saved_step}, "
+                f"{head}  SAVE FAILED ({record.in_a_row} in a row; newest bundle {newest}, "
                 f"{record.step - record.last_saved_step} steps behind): {record.error}"
             )
         return f"{head}  SAVE FAILED: {record.error}"

@@ -24,3 +24,12 @@ def test_failed_save_and_stop_lines() -> None:
 
 def test_summary_mean_of_nothing_is_zero() -> None:
     assert RunSummary.mean([]) == 0.0 and RunSummary.mean([1.0, 0.0]) == 0.5
+
+
+def test_failed_saves_in_a_row_before_any_bundle_name_none_not_step_0() -> None:
+    assert format_line(SaveFailedRecord(4, "disk full", in_a_row=2, last_saved_step=0), 150) == (
+        "step    4/150  SAVE FAILED (2 in a row; newest bundle none, 4 steps behind): disk full"
+    )
+    assert "newest bundle step_2, 4 steps behind" in format_line(
+        SaveFailedRecord(6, "disk full", in_a_row=2, last_saved_step=2), 150
+    )
