@@ -26,6 +26,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.config.input.ConfigError": EXIT_BAD_INPUT,  # HmacKeyError (a set but unusable key) too
     "sc_app.cli.options.BadDir": EXIT_BAD_INPUT,
     "sc_app.checkpoint.lease.LeaseError": EXIT_BAD_INPUT,
+    "sc_app.checkpoint.lease.CheckpointDirNotShared": EXIT_BAD_INPUT,  # a bundle writer on a node without the dir
     "sc_app.checkpoint.lineage.LineageError": EXIT_BAD_INPUT,
     "sc_app.rl.hooks.InputError": EXIT_BAD_INPUT,
     "sc_app.attempt.run.CheckpointDirUnusable": EXIT_BAD_INPUT,

@@ -32,7 +32,7 @@ from sc_app.attempt.errors import RestoreFailed
 from sc_app.attempt.errors import ResumeRefused as ResumeRefused  # re-exported: where callers knew it
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
-from sc_app.checkpoint.lease import Lease
+from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease
 from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller.actor import SingleControllerActor, SingleControllerActorArgs
 from sc_app.data_plane.guard import GUARD_NAME
@@ -86,14 +86,26 @@ def start_controller_actor(args: SingleControllerActorArgs) -> Any:
     )
 
 
+# Errors of a worker that are no fault of a bundle (bad input, a node that does not see the checkpoint directory):
+# raised as themselves out of the worker's task error, never read as "this bundle does not restore".
+NOT_THE_BUNDLES = (InputError, CheckpointDirNotShared)
+
+
+def own_error(exc: BaseException) -> BaseException:
+    """``exc``'s cause when ``exc`` is a task error carrying one of ``NOT_THE_BUNDLES``, else ``exc``."""
+    if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, NOT_THE_BUNDLES):
+        return exc.cause
+    return exc
+
+
 def worker_results(refs: list[Any]) -> list[Any]:
     """``ray.get(refs)`` bounded by the set-up's deadline and stop request (``sc_app.waits``); a worker's bad input
-    (model directory, dataset, reward) is raised as itself."""
+    (model directory, dataset, reward) or unseen checkpoint directory is raised as itself."""
     try:
         return list(get(refs, what="the trainer or generation workers", kind=TRAINER))
     except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, InputError):
-            raise exc.cause from None
+        if own_error(exc) is not exc:
+            raise own_error(exc) from None
         raise
 
 
@@ -111,7 +123,9 @@ class TQPolicy:
         dp_client: TransferQueueDataPlane | None = None,
         *,
         dataset: DatasetRecord | None = None,
+        lease: Lease | None = None,
     ) -> None:
+        """``lease``: the run's; every trainer rank checks first that it sees its checkpoint directory."""
         self.cfg = cfg
         self.dp_client = dp_client
         cfg_json = cfg.model_dump_json()
@@ -131,11 +145,15 @@ class TQPolicy:
         self.weights = WeightSync(self.trainers)
         # rank 0's rendezvous address as two refs (not awaited): every rank's setup runs once rank 0 has answered
         addr, port = self.trainers[0].address.options(num_returns=2).remote() if tcfg.num_workers > 1 else ("", 0)
+        self._sees = [w.sees_checkpoint_dir.remote(lease) for w in self.trainers] if lease is not None else []
         self._setup = [w.setup.remote(addr, port) for w in self.trainers]
         self._generators_setup = [w.setup.remote(dataset.sha256 if dataset else None) for w in self.generators]
 
     def trainers_ready(self) -> None:
-        """Wait for every trainer's setup; its errors are raised here."""
+        """Wait for every trainer's setup; its errors are raised here (a rank's unseen checkpoint directory first)."""
+        if self._sees:
+            worker_results(self._sees)
+            self._sees = []
         if self._setup:
             used = worker_results(self._setup)
             if len(used) > 1:
@@ -159,6 +177,8 @@ class TQPolicy:
         try:
             versions = get(loading, what="the trainer workers loading the bundle", kind=TRAINER)
         except ray.exceptions.RayTaskError as exc:
+            if own_error(exc) is not exc:
+                raise own_error(exc) from None
             raise RestoreFailed(
                 policy_dir.parent,
                 f"{policy_dir} does not load into the configured model ({_one_line(exc)}); it was written for "
@@ -239,6 +259,8 @@ def setup_single_controller(
         _build(setup, cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
     except BaseException as exc:
         setup.teardown()
+        if own_error(exc) is not exc:  # e.g. the controller actor's node does not see the checkpoint directory
+            raise own_error(exc) from None
         if isinstance(exc, StopCut | JobFailed):  # a stop request, a hung process: no fault of the bundle
             raise
         if is_actor_death(exc):  # a process died: the job's fault, not the bundle's (an in-job restore's business)
@@ -246,7 +268,7 @@ def setup_single_controller(
         if (
             plan.decision != "resume"
             or plan.bundle is None
-            or isinstance(exc, RestoreFailed | KeyboardInterrupt | InputError)
+            or isinstance(exc, (RestoreFailed, KeyboardInterrupt, *NOT_THE_BUNDLES))
         ):
             raise
         raise RestoreFailed(plan.bundle, _one_line(exc)) from None
@@ -333,7 +355,7 @@ def _build(
     stop_before("the job's processes were started")  # e.g. SIGTERM while Ray was starting
     # The workers first: their processes start (imports, model build) while TransferQueue starts below, so a start
     # costs the slower of the two rather than their sum. They touch no data plane before the seal.
-    policy = setup.policy = TQPolicy(cfg, dataset=dataset)
+    policy = setup.policy = TQPolicy(cfg, dataset=dataset, lease=lease)
     setup.handles += [*policy.trainers, *policy.generators]
     stop_before("TransferQueue was started")  # its start (seconds) does not look at the stop
     dp_client = policy.dp_client = TransferQueueDataPlane(

@@ -240,7 +240,8 @@ class WarmReset:
             addr, port = _bounded([policy.trainers[0].address.remote()], self.timeout_s, "trainer rank 0's store")[0]
         for rank, worker in enumerate(policy.trainers):
             if rank in dead:
-                calls += [worker.setup.remote(addr, port), worker.reset.remote(self.epoch)]
+                sees = [worker.sees_checkpoint_dir.remote(self.who.lease)] if self.who.lease is not None else []
+                calls += [*sees, worker.setup.remote(addr, port), worker.reset.remote(self.epoch)]
             elif reform:
                 calls.append(worker.rejoin.remote(addr, port, self.epoch))
         return calls

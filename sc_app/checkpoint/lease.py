@@ -55,6 +55,26 @@ class LeaseError(ValueError):
     """The LEASE file cannot be read as a lease record; ``str()`` is one line naming the file and what to do."""
 
 
+class CheckpointDirNotShared(RuntimeError):
+    """A process that writes or reads bundles does not see the checkpoint directory the driver took (another disk,
+    or none, at that path on its node); ``str()`` is one line naming the process, its host and what to do."""
+
+
+SHARED_HINT = (
+    "every process that writes or reads bundles (the trainer ranks, the controller actor) must see checkpoint.dir: "
+    "a volume shared by their nodes, or place them on the driver's node (docs/object-storage.md \"Without a shared "
+    "volume\")"
+)
+
+
+def not_shared(who: str, path: Path | str, why: str) -> CheckpointDirNotShared:
+    """The error of ``who`` (e.g. "trainer rank 1") not seeing ``path`` on this host: ``why`` says what is missing."""
+    return CheckpointDirNotShared(
+        f"{who} on host {socket.gethostname()} does not see the run's checkpoint directory ({path}: {why}); "
+        f"{SHARED_HINT}"
+    )
+
+
 @dataclass(frozen=True)
 class Release:
     """How the holder left: ``outcome`` is done | stopped | unsaved (steps trained that no bundle covers) | failed |
@@ -256,6 +276,14 @@ class Lease:
     def check(self) -> None:
         """Raise ``LeaseLost`` unless this run still holds the lease."""
         self._current()
+
+    def check_seen_by(self, who: str) -> None:
+        """In an actor's process, before it writes or reads a bundle: ``CheckpointDirNotShared`` when this host has
+        no LEASE at ``root`` (the directory the driver took is not the one this node sees there), ``LeaseLost``
+        when another run holds it. Read-only."""
+        if read_lease(self.root) is None:
+            raise not_shared(who, self.root / LEASE_FILE, "no lease record there")
+        self.check()
 
     @contextmanager
     def held(self) -> Iterator[None]:

@@ -141,7 +141,11 @@ class SingleControllerActor:
     async def restore(self) -> int:
         """Connect to the data plane, rebuild the index from the sidecar (no data-plane writes) and check it
         against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
-        the bundle cannot be resumed: the driver then falls back to an older bundle."""
+        the bundle cannot be resumed: the driver then falls back to an older bundle — but first
+        ``CheckpointDirNotShared`` when this actor's node does not see the run's checkpoint directory (no fault of
+        the bundle: it would read the sidecar and publish bundles there)."""
+        if self.args.lease is not None:
+            self.args.lease.check_seen_by("the controller actor")
         cfg = self.cfg
         self.client = self.recovery.with_retries(self._connect(cfg))  # failed data-plane calls retried in-job
         dp = cfg.data_plane

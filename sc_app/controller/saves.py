@@ -37,7 +37,7 @@ from sc_app import __version__
 from sc_app.checkpoint import BundleWriter, hmac_key_from_env
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.emergency import in_flight_wait, plan_emergency
-from sc_app.checkpoint.lease import Lease, LeaseLost
+from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease, LeaseLost
 from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.config.app import AppConfig
@@ -251,18 +251,18 @@ class SaveCoordinator:
             return await self._save(step, version, released, emergency)
         except LeaseLost:
             raise
-        except OSError as exc:
+        except (OSError, CheckpointDirNotShared) as exc:
             msg = (
-                f"save of step {step} to {self.cfg.checkpoint.dir} failed: {exc.strerror or exc}; "
+                f"save of step {step} to {self.cfg.checkpoint.dir} failed: {os_error_line(exc)}; "
                 "its tmp dir was removed and every older bundle is intact"
             )
             self._failed_in_a_row += 1
             log.error(msg)
             if self._failed_in_a_row >= 2:
                 log.warning(
-                    "%d saves in a row failed; the newest bundle is step_%d, %d steps behind",
+                    "%d saves in a row failed; the newest bundle is %s, %d steps behind",
                     self._failed_in_a_row,
-                    self.last_saved,
+                    f"step_{self.last_saved}" if self.last_saved else "none",
                     step - self.last_saved,
                 )
             self._trace(ev="save_failed", step=step, error=str(exc))
@@ -365,12 +365,21 @@ class SaveCoordinator:
         try:
             written = await asyncio.gather(*[t.write_captured.remote(str(policy_dir)) for t in self.args.trainers])
         except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, OSError):  # e.g. a full disk: report it as the I/O error it is
+            if isinstance(exc.cause, OSError | CheckpointDirNotShared):  # a full disk, a node that lost the mount
                 raise exc.cause from None
             raise
         finally:
             self._policy_written.set()  # the trainers may take a new copy (``before_capture``)
         return {name: record for files in written for name, record in files.items()}
+
+
+def os_error_line(exc: BaseException) -> str:
+    """The system's words and the file they are about ("No space left on device: /ckpt/tmp_step_4/..."); the
+    exception's own text when it has no ``strerror`` (a message of sc-app's)."""
+    strerror, filename = getattr(exc, "strerror", None), getattr(exc, "filename", None)
+    if strerror and filename:
+        return f"{strerror}: {filename}"
+    return strerror or str(exc)
 
 
 async def _within(event: asyncio.Event, seconds: float) -> bool:

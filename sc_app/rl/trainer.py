@@ -24,6 +24,7 @@ from typing import Any
 import ray
 import torch
 
+from sc_app.checkpoint.lease import Lease, not_shared
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
@@ -61,6 +62,12 @@ class TrainerWorker:
 
         self._store = dist.TCPStore("0.0.0.0", 0, self.world_size, is_master=True, wait_for_workers=False)
         return ray.util.get_node_ip_address(), int(self._store.port)
+
+    def sees_checkpoint_dir(self, lease: Lease) -> None:
+        """This rank writes and reads bundles in the run's checkpoint directory: ``CheckpointDirNotShared`` when its
+        node does not see the one the driver took (``LeaseLost`` when another run took it). A call of its own, not
+        part of ``setup``: the other ranks' setup must not wait in the group for a rank that failed before it."""
+        lease.check_seen_by(self._who)
 
     def setup(self, master_addr: str, master_port: int) -> str:
         """Join the data-parallel group (with several workers) through rank 0's store, then build the backend;
@@ -159,14 +166,22 @@ class TrainerWorker:
         """Write the last capture into ``policy_dir`` (which must exist), fsynced; returns the files this rank
         hashed as it wrote them (the manifest hashes any other file itself)."""
         lower_current_thread_priority()  # this thread only: the training thread keeps the CPU first
+        if not Path(policy_dir).is_dir():  # the controller created it: this node sees another disk there
+            raise not_shared(self._who, policy_dir, "the bundle's policy directory is not there")
         return self.backend.write_captured(Path(policy_dir))
 
     def load(self, policy_dir: str, expected: Mapping[str, str]) -> int:
         """Restore from a *verified* bundle; ``expected``: policy-dir-relative name → its digest in the manifest
         (the manifest's ``hash_alg``: BLAKE3, or sha256 for schema-1 bundles)."""
         d = Path(policy_dir)
+        if not d.parent.is_dir():  # the driver verified it: this node sees another disk there (not the bundle's fault)
+            raise not_shared(self._who, d.parent, "the bundle is not there")
         fault_point(f"restore.policy.{d.parent.name}")
         return self.backend.load(d, expected)
+
+    @property
+    def _who(self) -> str:
+        return f"trainer rank {self.rank}"
 
     def fingerprint(self) -> PolicyFingerprint | None:
         return self.backend.fingerprint()

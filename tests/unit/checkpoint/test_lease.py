@@ -4,12 +4,22 @@ heartbeat and release; a bounded record; a malformed LEASE is one clear error.""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
-from sc_app.checkpoint.lease import LEASE_FILE, Lease, LeaseError, LeaseKeeper, LeaseLost, live_holder, read_lease
+from sc_app.checkpoint.lease import (
+    LEASE_FILE,
+    CheckpointDirNotShared,
+    Lease,
+    LeaseError,
+    LeaseKeeper,
+    LeaseLost,
+    live_holder,
+    read_lease,
+)
 
 
 def test_first_lease_has_epoch_one_and_each_takeover_adds_one(tmp_path: Path) -> None:
@@ -173,3 +183,24 @@ def test_an_in_job_restore_fences_the_torn_down_job_and_keeps_the_run(tmp_path: 
     Lease.acquire(tmp_path, "run-b")
     with pytest.raises(LeaseLost):
         fresh.advance()  # a run that lost the lease cannot take it back by advancing
+
+
+def test_a_process_on_a_node_without_the_checkpoint_dir_is_told_so_by_name_host_and_fix(tmp_path: Path) -> None:
+    """``check_seen_by`` runs in a bundle writer's process: an empty directory at the lease's path is another disk
+    (``CheckpointDirNotShared``, one line naming the process, the host and what to do), another run's lease is
+    ``LeaseLost``, and it writes nothing."""
+    lease = Lease.acquire(tmp_path / "shared", "run-a")
+    lease.check_seen_by("trainer rank 1")  # the driver's node sees it
+
+    elsewhere = Lease(tmp_path / "node-local", lease.run_id, lease.fencing_epoch)
+    (tmp_path / "node-local").mkdir()
+    with pytest.raises(CheckpointDirNotShared) as err:
+        elsewhere.check_seen_by("trainer rank 1")
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"trainer rank 1 on host {socket.gethostname()} does not see")
+    assert str(tmp_path / "node-local" / LEASE_FILE) in line and "Without a shared volume" in line
+    assert list((tmp_path / "node-local").iterdir()) == [], "a check never writes"
+
+    Lease.acquire(tmp_path / "shared", "run-b")
+    with pytest.raises(LeaseLost):
+        lease.check_seen_by("the controller actor")

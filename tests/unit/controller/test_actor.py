@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease
 from sc_app.controller.actor import InventoryMismatch, _StopNow
 from sc_app.progress import StepRecord
 from tests.unit.controller.harness import G, commit, make_controller, run
@@ -80,3 +81,18 @@ def test_restore_refuses_a_data_plane_that_holds_rows_the_index_does_not(tmp_pat
         run(controller.restore())
     with pytest.raises(RuntimeError, match="before restore"):
         run(controller.run())
+
+
+def test_a_controller_on_a_node_without_the_checkpoint_dir_refuses_to_restore_before_touching_anything(
+    tmp_path: Path,
+) -> None:
+    """Its node sees another disk at checkpoint.dir (no LEASE there): one ``CheckpointDirNotShared`` naming it, raised
+    before it connects to the data plane or reads a sidecar — the driver then stops instead of blaming the bundle."""
+    controller, _ = make_controller(tmp_path, save_period=2)
+    taken = Lease.acquire(tmp_path / "drivers-disk", "run-test")
+    (tmp_path / "ckpt").mkdir()
+    controller.args.lease = Lease(tmp_path / "ckpt", taken.run_id, taken.fencing_epoch)
+    with pytest.raises(CheckpointDirNotShared, match=r"^the controller actor on host \S+ does not see"):
+        run(controller.restore())
+    assert not hasattr(controller, "client"), "it connected to the data plane first"
+    assert list((tmp_path / "ckpt").iterdir()) == []

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from sc_app.checkpoint import BundleWriter
+from sc_app.checkpoint.lease import not_shared
 from sc_app.controller.saves import InventoryMismatch, SaveFailed
 from sc_app.data_plane.client import DataPlaneDetached
 from sc_app.progress import SaveFailedRecord, SaveRecord, StopRecord
@@ -107,7 +108,11 @@ def test_a_slow_save_holds_training_only_until_its_policy_is_written(tmp_path: P
 
 
 def _full_disk(policy_dir: str) -> Any:
-    raise OSError(errno.ENOSPC, "No space left on device")
+    raise OSError(errno.ENOSPC, "No space left on device", f"{policy_dir}/model.pt")
+
+
+def _lost_mount(policy_dir: str) -> Any:
+    raise not_shared("trainer rank 0", policy_dir, "the bundle's policy directory is not there")
 
 
 def test_a_save_that_fails_on_io_is_reported_and_training_goes_on(tmp_path: Path) -> None:
@@ -121,8 +126,26 @@ def test_a_save_that_fails_on_io_is_reported_and_training_goes_on(tmp_path: Path
     summary = run(body())
     failed = [r for r in controller.progress(0) if isinstance(r, SaveFailedRecord)]
     assert [(r.step, r.in_a_row, r.last_saved_step) for r in failed] == [(2, 1, 0), (4, 2, 0)]
-    assert "No space left on device" in failed[0].error
+    assert "No space left on device: " in failed[0].error and "tmp_step_2/policy/model.pt" in failed[0].error
     assert summary.final_step == 4 and summary.last_saved_step == 0 and summary.unsaved_steps == 4
+    assert not list((tmp_path / "ckpt").glob("*step_*")), "no bundle and no tmp dir is left behind"
+
+
+def test_a_trainer_whose_node_lost_the_checkpoint_dir_fails_the_save_with_its_line_not_the_run(tmp_path: Path) -> None:
+    """A rank that no longer sees the directory (the start-up check passed; its node lost the mount) is a failed
+    save per ``checkpoint.on_save_error``, its line naming the rank, its host and what to do."""
+    controller, _ = make_controller(tmp_path, max_steps=2, save_period=2)
+    controller.args.trainers[0].write_captured = _lost_mount  # type: ignore[method-assign]
+
+    async def body() -> Any:
+        await controller.restore()
+        return await controller.run()
+
+    summary = run(body())
+    (failed,) = [r for r in controller.progress(0) if isinstance(r, SaveFailedRecord)]
+    assert "save of step 2" in failed.error and "trainer rank 0 on host" in failed.error
+    assert "does not see the run's checkpoint directory" in failed.error and "\n" not in failed.error
+    assert summary.final_step == 2 and summary.unsaved_steps == 2
     assert not list((tmp_path / "ckpt").glob("*step_*")), "no bundle and no tmp dir is left behind"
 
 

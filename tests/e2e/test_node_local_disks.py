@@ -1,0 +1,118 @@
+"""Nodes that do not share the checkpoint directory: a Ray cluster whose worker node sees a disk of its own at the
+checkpoint path (``tests/support/node_disks.py``: a mount namespace with a tmpfs over it — a worker pod with an
+emptyDir or a per-pod ReadWriteOnce volume), as on Kubernetes with ``checkpoint.volume: local`` and more than one
+pod.
+
+What must hold (docs/object-storage.md "Without a shared volume"):
+* TransferQueue's storage units may run there: their parts of a bundle stream through the controller's process on
+  a save and through the driver's on a restore, which see the directory — the run saves and resumes, and its
+  bundles verify.
+* A trainer rank there (it writes and reads the policy in the directory itself) is one clear line naming the rank,
+  its host and what to do, exit 2, before anything is written or moved: on a resume, the bundles it could not read
+  are not quarantined as "does not load into the configured model" (the bug this guards: step_4, a good bundle, was
+  moved aside and the run fell back to older ones), and a fresh run stops before its first step, not at its first
+  save after hours of training.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.bundles import tree
+from tests.support.cli import InProcess
+from tests.support.node_disks import OwnDiskNode, skip_reason, wait_for_nodes
+from tests.support.proc import Finished, run_args, sc_app, step_bundles
+
+pytestmark = pytest.mark.slow
+
+if skip_reason():
+    pytest.skip(skip_reason() or "", allow_module_level=True)
+
+from tests.support.cluster import start_cluster  # noqa: E402
+
+NOT_SHARED = re.compile(
+    r"^sc-app: error: trainer rank 0 on host \S+ does not see the run's checkpoint directory \(.+\); every process "
+    r"that writes or reads bundles .+ must see checkpoint\.dir",
+    re.M,
+)
+
+
+@dataclass
+class Runs:
+    ckpt: Path
+    saved: Finished  # trainer on the head, storage unit on the node with its own disk
+    continued: Finished  # the same placement, resuming from ``saved``'s step_4
+    before_resume: dict[str, str]
+    resumed: Finished  # trainer on the node with its own disk, resuming from ``continued``'s bundles
+    after_resume: dict[str, str]
+    fresh_dir: Path
+    fresh: Finished  # the same, in a directory without bundles
+
+
+def bundle_files(ckpt: Path) -> dict[str, str]:
+    """Every file of a bundle, a tmp dir or the quarantine, with its sha256 (not the lease or the logs)."""
+    return {rel: digest for rel, digest in tree(ckpt).items() if re.match(r"(step_|tmp_step_|quarantine/)", rel)}
+
+
+def _placed(address: str, ckpt: Path, trace: Path, max_steps: int, *, trainer: str, units: str) -> list[str]:
+    placement = [f"ray.address={address}", f"trainer.resources={{{trainer}: 1}}", "generation.resources={head: 1}"]
+    placement.append(f"data_plane.storage_node_resource={units}")
+    return run_args(ckpt, trace, max_steps, *[a for kv in placement for a in ("--set", kv)])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    base = tmp_path_factory.mktemp("own_disks")
+    ckpt = base / "ckpt"
+    ckpt.mkdir()
+    cluster = start_cluster(num_cpus=4, include_dashboard=False, resources={"head": 4})
+    node = OwnDiskNode.start(cluster.address, ckpt, base / "node.log", num_cpus=2, resources={"own_disk": 4})
+    try:
+        wait_for_nodes(cluster.address, 2, node)
+        trace = base / "trace.jsonl"
+        saved = sc_app(*_placed(cluster.address, ckpt, trace, 4, trainer="head", units="own_disk"), timeout=300)
+        continued = sc_app(*_placed(cluster.address, ckpt, trace, 6, trainer="head", units="own_disk"), timeout=300)
+        before = bundle_files(ckpt)
+        resumed = sc_app(*_placed(cluster.address, ckpt, trace, 8, trainer="own_disk", units="head"), timeout=300)
+        after = bundle_files(ckpt)
+        fresh_dir = ckpt / "fresh"  # on the node: under its own (empty) disk, so not there
+        fresh = sc_app(*_placed(cluster.address, fresh_dir, trace, 4, trainer="own_disk", units="head"), timeout=300)
+        yield Runs(ckpt, saved, continued, before, resumed, after, fresh_dir, fresh)
+    finally:
+        node.stop()
+        cluster.shutdown()
+
+
+def test_storage_units_without_the_directory_stream_through_the_controller(cli: InProcess, runs: Runs) -> None:
+    assert runs.saved.rc == 0, runs.saved.out[-3000:]
+    out = runs.continued.out
+    assert runs.continued.rc == 0, out[-3000:]
+    assert "resuming from" in out and "(step 4)" in out, out[-3000:]
+    # the restore read the unit's part of step_4 in the driver: its node has another disk at that path
+    assert re.search(r"does not see \S+/step_4/data_plane: unit \S+'s stream runs in this process", out), out[-3000:]
+    assert sorted(step_bundles(runs.ckpt)) == [2, 4, 6]
+    verify = cli("ckpt", "verify", "--checkpoint-dir", str(runs.ckpt))
+    assert verify.rc == 0 and "step_6: verified" in verify.out, verify.out
+
+
+def test_a_trainer_without_the_directory_is_one_line_and_no_bundle_moves(runs: Runs) -> None:
+    out = runs.resumed.out
+    assert runs.resumed.rc == 2, out[-3000:]
+    assert NOT_SHARED.search(out), out[-3000:]
+    assert "Traceback" not in out and "quarantined" not in out and "does not load" not in out, out[-3000:]
+    assert "resuming from" in out and "(step 6)" in out  # it chose step_6, then stopped instead of falling back
+    assert runs.after_resume == runs.before_resume, "a bundle changed, moved or was added"
+    assert not (runs.ckpt / "quarantine").exists()
+
+
+def test_a_fresh_run_with_a_trainer_without_the_directory_stops_before_training(runs: Runs) -> None:
+    out = runs.fresh.out
+    assert runs.fresh.rc == 2, out[-3000:]
+    assert NOT_SHARED.search(out), out[-3000:]
+    assert "Traceback" not in out and not re.search(r"^step\s+1/", out, re.M), out[-3000:]
+    assert not step_bundles(runs.fresh_dir) and not list(runs.fresh_dir.glob("tmp_step_*"))
