@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +22,9 @@ from tests.support.proc import REPO, kill_session
 pytestmark = pytest.mark.slow
 
 
-def test_each_units_rows_are_saved_and_restored_by_a_worker_on_its_node() -> None:
+def test_each_units_rows_are_saved_and_restored_by_a_worker_on_its_node(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.multinode_snapshot"],
+        [sys.executable, "-m", "tests.support.multinode_snapshot", str(tmp_path)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

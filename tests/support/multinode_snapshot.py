@@ -4,9 +4,10 @@ A local multi-node Ray cluster (``ray.cluster_utils.Cluster``): a head (this dri
 and two worker nodes carrying ``tq_node``, so each of TransferQueue's two storage units lands on its own node.
 Groups are committed through the product's buffer; a snapshot is cut as the controller cuts it and written — each
 unit's stream in a ``StreamWorker`` on that unit's node (the nodes share this machine's filesystem, as pods share
-a checkpoint volume); then the data plane is emptied and the bundle restored, again one worker per unit.
-Prints one JSON document: where every stream ran, which node each unit and worker is on, and the row sets and
-bytes compared (the test asserts on it).
+a checkpoint volume); then the data plane is emptied and the bundle restored, again one worker per unit. The
+bundle is written under the directory given as the one argument (the test's own). Prints one JSON document: where
+every stream ran, which node each unit and worker is on, and the row sets and bytes compared (the test asserts on
+it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import hashlib
 import json
 import logging
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,7 @@ def main() -> int:
         nodes = [add_node(cluster, num_cpus=2, resources={"tq_node": 1}) for _ in range(2)]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace="mn_snapshot", log_to_driver=False)
-        report = asyncio.run(scenario(cluster, [n.node_id for n in nodes]))
+        report = asyncio.run(scenario(cluster, [n.node_id for n in nodes], Path(sys.argv[1])))
         print(json.dumps(report))
         return 0
     finally:
@@ -78,7 +78,7 @@ def main() -> int:
             cluster.shutdown()
 
 
-async def scenario(cluster: Any, tq_nodes: list[str]) -> dict[str, Any]:
+async def scenario(cluster: Any, tq_nodes: list[str], work: Path) -> dict[str, Any]:
     import ray
     import transfer_queue as tq
 
@@ -107,7 +107,6 @@ async def scenario(cluster: Any, tq_nodes: list[str]) -> dict[str, Any]:
     await buffer.drop(["g3", "g10"])
     expected.pop("g3"), expected.pop("g10")
 
-    work = Path(tempfile.mkdtemp(prefix="mn-snapshot-"))
     directory = work / "data_plane"
     async with barrier.checkpoint():
         meta = buffer.metadata_state_dict()
