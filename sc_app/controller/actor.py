@@ -5,11 +5,9 @@ process with fake workers and a fake data plane (``connect=``). It holds two col
 need explicitly: ``saves`` (``SaveCoordinator``: every piece of save state, the barrier window) and ``recovery``
 (``InJobRecovery``: the retrying data-plane client, the generation supervisor).
 
-``__init__`` does no construction of other objects: everything arrives built in one ``SingleControllerActorArgs``
-(seed flow 2). Only the connect-only data-plane client is built in ``restore()`` (a live client cannot be
-pickled, so the driver cannot build it), after the driver sealed the restore decision — the shared guard refuses
-it otherwise. The driver awaits ``restore()`` (index rebuilt from the sidecar, inventory checked), then ``run()``
-starts the pumps.
+``__init__`` builds nothing: everything arrives built in one ``SingleControllerActorArgs`` (seed flow 2). Only the
+connect-only data-plane client is built in ``restore()`` (a live client cannot be pickled), after the driver sealed
+the restore decision (the shared guard refuses it before). The driver awaits ``restore()``, then ``run()``.
 
 Invariants:
 * commits and drops go through ``barrier.mutation()`` (inside ``TQReplayBuffer``); the advantage stage (read
@@ -140,11 +138,9 @@ class SingleControllerActor:
     # ------------------------------------------------------------------ restore, then run
     async def restore(self) -> int:
         """Connect to the data plane, rebuild the index from the sidecar (no data-plane writes) and check it
-        against the stored rows; returns the rows restored. Raises (``SidecarError``, ``InventoryMismatch``) when
-        the bundle cannot be resumed: the driver then falls back to an older bundle — but first
-        ``CheckpointDirNotShared`` when this actor's node does not see the run's checkpoint directory (no fault of
-        the bundle: it would read the sidecar and publish bundles there)."""
-        if self.args.lease is not None:
+        against the stored rows; returns the rows restored. ``SidecarError``, ``InventoryMismatch``: the bundle
+        cannot be resumed (the driver falls back to an older one); ``CheckpointDirNotShared`` first: no fault of it."""
+        if self.args.lease is not None:  # its node must see the directory: it reads the sidecar there, and saves
             self.args.lease.check_seen_by("the controller actor")
         cfg = self.cfg
         self.client = self.recovery.with_retries(self._connect(cfg))  # failed data-plane calls retried in-job

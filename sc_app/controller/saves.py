@@ -46,6 +46,7 @@ from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSna
 from sc_app.data_plane.replay_buffer import TQReplayBuffer
 from sc_app.faults import afault_point
 from sc_app.io.background import background_executor, run_blocking
+from sc_app.io.durable import os_error_line
 from sc_app.progress import ProgressRecord, SaveFailedRecord, SaveRecord, StepRecord, StopRecord, step_summary
 from sc_app.rl.factory import policy_format
 from sc_app.rl.loader import PromptLoader
@@ -371,15 +372,6 @@ class SaveCoordinator:
         finally:
             self._policy_written.set()  # the trainers may take a new copy (``before_capture``)
         return {name: record for files in written for name, record in files.items()}
-
-
-def os_error_line(exc: BaseException) -> str:
-    """The system's words and the file they are about ("No space left on device: /ckpt/tmp_step_4/..."); the
-    exception's own text when it has no ``strerror`` (a message of sc-app's)."""
-    strerror, filename = getattr(exc, "strerror", None), getattr(exc, "filename", None)
-    if strerror and filename:
-        return f"{strerror}: {filename}"
-    return strerror or str(exc)
 
 
 async def _within(event: asyncio.Event, seconds: float) -> bool:

@@ -66,3 +66,12 @@ def fsync_tree_dirs(root: Path) -> None:
     dirs = [Path(d) for d, _, _ in os.walk(root)]
     for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
         fsync_dir(d)
+
+
+def os_error_line(exc: BaseException) -> str:
+    """The system's words and the file they are about ("No space left on device: /ckpt/tmp_step_4/..."); the
+    exception's own text when it has no ``strerror`` (a message of sc-app's)."""
+    strerror, filename = getattr(exc, "strerror", None), getattr(exc, "filename", None)
+    if strerror and filename:
+        return f"{strerror}: {filename}"
+    return strerror or str(exc)
