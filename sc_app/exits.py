@@ -44,6 +44,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.attempt.ray_start.RayStartFailed": EXIT_FAILED,  # ray.init failed (timed out twice): rerun later
     "sc_app.rl.hooks.RewardFailed": EXIT_FAILED,  # a reward function failed at run time: one line naming it
     "sc_app.attempt.remote_tier.RemoteUnavailable": EXIT_FAILED,  # the bucket's newest could not be brought home
+    "sc_app.checkpoint.node_parts.NodeCopyFailed": EXIT_FAILED,  # a bundle's policy/ sent to a node arrived broken
 }
 _PREFIX = {EXIT_SUPERSEDED: "superseded: "}
 

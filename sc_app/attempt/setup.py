@@ -30,9 +30,11 @@ import ray
 from sc_app.attempt.actor_watch import TRAINER, is_actor_death
 from sc_app.attempt.errors import RestoreFailed
 from sc_app.attempt.errors import ResumeRefused as ResumeRefused  # re-exported: where callers knew it
+from sc_app.attempt.node_copies import ranks_without_dir, send_policy
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease
+from sc_app.checkpoint.node_parts import NodeCopyFailed
 from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller.actor import SingleControllerActor, SingleControllerActorArgs
 from sc_app.data_plane.guard import GUARD_NAME
@@ -88,7 +90,7 @@ def start_controller_actor(args: SingleControllerActorArgs) -> Any:
 
 # Errors of a worker that are no fault of a bundle (bad input, a node that does not see the checkpoint directory):
 # raised as themselves out of the worker's task error, never read as "this bundle does not restore".
-NOT_THE_BUNDLES = (InputError, CheckpointDirNotShared)
+NOT_THE_BUNDLES = (InputError, CheckpointDirNotShared, NodeCopyFailed)
 
 
 def own_error(exc: BaseException) -> BaseException:
@@ -128,6 +130,7 @@ class TQPolicy:
         """``lease``: the run's; every trainer rank checks first that it sees its checkpoint directory."""
         self.cfg = cfg
         self.dp_client = dp_client
+        self.lease = lease
         cfg_json = cfg.model_dump_json()
         tcfg, gcfg = cfg.trainer, cfg.generation
         self.trainers = [
@@ -168,7 +171,12 @@ class TQPolicy:
 
     def load_trainer_state(self, policy_dir: Path, expected: dict[str, str]) -> list[Any]:
         """Start every trainer loading ``policy_dir`` (``expected``: its files' digests from the verified manifest);
-        ``trainer_state_loaded`` waits for them."""
+        ``trainer_state_loaded`` waits for them. With ``checkpoint.volume=local`` the ranks whose node does not
+        see the directory are sent its ``policy/`` first (``node_copies``)."""
+        if self.cfg.checkpoint.volume == "local" and self.lease is not None:
+            away = ranks_without_dir(self.trainers, self.lease, worker_results)
+            if away:
+                send_policy([self.trainers[r] for r in away], policy_dir, worker_results)
         return [w.load.remote(str(policy_dir), expected) for w in self.trainers]
 
     def trainer_state_loaded(self, loading: list[Any], policy_dir: Path) -> int:

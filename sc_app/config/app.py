@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sc_app.config.engine import OLD_LOGPROBS_HELP, EngineSettings, check_engine
 from sc_app.config.input import MAX_SECONDS, check_section
-from sc_app.config.remote import RemoteConfig
+from sc_app.config.remote import RemoteConfig, check_volume
 from sc_app.config.tree import (
     ConfigError,
     Override,
@@ -283,6 +283,11 @@ class CheckpointConfig(_Section):
         description="The writer lease expires this long after its holder's last heartbeat (renewed every third of "
         "it); until then no other command tidies the directory.",
     )
+    volume: Literal["shared", "local"] = Field(
+        "shared",
+        description="shared: every process sees checkpoint.dir (one volume); local: each node has its own disk there "
+        "and checkpoint.remote.url outlives it (docs/object-storage.md 'Without a shared volume').",
+    )
     remote: RemoteConfig = Field(default_factory=RemoteConfig)
 
 
@@ -314,6 +319,7 @@ class AppConfig(_Section):
         check_engine(self)
         if self.checkpoint.remote.enabled and not self.checkpoint.enabled:
             raise ValueError("checkpoint.remote.url needs checkpoint.enabled=true: bundles are written locally first")
+        check_volume(self.checkpoint.volume, self.checkpoint.remote, self.data_plane.snapshot)
         rows = self.grpo.prompts_per_step * self.grpo.group_size
         if rows < self.trainer.num_workers:
             raise ValueError(

@@ -110,3 +110,20 @@ class RemoteConfig(BaseModel):
     @property
     def part_size(self) -> int:
         return self.part_size_mib * MIB
+
+
+def check_volume(volume: str, remote: RemoteConfig, snapshot: str) -> None:
+    """``checkpoint.volume=local`` (a disk of its own per node): the bucket is what outlives a node's disk, and
+    every part of a bundle that is not a trainer's passes through the controller's process."""
+    if volume != "local":
+        return
+    if not remote.enabled:
+        raise ValueError(
+            "checkpoint.volume=local needs checkpoint.remote.url: with no shared volume, the bucket is what outlives "
+            "a node's disk"
+        )
+    if snapshot != "streamed":
+        raise ValueError(
+            "checkpoint.volume=local needs data_plane.snapshot=streamed: with native, each storage unit writes its "
+            "own file and must see checkpoint.dir"
+        )

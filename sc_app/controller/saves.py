@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease, LeaseLost
 from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.config.app import AppConfig
+from sc_app.controller.gather import gather_policy
 from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
 from sc_app.data_plane.replay_buffer import TQReplayBuffer
@@ -361,28 +363,25 @@ class SaveCoordinator:
         return captured, snapshot, window
 
     async def _write_policy(self, policy_dir: Path) -> dict[str, FileRecord]:
-        """Every trainer writes the state it copied in the window, in parallel (each on its io thread); returns
-        the files they hashed as they wrote them. An I/O error stays one."""
+        """Every trainer writes the state it copied in the window, in parallel (each on its io thread; a part on a
+        node's own disk is gathered); returns the files they hashed as they wrote them. An I/O error stays one."""
+        trainers = self.args.trainers
         try:
-            written = await asyncio.gather(*[t.write_captured.remote(str(policy_dir)) for t in self.args.trainers])
+            written = await asyncio.gather(*[t.write_captured.remote(str(policy_dir)) for t in trainers])
+            return await gather_policy(trainers, written, policy_dir, self._in_background)  # parts on nodes' disks
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, OSError | CheckpointDirNotShared):  # a full disk, a node that lost the mount
                 raise exc.cause from None
             raise
         finally:
             self._policy_written.set()  # the trainers may take a new copy (``before_capture``)
-        return {name: record for files in written for name, record in files.items()}
 
 
 async def _within(event: asyncio.Event, seconds: float) -> bool:
     """Whether ``event`` is set within ``seconds``."""
-    if event.is_set():
-        return True
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), max(0.0, seconds))
-    except TimeoutError:
-        return False
-    return True
+    return event.is_set()
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

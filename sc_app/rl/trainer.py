@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -24,8 +25,9 @@ from typing import Any
 import ray
 import torch
 
-from sc_app.checkpoint.lease import Lease, not_shared
-from sc_app.checkpoint.writer import FileRecord
+from sc_app.checkpoint import node_parts
+from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease, not_shared
+from sc_app.checkpoint.node_parts import PolicyPart
 from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
 from sc_app.io.background import lower_current_thread_priority
@@ -54,6 +56,9 @@ class TrainerWorker:
         self._store: Any = None  # rank 0's rendezvous store (torch.distributed.TCPStore), from address()
         self.fence = EpochFence()
         self._kept: list[Any] = []  # the controller's newest step records (keep_progress)
+        # checkpoint.volume=local: this node may have a disk of its own at checkpoint.dir (sc_app.checkpoint.node_parts)
+        self._own_disk_ok = self.cfg.checkpoint.volume == "local"
+        self._root = Path(self.cfg.checkpoint.dir)
 
     def address(self) -> tuple[str, int]:
         """Rank 0: where its rendezvous store listens. The store is bound here, on a port the kernel picks, and
@@ -63,11 +68,18 @@ class TrainerWorker:
         self._store = dist.TCPStore("0.0.0.0", 0, self.world_size, is_master=True, wait_for_workers=False)
         return ray.util.get_node_ip_address(), int(self._store.port)
 
-    def sees_checkpoint_dir(self, lease: Lease) -> None:
-        """This rank writes and reads bundles in the run's checkpoint directory: ``CheckpointDirNotShared`` when its
-        node does not see the one the driver took (``LeaseLost`` when another run took it). A call of its own, not
-        part of ``setup``: the other ranks' setup must not wait in the group for a rank that failed before it."""
-        lease.check_seen_by(self._who)
+    def sees_checkpoint_dir(self, lease: Lease) -> bool:
+        """Whether this rank's node sees the run's checkpoint directory (``LeaseLost`` when another run took it). Not
+        seeing it is ``CheckpointDirNotShared`` unless ``checkpoint.volume=local`` (then False: its parts go through
+        ``.node_parts/``). A call of its own, not part of ``setup``: the other ranks' setup must not wait in the
+        group for a rank that failed before it."""
+        try:
+            lease.check_seen_by(self._who)
+        except CheckpointDirNotShared:
+            if not self._own_disk_ok:
+                raise
+            return False
+        return True
 
     def setup(self, master_addr: str, master_port: int) -> str:
         """Join the data-parallel group (with several workers) through rank 0's store, then build the backend;
@@ -162,22 +174,57 @@ class TrainerWorker:
         return self.backend.capture()
 
     @ray.method(concurrency_group="io")
-    def write_captured(self, policy_dir: str) -> dict[str, FileRecord]:
-        """Write the last capture into ``policy_dir`` (which must exist), fsynced; returns the files this rank
-        hashed as it wrote them (the manifest hashes any other file itself)."""
+    def write_captured(self, policy_dir: str) -> PolicyPart:
+        """Write the last capture into ``policy_dir`` (which the controller created), fsynced; returns the files
+        this rank hashed as it wrote them (the manifest hashes any other file itself). On a node with a disk of its
+        own there (``checkpoint.volume=local``) the part is staged on that disk for the controller to gather."""
         lower_current_thread_priority()  # this thread only: the training thread keeps the CPU first
-        if not Path(policy_dir).is_dir():  # the controller created it: this node sees another disk there
+        if Path(policy_dir).is_dir():
+            return PolicyPart(self.backend.write_captured(Path(policy_dir)))
+        if not self._own_disk_ok:  # the controller created it: this node sees another disk there
             raise not_shared(self._who, policy_dir, "the bundle's policy directory is not there")
-        return self.backend.write_captured(Path(policy_dir))
+        staged = node_parts.fresh(node_parts.part_dir(self._root, self.rank, "save"))
+        files = self.backend.write_captured(staged)
+        return PolicyPart(files, socket.gethostname(), node_parts.list_files(staged))
+
+    @ray.method(concurrency_group="io")
+    def read_part(self, rel: str, offset: int) -> bytes:
+        """The controller gathering this rank's staged part: ``node_parts.CHUNK`` bytes of one file from ``offset``."""
+        return node_parts.read_chunk(node_parts.part_dir(self._root, self.rank, "save"), rel, offset)
+
+    @ray.method(concurrency_group="io")
+    def drop_part(self) -> None:
+        """The bundle holds the staged part now (or its save failed): free this node's disk."""
+        node_parts.clear(node_parts.part_dir(self._root, self.rank, "save"))
+
+    def receive_policy(self, bundle: str, rel: str, offset: int, data: bytes, first: bool = False) -> None:
+        """The driver sending ``bundle``'s ``policy/`` to this node for ``load`` (``first``: whatever an earlier
+        send left is removed); the load checks every digest against the verified manifest."""
+        where = node_parts.part_dir(self._root, self.rank, "restore")
+        if first:
+            node_parts.fresh(where / bundle)
+            for other in where.iterdir():
+                if other.name != bundle:
+                    node_parts.clear(other)
+        node_parts.write_at(where / bundle, rel, offset, data)
 
     def load(self, policy_dir: str, expected: Mapping[str, str]) -> int:
         """Restore from a *verified* bundle; ``expected``: policy-dir-relative name → its digest in the manifest
         (the manifest's ``hash_alg``: BLAKE3, or sha256 for schema-1 bundles)."""
         d = Path(policy_dir)
+        bundle = d.parent.name
         if not d.parent.is_dir():  # the driver verified it: this node sees another disk there (not the bundle's fault)
-            raise not_shared(self._who, d.parent, "the bundle is not there")
-        fault_point(f"restore.policy.{d.parent.name}")
-        return self.backend.load(d, expected)
+            sent = node_parts.part_dir(self._root, self.rank, "restore") / bundle
+            if not (self._own_disk_ok and sent.is_dir()):
+                raise not_shared(self._who, d.parent, "the bundle is not there")
+            node_parts.check_copy(sent, expected)
+            d = sent
+        fault_point(f"restore.policy.{bundle}")
+        try:
+            return self.backend.load(d, expected)
+        finally:
+            if d != Path(policy_dir):
+                node_parts.clear(d)  # a copy of a bundle's part, never a bundle: freed once loaded (or refused)
 
     @property
     def _who(self) -> str:

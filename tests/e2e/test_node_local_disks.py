@@ -12,14 +12,20 @@ What must hold (docs/object-storage.md "Without a shared volume"):
   are not quarantined as "does not load into the configured model" (the bug this guards: step_4, a good bundle, was
   moved aside and the run fell back to older ones), and a fresh run stops before its first step, not at its first
   save after hours of training.
+* With ``checkpoint.volume: local`` and a bucket (the suite's radosgw), a trainer rank there is at home: it stages
+  its part of each bundle on its own disk and the controller gathers it into the bundle, which verifies and is
+  uploaded; a run in another empty directory brings the newest bundle home from the bucket, sends its ``policy/``
+  to the rank, resumes it and trains on (``sc_app.checkpoint.node_parts``).
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,27 +71,40 @@ def _placed(address: str, ckpt: Path, trace: Path, max_steps: int, *, trainer: s
     return run_args(ckpt, trace, max_steps, *[a for kv in placement for a in ("--set", kv)])
 
 
+@dataclass
+class Cluster:
+    address: str
+    base: Path
+    ckpt: Path  # the head's directory; the node has a tmpfs of its own at this path
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("own_disks")
     ckpt = base / "ckpt"
     ckpt.mkdir()
-    cluster = start_cluster(num_cpus=4, include_dashboard=False, resources={"head": 4})
-    node = OwnDiskNode.start(cluster.address, ckpt, base / "node.log", num_cpus=2, resources={"own_disk": 4})
+    ray_cluster = start_cluster(num_cpus=4, include_dashboard=False, resources={"head": 4})
+    node = OwnDiskNode.start(ray_cluster.address, ckpt, base / "node.log", num_cpus=2, resources={"own_disk": 4})
     try:
-        wait_for_nodes(cluster.address, 2, node)
-        trace = base / "trace.jsonl"
-        saved = sc_app(*_placed(cluster.address, ckpt, trace, 4, trainer="head", units="own_disk"), timeout=300)
-        continued = sc_app(*_placed(cluster.address, ckpt, trace, 6, trainer="head", units="own_disk"), timeout=300)
-        before = bundle_files(ckpt)
-        resumed = sc_app(*_placed(cluster.address, ckpt, trace, 8, trainer="own_disk", units="head"), timeout=300)
-        after = bundle_files(ckpt)
-        fresh_dir = ckpt / "fresh"  # on the node: under its own (empty) disk, so not there
-        fresh = sc_app(*_placed(cluster.address, fresh_dir, trace, 4, trainer="own_disk", units="head"), timeout=300)
-        yield Runs(ckpt, saved, continued, before, resumed, after, fresh_dir, fresh)
+        wait_for_nodes(ray_cluster.address, 2, node)
+        yield Cluster(ray_cluster.address, base, ckpt)
     finally:
         node.stop()
-        cluster.shutdown()
+        ray_cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: Cluster) -> Runs:
+    base, ckpt = cluster.base, cluster.ckpt
+    trace = base / "trace.jsonl"
+    saved = sc_app(*_placed(cluster.address, ckpt, trace, 4, trainer="head", units="own_disk"), timeout=300)
+    continued = sc_app(*_placed(cluster.address, ckpt, trace, 6, trainer="head", units="own_disk"), timeout=300)
+    before = bundle_files(ckpt)
+    resumed = sc_app(*_placed(cluster.address, ckpt, trace, 8, trainer="own_disk", units="head"), timeout=300)
+    after = bundle_files(ckpt)
+    fresh_dir = ckpt / "fresh"  # on the node: under its own (empty) disk, so not there
+    fresh = sc_app(*_placed(cluster.address, fresh_dir, trace, 4, trainer="own_disk", units="head"), timeout=300)
+    return Runs(ckpt, saved, continued, before, resumed, after, fresh_dir, fresh)
 
 
 def test_storage_units_without_the_directory_stream_through_the_controller(cli: InProcess, runs: Runs) -> None:
@@ -116,3 +135,60 @@ def test_a_fresh_run_with_a_trainer_without_the_directory_stops_before_training(
     assert NOT_SHARED.search(out), out[-3000:]
     assert "Traceback" not in out and not re.search(r"^step\s+1/", out, re.M), out[-3000:]
     assert not step_bundles(runs.fresh_dir) and not list(runs.fresh_dir.glob("tmp_step_*"))
+
+
+# ------------------------------------------------------------------ checkpoint.volume: local, with a bucket
+
+
+@dataclass
+class LocalRuns:
+    first: Path
+    saved: Finished  # trainer on the node with its own disk, a fresh directory: bundles step_2, step_4
+    second: Path
+    resumed: Finished  # another empty directory, the same bucket: step_4 brought home, the rank sent its policy/
+
+
+@pytest.fixture(scope="module")
+def local_runs(cluster: Cluster, rgw: Any) -> LocalRuns:
+    remote = [f"checkpoint.remote.url=s3://{rgw.bucket}/own-disks-{uuid.uuid4().hex[:6]}"]
+    remote += [f"checkpoint.remote.endpoint={rgw.endpoint}", "checkpoint.remote.region=us-east-1"]
+    remote += ["checkpoint.remote.addressing_style=path", "checkpoint.volume=local"]
+    extra = [a for kv in remote for a in ("--set", kv)]
+    first, second = cluster.ckpt / "local-a", cluster.ckpt / "local-b"  # on the node: under its own disk
+    trace = cluster.base / "local-trace.jsonl"
+
+    def run(ckpt: Path, steps: int) -> Finished:
+        args = _placed(cluster.address, ckpt, trace, steps, trainer="own_disk", units="head")
+        return sc_app(*args, *extra, env=rgw.env(), timeout=300)
+
+    saved = run(first, 4)
+    return LocalRuns(first, saved, second, run(second, 6))
+
+
+def test_with_volume_local_a_trainer_on_its_own_disk_writes_its_part_and_the_bundle_holds_it(
+    cli: InProcess, local_runs: LocalRuns
+) -> None:
+    out = local_runs.saved.out
+    assert local_runs.saved.rc == 0, out[-3000:]
+    assert sorted(step_bundles(local_runs.first)) == [2, 4]
+    listing = cli("ckpt", "verify", "--checkpoint-dir", str(local_runs.first))
+    assert listing.rc == 0 and "step_4: verified" in listing.out, listing.out
+    for step in (2, 4):
+        policy = local_runs.first / f"step_{step}" / "policy"
+        assert sorted(p.name for p in policy.iterdir()) == ["model.pt", "optimizer.pt"], "the rank's part is there"
+    assert not (local_runs.first / ".node_parts").exists(), "staged on the node's disk, never on the head's"
+    assert "uploaded step_4 (" in out, out[-3000:]
+
+
+def test_with_volume_local_a_new_directory_resumes_from_the_bucket_and_the_rank_gets_the_policy(
+    local_runs: LocalRuns,
+) -> None:
+    out = local_runs.resumed.out
+    assert local_runs.resumed.rc == 0, out[-3000:]
+    assert "resuming from" in out and "(step 4)" in out, out[-3000:]
+    assert re.search(r"sent step_4/policy \(2 files, [0-9.]+ MiB\) to 1 trainer rank", out), out[-3000:]
+    assert "done: step 6" in out, out[-3000:]
+    assert sorted(step_bundles(local_runs.second)) == [4, 6]
+    step_6 = local_runs.second / "step_6" / "policy"
+    assert sorted(p.name for p in step_6.iterdir()) == ["model.pt", "optimizer.pt"]
+    assert "uploaded step_6 (" in out, out[-3000:]

@@ -29,6 +29,7 @@ from tests.k8s.k8s_helpers import (
 helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk (k8s extra) is not installed")
 pytest.importorskip("kubernetes", reason="kubernetes client (k8s extra) is not installed")
 
+from sc_app.config.app import AppConfig  # noqa: E402
 from sc_app.k8s.cli import main  # noqa: E402
 
 PROFILE = CHART_DIR / "ci" / "no-rwx-values.yaml"
@@ -80,13 +81,12 @@ def test_the_no_rwx_profile_gives_every_pod_its_own_rwo_claim_and_renders_no_pvc
     assert len(_mounts(pods[0])) == 2, "the head's preflight (it brings the bucket's bundle home) mounts it too"
     config = yaml.safe_load(by_kind(objs, "ConfigMap")[0]["data"]["config.yaml"])
     assert config["checkpoint"]["dir"] == "/checkpoints"
-    # every bundle writer on the head's pod (per-node writers are not done yet): only the head offers the resource
-    # the trainer ranks and the storage units ask for; the workers host generation, which writes no bundle part
-    writer = "sc_app_bundle_writer"
-    assert config["trainer"]["resources"] == {writer: 1} and config["data_plane"]["storage_node_resource"] == writer
+    # the app is told each pod has its own disk there: a trainer rank on a worker pod stages its part of a bundle
+    # on its own disk for the controller to gather (sc_app.checkpoint.node_parts); nothing pins it to the head
+    assert config["checkpoint"]["volume"] == "local"
+    assert "resources" not in config["trainer"] and "storage_node_resource" not in config["data_plane"]
     head_params = job["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
-    assert writer in head_params["resources"]
-    assert all(writer not in str(g["rayStartParams"]) for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"])
+    assert "resources" not in head_params
     assert config["checkpoint"]["remote"]["url"] == "s3://ml-checkpoints/jobs/grpo-7b"
     (account,) = by_kind(objs, "ServiceAccount")
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
@@ -111,6 +111,16 @@ def test_local_media_render_as_asked_on_every_pod(local: dict[str, Any], expecte
         if "ephemeral" in vol:
             vol["ephemeral"]["volumeClaimTemplate"].pop("metadata")
         assert vol == expected
+
+
+def test_the_app_config_says_local_only_with_volume_local() -> None:
+    shared = yaml.safe_load(by_kind(objects(render(merged_values(BASE_VALUES, WORKERS))), "ConfigMap")[0]["data"]
+                            ["config.yaml"])  # fmt: skip
+    assert "volume" not in shared["checkpoint"], "the app's default (shared) is left to the app"
+    local = merged_values(BASE_VALUES, WORKERS, BUCKET, {"checkpoint": {"volume": "local"}})
+    config = yaml.safe_load(by_kind(objects(render(local)), "ConfigMap")[0]["data"]["config.yaml"])
+    assert config["checkpoint"]["volume"] == "local"
+    assert AppConfig.model_validate(config).checkpoint.volume == "local", "the rendered config is one the app takes"
 
 
 def test_local_ignores_the_persistence_rules_that_only_a_shared_claim_needs() -> None:

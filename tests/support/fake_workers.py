@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from sc_app.checkpoint import node_parts
+from sc_app.checkpoint.node_parts import PolicyPart
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.rl.backend import Rollout, TrainStepResult
 
@@ -79,6 +81,9 @@ class FakeGenerator(FakeActor):
 class FakeTrainer(FakeActor):
     """Trains nothing; records what it was asked, and writes a one-file policy for a save."""
 
+    own_disk: Path | None = None  # set: this rank's node has a disk of its own (its part is staged there)
+    big: int = 0  # bytes of the unhashed staged file (0: 3)
+
     def __init__(self, rank: int = 0) -> None:
         self._rank = rank
         self._version = 0
@@ -100,10 +105,28 @@ class FakeTrainer(FakeActor):
         self._captured = self._version
         return self._version
 
-    def write_captured(self, policy_dir: str) -> dict[str, FileRecord]:
+    def write_captured(self, policy_dir: str) -> PolicyPart:
+        """With ``own_disk`` set, the part is staged there (a node with a disk of its own, ``volume=local``),
+        with one more file it did not hash and, with ``big``, one of several gather chunks."""
         self._log.append(("write_captured", self._captured))
         data = f"rank {self._rank} version {self._captured}".encode()
-        path = Path(policy_dir) / f"rank{self._rank}.bin"
+        where = Path(policy_dir) if self.own_disk is None else node_parts.fresh(self.own_disk)
+        path = where / f"rank{self._rank}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        return {path.name: FileRecord("sha256", hashlib.sha256(data).hexdigest(), len(data))}
+        files = {path.name: FileRecord("sha256", hashlib.sha256(data).hexdigest(), len(data))}
+        if self.own_disk is None:
+            return PolicyPart(files)
+        (where / "sub").mkdir()
+        (where / "sub" / f"unhashed{self._rank}").write_bytes(b"x" * (self.big or 3))
+        return PolicyPart(files, "fake-host", node_parts.list_files(where))
+
+    def read_part(self, rel: str, offset: int) -> bytes:
+        assert self.own_disk is not None
+        self._log.append(("read_part", (rel, offset)))
+        return node_parts.read_chunk(self.own_disk, rel, offset)
+
+    def drop_part(self) -> None:
+        assert self.own_disk is not None
+        self._log.append(("drop_part", None))
+        node_parts.clear(self.own_disk)

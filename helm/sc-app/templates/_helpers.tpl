@@ -133,6 +133,7 @@ the pod). With local, the bucket of config.checkpoint.remote.url is what outlive
 role some worker group hosts mapped to its custom Ray resource (sc-app.roleResource). */}}
 {{- define "sc-app.config" -}}
 {{- $forced := dict "checkpoint" (dict "dir" .Values.checkpoint.mountPath) "ray" (dict "address" "auto") -}}
+{{- if eq .Values.checkpoint.volume "local" }}{{ $_ := set $forced.checkpoint "volume" "local" }}{{ end -}}
 {{- with include "sc-app.modelPath" . }}{{ $_ := set $forced "model" (dict "path" .) }}{{ end -}}
 {{- $roles := include "sc-app.hostedRoles" . | fromJson -}}
 {{- range $role := list "trainer" "generation" -}}

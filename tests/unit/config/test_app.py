@@ -164,6 +164,17 @@ def test_metrics_export_port_is_for_the_embedded_ray_only() -> None:
     assert "ray.metrics_export_port" in msg and "--metrics-export-port" in msg, msg
 
 
+def test_a_volume_of_each_nodes_own_needs_a_bucket_and_streamed_snapshots() -> None:
+    assert load_config(None, []).checkpoint.volume == "shared"
+    msg = refused("checkpoint.volume=local")
+    assert "checkpoint.volume=local needs checkpoint.remote.url" in msg, msg
+    bucket = "checkpoint.remote.url=s3://my-bucket/jobs/x"
+    msg = refused("checkpoint.volume=local", bucket, "data_plane.snapshot=native")
+    assert "needs data_plane.snapshot=streamed" in msg, msg
+    assert load_config(None, ["checkpoint.volume=local", bucket]).checkpoint.volume == "local"
+    assert "checkpoint.volume" in refused("checkpoint.volume=nfs")
+
+
 def test_sequence_longer_than_model_context() -> None:
     msg = refused("task.prompt_len=12", "task.response_len=8")
     assert "task.prompt_len" in msg and "model.max_seq_len" in msg, msg

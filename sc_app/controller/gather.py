@@ -1,0 +1,63 @@
+"""The controller's half of a save with ``checkpoint.volume: local``: a trainer rank's part staged on its own node's
+disk (``PolicyPart.staged_on``) is read back through Ray into the bundle's ``tmp_step_N/policy/``
+(``sc_app.checkpoint.node_parts``), so the bundle it commits holds every part, as on a shared volume.
+
+Per file, one chunk is fetched ahead while the last one is written; the ranks are gathered in parallel. A file whose
+bytes or size differ from what its writer hashed fails the save (``PartMismatch``); the staged part is dropped
+from the rank's disk once the bundle has it, or the save failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sc_app.checkpoint import node_parts
+from sc_app.checkpoint.node_parts import PartFile, PartMismatch, PolicyPart
+from sc_app.checkpoint.writer import FileRecord
+from sc_app.io import hashing
+
+InBackground = Callable[..., Awaitable[Any]]
+
+
+async def gather_policy(
+    trainers: Sequence[Any], parts: Sequence[PolicyPart], policy_dir: Path, in_background: InBackground
+) -> dict[str, FileRecord]:
+    """Every rank's ``PolicyPart`` into ``policy_dir``; returns the records of the files the writers hashed."""
+    records: dict[str, FileRecord] = {}
+    for part in parts:
+        records.update(part.files)
+    staged = [(t, p) for t, p in zip(trainers, parts, strict=True) if p.staged_on is not None]
+    results = await asyncio.gather(
+        *[_gather_rank(t, p, policy_dir, in_background) for t, p in staged], return_exceptions=True
+    )
+    await asyncio.gather(*[t.drop_part.remote() for t, _ in staged], return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return records
+
+
+async def _gather_rank(trainer: Any, part: PolicyPart, policy_dir: Path, in_background: InBackground) -> None:
+    for rel, size in part.staged.items():
+        expected = part.files.get(rel)
+        out = await in_background(PartFile, policy_dir, rel, expected.alg if expected else hashing.DEFAULT)
+        try:
+            offset, ahead = 0, trainer.read_part.remote(rel, 0)
+            while True:
+                chunk = await ahead
+                full = len(chunk) == node_parts.CHUNK  # a shorter chunk ends the file
+                if full:
+                    ahead = trainer.read_part.remote(rel, offset + len(chunk))
+                await in_background(out.write, chunk)
+                offset += len(chunk)
+                if not full:
+                    break
+        except BaseException:
+            out.abort()
+            raise
+        got = await in_background(out.close, expected)
+        if got.size != size:
+            raise PartMismatch(f"{out.path}: {got.size} bytes received, {size} staged on {part.staged_on}")
