@@ -15,12 +15,15 @@ What must hold (docs/object-storage.md "Without a shared volume"):
 * With ``checkpoint.volume: local`` and a bucket (the suite's radosgw), a trainer rank there is at home: it stages
   its part of each bundle on its own disk and the controller gathers it into the bundle, which verifies and is
   uploaded; a run in another empty directory brings the newest bundle home from the bucket, sends its ``policy/``
-  to the rank, resumes it and trains on (``sc_app.checkpoint.node_parts``).
+  to the rank, resumes it and trains on, and when that rank's process is SIGKILLed the run restores in-job and
+  sends the bundle's ``policy/`` to its successor there (``sc_app.checkpoint.node_parts``).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +35,17 @@ import pytest
 from tests.support.bundles import tree
 from tests.support.cli import InProcess
 from tests.support.node_disks import OwnDiskNode, skip_reason, wait_for_nodes
-from tests.support.proc import Finished, run_args, sc_app, step_bundles
+from tests.support.proc import (
+    Finished,
+    actor_pids,
+    finish,
+    read_trace,
+    run_args,
+    sc_app,
+    start_logged,
+    step_bundles,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +89,7 @@ class Cluster:
     address: str
     base: Path
     ckpt: Path  # the head's directory; the node has a tmpfs of its own at this path
+    node_sid: int  # the session of the node's processes (its raylet and every worker on it)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +101,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     node = OwnDiskNode.start(ray_cluster.address, ckpt, base / "node.log", num_cpus=2, resources={"own_disk": 4})
     try:
         wait_for_nodes(ray_cluster.address, 2, node)
-        yield Cluster(ray_cluster.address, base, ckpt)
+        yield Cluster(ray_cluster.address, base, ckpt, node.proc.pid)
     finally:
         node.stop()
         ray_cluster.shutdown()
@@ -145,7 +159,8 @@ class LocalRuns:
     first: Path
     saved: Finished  # trainer on the node with its own disk, a fresh directory: bundles step_2, step_4
     second: Path
-    resumed: Finished  # another empty directory, the same bucket: step_4 brought home, the rank sent its policy/
+    resumed: Finished  # another empty directory, the same bucket: step_4 brought home, the rank sent its policy/;
+    killed: int  # ... and after 3 more steps its process SIGKILLed: restored in-job, the new rank sent the policy too
 
 
 @pytest.fixture(scope="module")
@@ -155,14 +170,23 @@ def local_runs(cluster: Cluster, rgw: Any) -> LocalRuns:
     remote += ["checkpoint.remote.addressing_style=path", "checkpoint.volume=local"]
     extra = [a for kv in remote for a in ("--set", kv)]
     first, second = cluster.ckpt / "local-a", cluster.ckpt / "local-b"  # on the node: under its own disk
-    trace = cluster.base / "local-trace.jsonl"
 
-    def run(ckpt: Path, steps: int) -> Finished:
-        args = _placed(cluster.address, ckpt, trace, steps, trainer="own_disk", units="head")
-        return sc_app(*args, *extra, env=rgw.env(), timeout=300)
+    def args(ckpt: Path, steps: int, trace: Path) -> list[str]:
+        return [*_placed(cluster.address, ckpt, trace, steps, trainer="own_disk", units="head"), *extra]
 
-    saved = run(first, 4)
-    return LocalRuns(first, saved, second, run(second, 6))
+    saved = sc_app(*args(first, 4, cluster.base / "local-a.jsonl"), env=rgw.env(), timeout=300)
+    trace, log = cluster.base / "local-b.jsonl", cluster.base / "local-b.log"
+    proc = start_logged(*args(second, 10, trace), log=log, env=rgw.env())
+    try:
+        trained = lambda: sum(e["ev"] == "train" for e in read_trace(trace)) >= 3  # noqa: E731
+        wait_for(trained, 300, "3 train steps after the resume from the bucket", proc, log=log)
+        (victim,) = actor_pids(cluster.node_sid, "TrainerWorker")
+        os.kill(victim, signal.SIGKILL)
+        resumed = finish(proc, 300, "the run resumed from the bucket, its trainer rank killed")
+    finally:
+        if proc.poll() is None:
+            finish(proc, 1, "cleanup")
+    return LocalRuns(first, saved, second, Finished(resumed.rc, log.read_text()), victim)
 
 
 def test_with_volume_local_a_trainer_on_its_own_disk_writes_its_part_and_the_bundle_holds_it(
@@ -186,9 +210,12 @@ def test_with_volume_local_a_new_directory_resumes_from_the_bucket_and_the_rank_
     out = local_runs.resumed.out
     assert local_runs.resumed.rc == 0, out[-3000:]
     assert "resuming from" in out and "(step 4)" in out, out[-3000:]
-    assert re.search(r"sent step_4/policy \(2 files, [0-9.]+ MiB\) to 1 trainer rank", out), out[-3000:]
-    assert "done: step 6" in out, out[-3000:]
-    assert sorted(step_bundles(local_runs.second)) == [4, 6]
-    step_6 = local_runs.second / "step_6" / "policy"
-    assert sorted(p.name for p in step_6.iterdir()) == ["model.pt", "optimizer.pt"]
-    assert "uploaded step_6 (" in out, out[-3000:]
+    sent = re.findall(r"sent (step_\d+)/policy \(2 files, [0-9.]+ MiB\) to 1 trainer rank", out)
+    assert len(sent) == 2 and sent[0] == "step_4", out[-3000:]  # at the start, then to the killed rank's successor
+    assert re.search(r"fault trainer\S*: recovered", out), out[-3000:]
+    assert "done: step 10" in out, out[-3000:]
+    assert 10 in step_bundles(local_runs.second)
+    step_10 = local_runs.second / "step_10" / "policy"
+    assert sorted(p.name for p in step_10.iterdir()) == ["model.pt", "optimizer.pt"]
+    assert "uploaded step_10 (" in out, out[-3000:]
+    assert not (local_runs.second / ".node_parts").exists()
