@@ -2,7 +2,7 @@
 disk (``PolicyPart.staged_on``) is read back through Ray into the bundle's ``tmp_step_N/policy/``
 (``sc_app.checkpoint.node_parts``), so the bundle it commits holds every part, as on a shared volume.
 
-Per file, one chunk is fetched ahead while the last one is written; the ranks are gathered in parallel. A file whose
+Per file, ``AHEAD`` chunks are in flight while one is written; the ranks are gathered in parallel. A file whose
 bytes or size differ from what its writer hashed fails the save (``PartMismatch``); the staged part is dropped
 from the rank's disk once the bundle has it, or the save failed.
 """
@@ -20,6 +20,7 @@ from sc_app.checkpoint.writer import FileRecord
 from sc_app.io import hashing
 
 InBackground = Callable[..., Awaitable[Any]]
+AHEAD = 2  # chunk reads in flight per file: the rank reads and Ray carries the next while this one is written
 
 
 async def gather_policy(
@@ -45,16 +46,15 @@ async def _gather_rank(trainer: Any, part: PolicyPart, policy_dir: Path, in_back
         expected = part.files.get(rel)
         out = await in_background(PartFile, policy_dir, rel, expected.alg if expected else hashing.DEFAULT)
         try:
-            offset, ahead = 0, trainer.read_part.remote(rel, 0)
-            while True:
-                chunk = await ahead
-                full = len(chunk) == node_parts.CHUNK  # a shorter chunk ends the file
-                if full:
-                    ahead = trainer.read_part.remote(rel, offset + len(chunk))
+            offsets = list(range(0, size, node_parts.CHUNK))
+            ahead = [trainer.read_part.remote(rel, o) for o in offsets[:AHEAD]]
+            for n, offset in enumerate(offsets):
+                chunk = await ahead.pop(0)
+                if n + AHEAD < len(offsets):
+                    ahead.append(trainer.read_part.remote(rel, offsets[n + AHEAD]))
+                if len(chunk) != min(node_parts.CHUNK, size - offset):
+                    raise PartMismatch(f"{out.path}: {part.staged_on} staged {size} bytes, {offset + len(chunk)} read")
                 await in_background(out.write, chunk)
-                offset += len(chunk)
-                if not full:
-                    break
         except BaseException:
             out.abort()
             raise

@@ -107,7 +107,7 @@ class FakeTrainer(FakeActor):
 
     def write_captured(self, policy_dir: str) -> PolicyPart:
         """With ``own_disk`` set, the part is staged there (a node with a disk of its own, ``volume=local``),
-        with one more file it did not hash and, with ``big``, one of several gather chunks."""
+        with two more files it did not hash: an empty one and one of ``big`` bytes (several gather chunks)."""
         self._log.append(("write_captured", self._captured))
         data = f"rank {self._rank} version {self._captured}".encode()
         where = Path(policy_dir) if self.own_disk is None else node_parts.fresh(self.own_disk)
@@ -119,6 +119,7 @@ class FakeTrainer(FakeActor):
             return PolicyPart(files)
         (where / "sub").mkdir()
         (where / "sub" / f"unhashed{self._rank}").write_bytes(b"x" * (self.big or 3))
+        (where / "sub" / f"empty{self._rank}").write_bytes(b"")
         return PolicyPart(files, "fake-host", node_parts.list_files(where))
 
     def read_part(self, rel: str, offset: int) -> bytes:

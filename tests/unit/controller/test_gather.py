@@ -42,11 +42,12 @@ def test_a_part_staged_on_a_nodes_own_disk_is_gathered_into_the_bundle(
     assert (bundle / "policy" / "sub" / "unhashed1").read_bytes() == b"x" * 27, "a file its writer did not hash too"
     manifest = read_manifest(bundle, hmac_key=None)
     listed = {rel: entry for rel, entry in manifest.files.items() if rel.startswith("policy/")}
-    assert set(listed) == {"policy/rank0.bin", "policy/rank1.bin", "policy/sub/unhashed1"}
+    assert set(listed) == {"policy/rank0.bin", "policy/rank1.bin", "policy/sub/unhashed1", "policy/sub/empty1"}
+    assert (bundle / "policy" / "sub" / "empty1").read_bytes() == b""
     for rel, entry in listed.items():  # the manifest lists each gathered file with the digest of its bytes
         assert hashing.digest_file(bundle / rel, manifest.hash_alg).digest == entry["digest"]
     reads = [args for args in controller.args.trainers[1].called("read_part") if args[0] == "sub/unhashed1"]
-    assert [offset for _, offset in reads] == list(range(0, 27 + (chunk if 27 % chunk == 0 else 0), chunk))
+    assert [offset for _, offset in reads] == list(range(0, 27, chunk)), "each chunk read once, none past the end"
     assert controller.args.trainers[1].called("drop_part") == [None] and not own_disk.exists(), "the node's disk freed"
     assert controller.args.trainers[0].called("read_part") == [], "a rank that sees the directory is not gathered"
 
@@ -66,3 +67,16 @@ def test_a_staged_part_whose_bytes_changed_fails_the_save_and_publishes_nothing(
     assert "rank1.bin" in failed.error and "differ from the" in failed.error and "\n" not in failed.error
     assert not list((tmp_path / "ckpt").glob("*step_*")), "no bundle and no tmp dir is left behind"
     assert not own_disk.exists(), "the staged part is dropped after a failed save too"
+
+
+def test_a_staged_file_that_shrank_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = node_parts.read_chunk
+
+    def short(directory: Path, rel: str, offset: int) -> bytes:
+        return real(directory, rel, offset)[:-1] if rel == "sub/unhashed1" else real(directory, rel, offset)
+
+    monkeypatch.setattr(node_parts, "read_chunk", short)
+    controller, own_disk = _run_with_own_disk(tmp_path)
+    (failed,) = [r for r in controller.progress(0) if isinstance(r, SaveFailedRecord)]
+    assert "unhashed1: fake-host staged 3 bytes, 2 read" in failed.error, failed.error
+    assert not list((tmp_path / "ckpt").glob("*step_*")) and not own_disk.exists()
