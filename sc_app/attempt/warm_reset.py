@@ -278,6 +278,7 @@ class WarmReset:
         assert manifest is not None
         order.enter("trainer_state")
         policy_dir = bundle / layout.POLICY_DIR
+        policy.lease = self.who.lease  # the fence advanced it: the set-up's lease now fails every check
         loading = policy.load_trainer_state(policy_dir, manifest.hashes_under(layout.POLICY_DIR))
         loader_state = torch_files.load(bundle / layout.LOADER_FILE)
         order.enter("data_plane_restore")

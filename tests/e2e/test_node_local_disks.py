@@ -12,7 +12,8 @@ What must hold (docs/object-storage.md "Without a shared volume"):
   are not quarantined as "does not load into the configured model" (the bug this guards: step_4, a good bundle, was
   moved aside and the run fell back to older ones), and a fresh run stops before its first step, not at its first
   save after hours of training.
-* With ``checkpoint.volume: local`` and a bucket (the suite's radosgw), a trainer rank there is at home: it stages
+* With ``checkpoint.volume: local`` and a bucket (the suite's radosgw), two trainer ranks, one on the head and one
+  there, and the one there is at home: it stages
   its part of each bundle on its own disk and the controller gathers it into the bundle, which verifies and is
   uploaded; a run in another empty directory brings the newest bundle home from the bucket, sends its ``policy/``
   to the rank, resumes it and trains on, and when that rank's process is SIGKILLed the run restores in-job and
@@ -97,8 +98,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("own_disks")
     ckpt = base / "ckpt"
     ckpt.mkdir()
-    ray_cluster = start_cluster(num_cpus=4, include_dashboard=False, resources={"head": 4})
-    node = OwnDiskNode.start(ray_cluster.address, ckpt, base / "node.log", num_cpus=2, resources={"own_disk": 4})
+    # "rank": one trainer rank per node when a run asks for it with two ranks
+    ray_cluster = start_cluster(num_cpus=5, include_dashboard=False, resources={"head": 4, "rank": 1})
+    node = OwnDiskNode.start(ray_cluster.address, ckpt, base / "node.log", num_cpus=3,
+                             resources={"own_disk": 4, "rank": 1})  # fmt: skip
     try:
         wait_for_nodes(ray_cluster.address, 2, node)
         yield Cluster(ray_cluster.address, base, ckpt, node.proc.pid)
@@ -157,10 +160,11 @@ def test_a_fresh_run_with_a_trainer_without_the_directory_stops_before_training(
 @dataclass
 class LocalRuns:
     first: Path
-    saved: Finished  # trainer on the node with its own disk, a fresh directory: bundles step_2, step_4
+    saved: Finished  # trainer ranks on the head and on the node with its own disk, a fresh dir: step_2, step_4
     second: Path
     resumed: Finished  # another empty directory, the same bucket: step_4 brought home, the rank sent its policy/;
-    killed: int  # ... and after 3 more steps its process SIGKILLed: restored in-job, the new rank sent the policy too
+    killed: int  # ... and after 3 more steps the node's rank SIGKILLed: restored in-job (the head's rank reset in
+    # place), the node's new rank sent the policy too
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +176,8 @@ def local_runs(cluster: Cluster, rgw: Any) -> LocalRuns:
     first, second = cluster.ckpt / "local-a", cluster.ckpt / "local-b"  # on the node: under its own disk
 
     def args(ckpt: Path, steps: int, trace: Path) -> list[str]:
-        return [*_placed(cluster.address, ckpt, trace, steps, trainer="own_disk", units="head"), *extra]
+        two_ranks = ["--set", "trainer.num_workers=2"]  # one on the head, one on the node with its own disk
+        return [*_placed(cluster.address, ckpt, trace, steps, trainer="rank", units="head"), *two_ranks, *extra]
 
     saved = sc_app(*args(first, 4, cluster.base / "local-a.jsonl"), env=rgw.env(), timeout=300)
     trace, log = cluster.base / "local-b.jsonl", cluster.base / "local-b.log"
