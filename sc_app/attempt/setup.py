@@ -222,10 +222,17 @@ class Setup:
     # trainers start and load), "trainer_load_wait" (waiting for the trainers after it); both absent on a fresh start
     seconds: dict[str, float] = field(default_factory=dict)
 
+    def actors(self) -> list[Any]:
+        """``handles`` and the workers the policy holds now: a warm reset that failed after it started replacements
+        has not listed them in ``handles`` (left alive, they would hold the resources the rebuild's workers wait
+        for: a full rebuild that never started)."""
+        now = [*self.policy.trainers, *self.policy.generators] if self.policy is not None else []
+        return [*self.handles, *(h for h in now if all(h is not k for k in self.handles))]
+
     def teardown(self) -> None:
         """Kill every actor this setup created, close TransferQueue and drop the restore guard, so that a new
         setup in this process starts from an untouched data plane."""
-        for handle in self.handles:
+        for handle in self.actors():
             try:
                 ray.kill(handle)
             except Exception:  # already dead: nothing to remove

@@ -69,3 +69,19 @@ def test_a_stop_or_a_hang_during_setup_tears_it_down_and_is_no_fault_of_the_bund
     with pytest.raises(type(error)) as raised:
         setup_mod.setup_single_controller(AppConfig(), plan, run_id="r")  # type: ignore[arg-type]
     assert raised.value is error and torn == [AppConfig().ray.namespace]
+
+
+def test_teardown_kills_the_workers_a_failed_warm_reset_started_too() -> None:
+    """A warm reset replaces a dead worker in the policy's lists and lists the job's handles only once it
+    succeeded; failing in between, the full rebuild's teardown must still kill the replacement (left alive, it
+    held the node's resources the rebuild's rank waited for)."""
+    from types import SimpleNamespace
+
+    from sc_app.attempt.setup import Setup
+
+    old_trainer, replacement, generator, actor = object(), object(), object(), object()
+    setup = Setup("ns", actor=actor, handles=[old_trainer, generator, actor])
+    setup.policy = SimpleNamespace(trainers=[replacement], generators=[generator])  # type: ignore[assignment]
+    assert setup.actors() == [old_trainer, generator, actor, replacement], "each once, the replacement too"
+    setup.policy = None
+    assert setup.actors() == [old_trainer, generator, actor]
