@@ -107,61 +107,52 @@ def gather(rank: Any, part: PolicyPart, dst: Path, pool: ThreadPoolExecutor) -> 
     assert got == part.files, "the gather returns the writer's records"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=256, help="size of the staged part (MiB)")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
-    ap.add_argument("--ahead", default=str(gather_module.AHEAD), help="gather's chunks in flight, e.g. 1,3 (each)")
-    args = ap.parse_args()
-    aheads = [int(n) for n in args.ahead.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="node-parts-", dir=args.work))
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        part = stage(work / "rank" / "save", args.mib)
-        policy = work / "bundle" / "step_1" / "policy"
-        shutil.copytree(work / "rank" / "save", policy)
-        expected = {rel: hashing.label(r.alg, r.digest) for rel, r in part.files.items()}
-        rank = Rank.remote(str(work / "rank"))
-        ray.get(rank.drop_part.remote())
-        pool = ThreadPoolExecutor(1)
-        paths = ["copy", *[f"gather{n}" for n in aheads], "send"]
-        seconds: dict[str, list[float]] = {what: [] for what in paths}
-        for rep in range(args.reps):
-            for what in paths if rep % 2 == 0 else paths[::-1]:
-                dst = work / f"{what}-{rep}"
-                t0 = time.perf_counter()
-                if what == "copy":
-                    copy(work / "rank" / "save", dst)
-                elif what.startswith("gather"):
-                    gather_module.AHEAD = int(what.removeprefix("gather"))
-                    gather(rank, part, dst, pool)
-                else:
-                    send_policy([rank], policy, ray.get)
-                    ray.get(rank.check.remote("step_1", expected))
-                seconds[what].append(time.perf_counter() - t0)
-                shutil.rmtree(dst, ignore_errors=True)
-        sent = work / "rank" / "restore" / "step_1"
-        assert node_parts.list_files(sent) == node_parts.list_files(policy), "the send delivers every file"
-    finally:
-        ray.shutdown()
-        shutil.rmtree(work, ignore_errors=True)
+def measure(work: Path, mib: int, reps: int, aheads: list[int]) -> dict[str, list[float]]:
+    """Seconds of each path per repetition, interleaved (forward, then backward)."""
+    part = stage(work / "rank" / "save", mib)
+    policy = work / "bundle" / "step_1" / "policy"
+    shutil.copytree(work / "rank" / "save", policy)
+    expected = {rel: hashing.label(r.alg, r.digest) for rel, r in part.files.items()}
+    rank = Rank.remote(str(work / "rank"))
+    ray.get(rank.drop_part.remote())
+    pool = ThreadPoolExecutor(1)
+    paths = ["copy", *[f"gather{n}" for n in aheads], "send"]
+    seconds: dict[str, list[float]] = {what: [] for what in paths}
+    for rep in range(reps):
+        for what in paths if rep % 2 == 0 else paths[::-1]:
+            dst = work / f"{what}-{rep}"
+            t0 = time.perf_counter()
+            if what == "copy":
+                copy(work / "rank" / "save", dst)
+            elif what.startswith("gather"):
+                gather_module.AHEAD = int(what.removeprefix("gather"))
+                gather(rank, part, dst, pool)
+            else:
+                send_policy([rank], policy, ray.get)
+                ray.get(rank.check.remote("step_1", expected))
+            seconds[what].append(time.perf_counter() - t0)
+            shutil.rmtree(dst, ignore_errors=True)
+    sent = work / "rank" / "restore" / "step_1"
+    assert node_parts.list_files(sent) == node_parts.list_files(policy), "the send delivers every file"
+    return seconds
+
+
+def report(seconds: dict[str, list[float]], mib: int, reps: int, out: Path) -> None:
     med = {k: statistics.median(v) for k, v in seconds.items()}
     result = {
-        "mib": args.mib,
-        "reps": args.reps,
+        "mib": mib,
+        "reps": reps,
         "seconds": seconds,
         "median_s": med,
-        "mib_per_s": {k: args.mib / v for k, v in med.items()},
+        "mib_per_s": {k: mib / v for k, v in med.items()},
         "ratio_to_copy": {k: med[k] / med["copy"] for k in med if k != "copy"},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "node_parts.json").write_text(json.dumps(result, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "node_parts.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
-        f"# Parts on a node's own disk: {args.mib} MiB, {args.reps} repetitions ({result['when']} UTC, "
+        f"# Parts on a node's own disk: {mib} MiB, {reps} repetitions ({result['when']} UTC, "
         f"1-min load at the end {result['machine']['load'][0]:.1f})",
         "",
         "| path | median s | MiB/s | x copy |",
@@ -170,8 +161,26 @@ def main() -> None:
     for k in med:
         ratio = "1.00" if k == "copy" else f"{result['ratio_to_copy'][k]:.2f}"
         lines.append(f"| {k} | {med[k]:.3f} | {result['mib_per_s'][k]:.0f} | {ratio} |")
-    (args.out / "node_parts.md").write_text("\n".join(lines) + "\n")
+    (out / "node_parts.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=256, help="size of the staged part (MiB)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    ap.add_argument("--ahead", default=str(gather_module.AHEAD), help="gather's chunks in flight, e.g. 1,3 (each)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="node-parts-", dir=args.work))
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        seconds = measure(work, args.mib, args.reps, [int(n) for n in args.ahead.split(",")])
+    finally:
+        ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    report(seconds, args.mib, args.reps, args.out)
 
 
 if __name__ == "__main__":

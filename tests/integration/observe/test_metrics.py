@@ -17,11 +17,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from sc_app.observe.metrics import BY_NAME, CATALOGUE
-from tests.support.proc import REPO, kill_session
+from tests.support.proc import REPO, kill_session, ray_did_not_start
 from tests.support.prometheus import free_port, one, scrape, try_scrape
 
 pytest.importorskip("prometheus_client.parser", reason="prometheus_client (dev extra) is not installed")
@@ -44,22 +45,27 @@ def wait_for_all(port: int, proc: subprocess.Popen[str], timeout: float) -> dict
 
 
 @pytest.fixture
-def probe() -> Iterator[tuple[int, subprocess.Popen[str], dict]]:
+def probe(tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen[str], dict]]:
     port = free_port()
     env = {**os.environ, "RAY_metrics_report_interval_ms": str(REPORT_INTERVAL_MS), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "support" / "metrics_probe.py"), str(port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
+    err = tmp_path / "probe.err"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "support" / "metrics_probe.py"), str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+            env=env,
+        )
     try:
         assert proc.stdout is not None
         recorded = json.loads(proc.stdout.readline() or "{}")
-        assert recorded, "the probe driver did not start (see tests/support/metrics_probe.py)"
+        if not recorded:  # why, not only that: a Ray that could not start in time is the suite's one rerun case
+            proc.wait(timeout=60)
+            ray_did_not_start(err.read_text())
+        assert recorded, f"the probe driver did not start (tests/support/metrics_probe.py): {err.read_text()[-2000:]}"
         yield port, proc, recorded
     finally:
         if proc.stdin:
