@@ -23,7 +23,7 @@ from sc_app.io import hashing
 from sc_app.io.safe_files import Tree, open_regular, show, unsafe_rel
 
 NODE_PARTS_DIR = ".node_parts"
-CHUNK = 16 * 1024 * 1024  # bytes per Ray call: one chunk in flight per file and rank, plus the one being written
+CHUNK = 16 * 1024 * 1024  # bytes per Ray call (the gather keeps controller.gather.AHEAD of them in flight per file)
 
 
 class PartMismatch(OSError):
