@@ -103,9 +103,9 @@ class JobActors:
             named.append((tq_interface._TQ_CONTROLLER, TQ_CONTROLLER, "the TransferQueue controller"))
         for name, unit in (tq_interface._TQ_STORAGE or {}).get("SimpleStorage", {}).items():
             named.append((unit, STORAGE, str(name)))
-        watched = {_hex(h): (kind, name) for h, kind, name in named}
+        watched = {actor_id(h): (kind, name) for h, kind, name in named}
         named += [(g, GENERATION, f"generation worker {i}") for i, g in enumerate(generators)]
-        return cls(watched, {_hex(h): (JobActor(_hex(h), kind, name), h) for h, kind, name in named})
+        return cls(watched, {actor_id(h): (JobActor(actor_id(h), kind, name), h) for h, kind, name in named})
 
     @property
     def actors(self) -> list[JobActor]:
@@ -176,5 +176,6 @@ def live_node_resources() -> list[dict[str, float]]:
     return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
 
 
-def _hex(handle: Any) -> str:
+def actor_id(handle: Any) -> str:
+    """An actor handle's id (hex): the same for every handle of one actor, another for its successor."""
     return str(handle._actor_id.hex())

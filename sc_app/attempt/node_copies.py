@@ -16,18 +16,10 @@ from typing import Any
 import ray
 
 from sc_app.checkpoint import node_parts
-from sc_app.checkpoint.lease import Lease
 
 log = logging.getLogger(__name__)
 
 WINDOW = 4
-
-
-def ranks_without_dir(trainers: list[Any], lease: Lease, get: Callable[[list[Any]], list[Any]]) -> list[int]:
-    """The ranks whose node does not see the run's checkpoint directory (each rank asked; only
-    ``checkpoint.volume=local`` lets them answer instead of refusing)."""
-    seen = get([t.sees_checkpoint_dir.remote(lease) for t in trainers])
-    return [rank for rank, sees in enumerate(seen) if not sees]
 
 
 def send_policy(trainers: list[Any], policy_dir: Path, get: Callable[[list[Any]], list[Any]]) -> int:

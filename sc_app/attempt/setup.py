@@ -27,10 +27,10 @@ from typing import Any
 
 import ray
 
-from sc_app.attempt.actor_watch import TRAINER, is_actor_death
+from sc_app.attempt.actor_watch import TRAINER, actor_id, is_actor_death
 from sc_app.attempt.errors import RestoreFailed
 from sc_app.attempt.errors import ResumeRefused as ResumeRefused  # re-exported: where callers knew it
-from sc_app.attempt.node_copies import ranks_without_dir, send_policy
+from sc_app.attempt.node_copies import send_policy
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease
@@ -149,19 +149,37 @@ class TQPolicy:
         # rank 0's rendezvous address as two refs (not awaited): every rank's setup runs once rank 0 has answered
         addr, port = self.trainers[0].address.options(num_returns=2).remote() if tcfg.num_workers > 1 else ("", 0)
         self._sees = [w.sees_checkpoint_dir.remote(lease) for w in self.trainers] if lease is not None else []
+        self._asked = list(self.trainers)
+        self._seen: dict[str, bool] = {}  # a rank's actor id -> whether its node sees checkpoint.dir (it stays so)
         self._setup = [w.setup.remote(addr, port) for w in self.trainers]
         self._generators_setup = [w.setup.remote(dataset.sha256 if dataset else None) for w in self.generators]
 
     def trainers_ready(self) -> None:
         """Wait for every trainer's setup; its errors are raised here (a rank's unseen checkpoint directory first)."""
-        if self._sees:
-            worker_results(self._sees)
-            self._sees = []
+        self._answers()
         if self._setup:
             used = worker_results(self._setup)
             if len(used) > 1:
                 log.info("trainer workers joined torch.distributed (%s, world size %d)", used[0], len(used))
             self._setup = []
+
+    def _answers(self) -> dict[str, bool]:
+        """Each rank's ``sees_checkpoint_dir``, asked once per actor (its errors are raised here)."""
+        if self._sees:
+            answers = worker_results(self._sees)
+            self._seen |= {actor_id(t): bool(a) for t, a in zip(self._asked, answers, strict=True)}
+            self._sees = []
+        return self._seen
+
+    def _ranks_without_dir(self) -> list[int]:
+        """The ranks whose node does not see the run's checkpoint directory; a rank not asked yet (a warm reset's
+        successor) is asked now, with the current lease."""
+        assert self.lease is not None
+        new = [t for t in self.trainers if actor_id(t) not in self._answers()]
+        if new:
+            self._sees, self._asked = [t.sees_checkpoint_dir.remote(self.lease) for t in new], new
+        seen = self._answers()
+        return [rank for rank, t in enumerate(self.trainers) if not seen[actor_id(t)]]
 
     def generators_ready(self) -> None:
         """Wait for every generation worker's setup; its errors are raised here."""
@@ -174,7 +192,7 @@ class TQPolicy:
         ``trainer_state_loaded`` waits for them. With ``checkpoint.volume=local`` the ranks whose node does not
         see the directory are sent its ``policy/`` first (``node_copies``)."""
         if self.cfg.checkpoint.volume == "local" and self.lease is not None:
-            away = ranks_without_dir(self.trainers, self.lease, worker_results)
+            away = self._ranks_without_dir()
             if away:
                 send_policy([self.trainers[r] for r in away], policy_dir, worker_results)
         return [w.load.remote(str(policy_dir), expected) for w in self.trainers]

@@ -36,7 +36,15 @@ from typing import Any
 
 import ray
 
-from sc_app.attempt.actor_watch import CONTROLLER, GENERATION, TRAINER, ActorsDied, JobActors, is_actor_death
+from sc_app.attempt.actor_watch import (
+    CONTROLLER,
+    GENERATION,
+    TRAINER,
+    ActorsDied,
+    JobActors,
+    actor_id,
+    is_actor_death,
+)
 from sc_app.attempt.in_job_restore import Reset, ResetFailed
 from sc_app.attempt.setup import (
     Restored,
@@ -123,7 +131,7 @@ def dead_actors(handles: list[Any]) -> set[int]:
 
     job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
     table = state.actors(job_id=job, actor_state_name="DEAD")
-    return {i for i, h in enumerate(handles) if h._actor_id.hex() in table}
+    return {i for i, h in enumerate(handles) if actor_id(h) in table}
 
 
 def halt_controller(actor: Any, timeout_s: float) -> list[Any] | None:
@@ -248,7 +256,7 @@ class WarmReset:
 
     def _dead(self, handles: list[Any]) -> set[int]:
         """Positions of the dead actors in ``handles``: the GCS's, and those killed as hung."""
-        return dead_actors(handles) | {i for i, h in enumerate(handles) if _hex(h) in self.gone}
+        return dead_actors(handles) | {i for i, h in enumerate(handles) if actor_id(h) in self.gone}
 
     def _generators(self, policy: TQPolicy) -> list[Any]:
         """Replace dead engines (started and set up, like a first start), reset the live ones in place."""
@@ -322,13 +330,9 @@ def actors_died_during_reset(setup: Setup, controller_was_dead: bool, wait_s: fl
     ``ActorsDied``; None when none is. A controller actor dead before the reset (the death being restored) is not
     a new death."""
     assert setup.policy is not None
-    watched = {_hex(t): (TRAINER, f"trainer rank {r}") for r, t in enumerate(setup.policy.trainers)}
-    watched |= {_hex(g): (GENERATION, f"generation worker {i}") for i, g in enumerate(setup.policy.generators)}
+    watched = {actor_id(t): (TRAINER, f"trainer rank {r}") for r, t in enumerate(setup.policy.trainers)}
+    watched |= {actor_id(g): (GENERATION, f"generation worker {i}") for i, g in enumerate(setup.policy.generators)}
     if setup.actor is not None and not controller_was_dead:
-        watched[_hex(setup.actor)] = (CONTROLLER, "the controller actor")
+        watched[actor_id(setup.actor)] = (CONTROLLER, "the controller actor")
     dead = JobActors(watched).wait_dead(wait_s)
     return ActorsDied(dead) if dead else None
-
-
-def _hex(handle: Any) -> str:
-    return str(handle._actor_id.hex())

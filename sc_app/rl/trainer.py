@@ -202,10 +202,7 @@ class TrainerWorker:
         send left is removed); the load checks every digest against the verified manifest."""
         where = node_parts.part_dir(self._root, self.rank, "restore")
         if first:
-            node_parts.fresh(where / bundle)
-            for other in where.iterdir():
-                if other.name != bundle:
-                    node_parts.clear(other)
+            node_parts.fresh(where)
         node_parts.write_at(where / bundle, rel, offset, data)
 
     def load(self, policy_dir: str, expected: Mapping[str, str]) -> int:
