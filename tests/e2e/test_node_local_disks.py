@@ -18,6 +18,10 @@ What must hold (docs/object-storage.md "Without a shared volume"):
   uploaded; a run in another empty directory brings the newest bundle home from the bucket, sends its ``policy/``
   to the rank, resumes it and trains on, and when that rank's process is SIGKILLed the run restores in-job and
   sends the bundle's ``policy/`` to its successor there (``sc_app.checkpoint.node_parts``).
+* The same on the hf backend with two FSDP ranks, each on a node with a disk of its own (a second such node), so
+  that no rank sees the directory: each rank's DCP shard (and rank 0's ``.metadata``) is gathered into a bundle that
+  verifies, and a run in another empty directory sends the bucket's bundle to both ranks, which restore its
+  weights and Adam state bit for bit (DCP's own reader as the oracle).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import pytest
 
 from tests.support.bundles import tree
 from tests.support.cli import InProcess
+from tests.support.hf import ARITHMETIC, hf_world, make_model_dir, policy_oracle
 from tests.support.node_disks import OwnDiskNode, skip_reason, wait_for_nodes
 from tests.support.proc import (
     Finished,
@@ -45,6 +50,7 @@ from tests.support.proc import (
     sc_app,
     start_logged,
     step_bundles,
+    trace_runs,
     wait_for,
 )
 
@@ -91,6 +97,7 @@ class Cluster:
     base: Path
     ckpt: Path  # the head's directory; the node has a tmpfs of its own at this path
     node_sid: int  # the session of the node's processes (its raylet and every worker on it)
+    # a third node with a tmpfs of its own at ``ckpt`` too: "disk_rank" is on both nodes with their own disk
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +108,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # "rank": one trainer rank per node when a run asks for it with two ranks
     ray_cluster = start_cluster(num_cpus=5, include_dashboard=False, resources={"head": 4, "rank": 1})
     node = OwnDiskNode.start(ray_cluster.address, ckpt, base / "node.log", num_cpus=3,
-                             resources={"own_disk": 4, "rank": 1})  # fmt: skip
-    try:
+                             resources={"own_disk": 4, "rank": 1, "disk_rank": 1})  # fmt: skip
+    other = None
+    try:  # one node at a time: two raylets starting at once on 2 loaded cores can miss Ray's start timeout
         wait_for_nodes(ray_cluster.address, 2, node)
+        other = OwnDiskNode.start(ray_cluster.address, ckpt, base / "other.log", num_cpus=1,
+                                  resources={"disk_rank": 1})  # fmt: skip
+        wait_for_nodes(ray_cluster.address, 3, other)
         yield Cluster(ray_cluster.address, base, ckpt, node.proc.pid)
     finally:
+        if other is not None:
+            other.stop()
         node.stop()
         ray_cluster.shutdown()
 
@@ -224,3 +237,77 @@ def test_with_volume_local_a_new_directory_resumes_from_the_bucket_and_the_rank_
     assert sorted(p.name for p in step_10.iterdir()) == ["model.pt", "optimizer.pt"]
     assert "uploaded step_10 (" in out, out[-3000:]
     assert not (local_runs.second / ".node_parts").exists()
+
+
+# ------------------------------------------------- the hf backend's DCP shards, both ranks on disks of their own
+
+HF_LR = 1e-2
+
+
+@dataclass
+class HfLocalRuns:
+    model: Path
+    first: Path
+    saved: Finished  # 2 fsdp ranks, one on each node with its own disk (none sees the directory): step_2, step_4
+    second: Path
+    resumed: Finished  # another empty directory, the same bucket: step_4 brought home and sent to both ranks
+    trace: Path
+
+
+@pytest.fixture(scope="module")
+def hf_local_runs(cluster: Cluster, rgw: Any) -> HfLocalRuns:
+    base = cluster.base / "hf"  # beside the checkpoint path, not under it: every node sees the model and the data
+    base.mkdir()
+    reward = ("unused_reward", "def score(**_):\n    return 0.0\n")  # the workers' nodes import sc_app's own below
+    world = hf_world(base, model=make_model_dir(base / "model"), rows=ARITHMETIC * 4, reward=reward, lr=HF_LR)
+    remote = [f"checkpoint.remote.url=s3://{rgw.bucket}/hf-own-disks-{uuid.uuid4().hex[:6]}"]
+    remote += [f"checkpoint.remote.endpoint={rgw.endpoint}", "checkpoint.remote.region=us-east-1"]
+    remote += ["checkpoint.remote.addressing_style=path", "checkpoint.volume=local"]
+    placement = [f"ray.address={cluster.address}", "trainer.resources={disk_rank: 1}", "generation.resources={head: 1}"]
+    placement += ["data_plane.storage_node_resource=head", "trainer.num_workers=2", "trainer.strategy=fsdp"]
+    placement += ["task.reward=sc_app.rl.hf.rewards:numeric_match"]
+    first, second = cluster.ckpt / "hf-a", cluster.ckpt / "hf-b"  # under the nodes' own disks there
+
+    def args(ckpt: Path, steps: int) -> list[str]:
+        run = world.run_args(steps, *remote, *placement)
+        return [*run[:2], str(ckpt), *run[3:]]  # "run --checkpoint-dir <ckpt> ..."
+
+    saved = sc_app(*args(first, 4), env=rgw.env(), timeout=420)
+    resumed = sc_app(*args(second, 6), env=rgw.env(), timeout=420)
+    return HfLocalRuns(world.model, first, saved, second, resumed, world.trace)
+
+
+def test_with_volume_local_both_ranks_dcp_shards_are_gathered_into_a_bundle_that_verifies(
+    cli: InProcess, hf_local_runs: HfLocalRuns
+) -> None:
+    runs = hf_local_runs
+    out = runs.saved.out
+    assert runs.saved.rc == 0, out[-3000:]
+    assert sorted(step_bundles(runs.first)) == [2, 4]
+    listing = cli("ckpt", "verify", "--checkpoint-dir", str(runs.first))
+    assert listing.rc == 0 and "step_2: verified" in listing.out and "step_4: verified" in listing.out, listing.out
+    for step in (2, 4):
+        policy = runs.first / f"step_{step}" / "policy"
+        shards = {p.name for p in policy.iterdir() if p.suffix == ".distcp"}
+        assert shards == {"__0_0.distcp", "__1_0.distcp"}, (step, shards)  # each rank's, from its own disk
+        assert (policy / ".metadata").is_file()  # rank 0's, written as DCP's coordinator on its own disk
+    assert not (runs.first / ".node_parts").exists(), "staged on the nodes' disks, never on the head's"
+    assert "uploaded step_4 (" in out, out[-3000:]
+
+
+def test_with_volume_local_both_ranks_resume_the_bundles_exact_state_from_the_bucket(
+    hf_local_runs: HfLocalRuns,
+) -> None:
+    runs = hf_local_runs
+    out = runs.resumed.out
+    assert runs.resumed.rc == 0, out[-3000:]
+    assert "resuming from" in out and "(step 4)" in out, out[-3000:]
+    assert re.search(r"sent step_4/policy \(\d+ files, [0-9.]+ MiB\) to 2 trainer rank", out), out[-3000:]
+    start = trace_runs(runs.trace)[1][0]
+    assert start["step"] == 4
+    oracle, _ = policy_oracle(runs.first / "step_4", runs.model, HF_LR)
+    assert start["restored_policy"] == oracle, "weights and Adam state equal the bundle's, bit for bit"
+    assert "done: step 6" in out, out[-3000:]
+    shards = {p.name for p in (runs.second / "step_6" / "policy").iterdir() if p.suffix == ".distcp"}
+    assert shards == {"__0_0.distcp", "__1_0.distcp"}
+    assert not (runs.second / ".node_parts").exists()

@@ -71,8 +71,9 @@ def _quote(arg: str) -> str:
     return "'" + arg.replace("'", "'\\''") + "'"
 
 
-def wait_for_nodes(address: str, count: int, node: OwnDiskNode, timeout: float = 120) -> None:
-    """Until ``count`` nodes are alive in the cluster at ``address`` (asked from a short-lived driver)."""
+def wait_for_nodes(address: str, count: int, *nodes: OwnDiskNode, timeout: float = 120) -> None:
+    """Until ``count`` nodes are alive in the cluster at ``address`` (asked from a short-lived driver); one of
+    ``nodes`` exiting meanwhile fails at once."""
     import ray
 
     deadline = time.monotonic() + timeout
@@ -82,10 +83,11 @@ def wait_for_nodes(address: str, count: int, node: OwnDiskNode, timeout: float =
             alive = [n for n in ray.nodes() if n["Alive"]]
             if len(alive) >= count:
                 return
-            if node.proc.poll() is not None:
-                raise AssertionError(f"the node with its own disk exited ({node.proc.returncode}): {_tail(node)}")
+            for node in nodes:
+                if node.proc.poll() is not None:
+                    raise AssertionError(f"a node with its own disk exited ({node.proc.returncode}): {_tail(node)}")
             time.sleep(0.5)
-        raise AssertionError(f"{count} nodes not alive after {timeout}s: {_tail(node)}")
+        raise AssertionError(f"{count} nodes not alive after {timeout}s: " + " | ".join(map(_tail, nodes)))
     finally:
         ray.shutdown()
 
