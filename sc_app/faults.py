@@ -18,7 +18,8 @@ Besides the save points, ``restore.policy.<bundle>`` (e.g. ``restore.policy.step
 bundle's policy: a restore failure verification cannot foresee (a device out of memory, a broken node), for the tests
 of the restore-time fallback — a damaged *file* no longer gets that far, verification parses every one.
 ``restore.warm`` fires on the driver as a warm in-job restore starts resetting the job (``raise``: the fallback to
-the full rebuild).
+the full rebuild); ``restore.warm.started`` once it has started actors of its own (a new data plane, the dead ranks'
+and engines' successors), which the full rebuild must remove as well.
 """
 
 from __future__ import annotations

@@ -185,6 +185,7 @@ class WarmReset:
         )
         order.enter("bootstrap_client")
         self._lap("data_plane_start")
+        fault_point("restore.warm.started")  # tests: the same, once it started actors of its own (they must go too)
         restored = self._restore(policy, plan, order, trainer_calls)
         policy.dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": self.who.run_id})
         order.enter("sealed")

@@ -6,8 +6,9 @@ the one before and trained on. The run must end at max_steps with exit 0 and nev
   kill and once the job trains again: the controller actor's death restarts it alone (the trainer, the engine and
   TransferQueue keep their processes); a trainer rank's restarts that rank alone (the engine, the controller actor
   and TransferQueue are reset in place); a storage unit's rebuilds the data plane alone. The last one's (the
-  TransferQueue controller's) warm reset is made to fail (``SC_APP_FAULT_AT=restore.warm``): the fallback, the full
-  rebuild, runs and every process is new. Each ``fault`` event names its path and what it restarted and reset.
+  TransferQueue controller's) warm reset is made to fail once it has started a new TransferQueue
+  (``SC_APP_FAULT_AT=restore.warm.started``): the fallback, the full rebuild, runs, every process is new and none
+  of the failed reset's is left. Each ``fault`` event names its path and what it restarted and reset.
 
 * The generation worker is replaced in the job without a restore (no new trace ``start``): the dead call's prompts
   go back to the loader once (``give_back``) and are issued and trained again, none twice and none skipped; the new
@@ -106,8 +107,9 @@ def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
     # every bundle kept: a controller killed between a publish and its trace line leaves the bundle as the only
     # record that it was the newest, which the trace check reads at the end
     restores += ["--set", f"checkpoint.keep={MAX_STEPS}"]
-    # the last restore's warm reset fails (injected): the fallback, the full rebuild, runs for real
-    fallback = {"SC_APP_FAULT_AT": "restore.warm", "SC_APP_FAULT_ACTION": "raise", "SC_APP_FAULT_AFTER": "3"}
+    # the last restore's warm reset fails (injected) once it started a new TransferQueue: the fallback, the full
+    # rebuild, runs for real and must remove those actors too
+    fallback = {"SC_APP_FAULT_AT": "restore.warm.started", "SC_APP_FAULT_ACTION": "raise", "SC_APP_FAULT_AFTER": "3"}
     proc = start_logged(*run_args(ckpt, trace, MAX_STEPS, *restores), log=log, env=fallback)
     pids: list[tuple[str, dict[str, list[int]], dict[str, list[int]]]] = []
     try:
@@ -230,6 +232,8 @@ def test_only_what_died_started_again(four_kills: FourKills) -> None:
             )
     assert last == RESTORED[-1][0]
     assert all(before_full[a] != after_full[a] for a in ACTORS), f"full rebuild: {before_full} -> {after_full}"
+    # nothing the failed warm reset had started is left: one process per actor, as before
+    assert {a: len(p) for a, p in after_full.items()} == {a: len(p) for a, p in before_full.items()}, after_full
     restores = [f.data for f in k.faults if "restored_step" in f.data]
     assert [f["path"] for f in restores[:-1]] == ["warm"] * (len(restores) - 1)
     assert restores[-1]["path"].startswith("full (warm reset failed: InjectedFault"), restores[-1]["path"]
