@@ -313,6 +313,8 @@ def main() -> None:
 
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)  # the disk to measure on: a new directory there is fine
     work = Path(tempfile.mkdtemp(prefix="hf-bench-", dir=args.work))
     specs = QUICK_SPECS if args.quick else FULL_SPECS
     reps, steps = (2, 3) if args.quick else (7, 12)

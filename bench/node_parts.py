@@ -15,7 +15,7 @@ controller's save thread runs them) and ``sc_app.attempt.node_copies.send_policy
   through Ray's object store (N read ahead, ``gather.AHEAD``), hashed as written, fsynced, checked against the
   writer's records;
 * send: the same files sent to the actor (one ``ray.put`` per chunk, 4 in flight), written there at their offsets,
-  then checked there against the manifest's digests (``node_parts.check_copy``, what the rank's ``load`` does first).
+  then checked there against the manifest's digests (``node_parts.check_copy``, before the node's ranks load it).
 
 Everything runs on one machine: Ray moves the chunks through shared memory, not a network, so the figures are
 the software's cost, not a cluster's bandwidth (a real head receives at its NIC's rate). Writes
@@ -68,13 +68,13 @@ class Rank:
         pass  # kept: the next repetition gathers it again
 
     def receive_policy(self, bundle: str, rel: str, offset: int, data: bytes, first: bool = False) -> None:
-        where = self.root / "restore"
+        where = node_parts.restore_dir(self.root)
         if first:
-            node_parts.fresh(where / bundle)
+            node_parts.fresh(where)
         node_parts.write_at(where / bundle, rel, offset, data)
 
-    def check(self, bundle: str, expected: dict[str, str]) -> None:
-        node_parts.check_copy(self.root / "restore" / bundle, expected)  # what the rank's load does first
+    def check_received(self, bundle: str, expected: dict[str, str]) -> None:
+        node_parts.check_copy(node_parts.restore_dir(self.root) / bundle, expected)  # before the node's ranks load
 
 
 def stage(directory: Path, mib: int) -> PolicyPart:
@@ -129,10 +129,10 @@ def measure(work: Path, mib: int, reps: int, aheads: list[int]) -> dict[str, lis
                 gather(rank, part, dst, pool)
             else:
                 send_policy([rank], policy, ray.get)
-                ray.get(rank.check.remote("step_1", expected))
+                ray.get(rank.check_received.remote("step_1", expected))
             seconds[what].append(time.perf_counter() - t0)
             shutil.rmtree(dst, ignore_errors=True)
-    sent = work / "rank" / "restore" / "step_1"
+    sent = node_parts.restore_dir(work / "rank") / "step_1"
     assert node_parts.list_files(sent) == node_parts.list_files(policy), "the send delivers every file"
     return seconds
 
@@ -173,6 +173,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     ap.add_argument("--ahead", default=str(gather_module.AHEAD), help="gather's chunks in flight, e.g. 1,3 (each)")
     args = ap.parse_args()
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)  # the disk to measure on: a new directory there is fine
     work = Path(tempfile.mkdtemp(prefix="node-parts-", dir=args.work))
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:

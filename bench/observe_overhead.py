@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     if load_start > 1.5:
         print(f"warning: load average {load_start:.2f}: timings on a busy machine are mostly noise", flush=True)
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)  # the disk to measure on: a new directory there is fine
     work = Path(tempfile.mkdtemp(prefix="sc-obs-bench-", dir=args.work))
     t0 = time.monotonic()
     runs: list[dict[str, Any]] = []

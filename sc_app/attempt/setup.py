@@ -27,10 +27,10 @@ from typing import Any
 
 import ray
 
-from sc_app.attempt.actor_watch import TRAINER, actor_id, is_actor_death
+from sc_app.attempt.actor_watch import TRAINER, is_actor_death
 from sc_app.attempt.errors import RestoreFailed
 from sc_app.attempt.errors import ResumeRefused as ResumeRefused  # re-exported: where callers knew it
-from sc_app.attempt.node_copies import send_policy
+from sc_app.attempt.node_copies import NodeCopies
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease
@@ -148,38 +148,20 @@ class TQPolicy:
         self.weights = WeightSync(self.trainers)
         # rank 0's rendezvous address as two refs (not awaited): every rank's setup runs once rank 0 has answered
         addr, port = self.trainers[0].address.options(num_returns=2).remote() if tcfg.num_workers > 1 else ("", 0)
-        self._sees = [w.sees_checkpoint_dir.remote(lease) for w in self.trainers] if lease is not None else []
-        self._asked = list(self.trainers)
-        self._seen: dict[str, bool] = {}  # a rank's actor id -> whether its node sees checkpoint.dir (it stays so)
+        self.copies = NodeCopies()  # every rank checks first that it sees the checkpoint directory
+        if lease is not None:
+            self.copies.ask(self.trainers, lease)
         self._setup = [w.setup.remote(addr, port) for w in self.trainers]
         self._generators_setup = [w.setup.remote(dataset.sha256 if dataset else None) for w in self.generators]
 
     def trainers_ready(self) -> None:
         """Wait for every trainer's setup; its errors are raised here (a rank's unseen checkpoint directory first)."""
-        self._answers()
+        self.copies.answers(worker_results)
         if self._setup:
             used = worker_results(self._setup)
             if len(used) > 1:
                 log.info("trainer workers joined torch.distributed (%s, world size %d)", used[0], len(used))
             self._setup = []
-
-    def _answers(self) -> dict[str, bool]:
-        """Each rank's ``sees_checkpoint_dir``, asked once per actor (its errors are raised here)."""
-        if self._sees:
-            answers = worker_results(self._sees)
-            self._seen |= {actor_id(t): bool(a) for t, a in zip(self._asked, answers, strict=True)}
-            self._sees = []
-        return self._seen
-
-    def _ranks_without_dir(self) -> list[int]:
-        """The ranks whose node does not see the run's checkpoint directory; a rank not asked yet (a warm reset's
-        successor) is asked now, with the current lease."""
-        assert self.lease is not None
-        new = [t for t in self.trainers if actor_id(t) not in self._answers()]
-        if new:
-            self._sees, self._asked = [t.sees_checkpoint_dir.remote(self.lease) for t in new], new
-        seen = self._answers()
-        return [rank for rank, t in enumerate(self.trainers) if not seen[actor_id(t)]]
 
     def generators_ready(self) -> None:
         """Wait for every generation worker's setup; its errors are raised here."""
@@ -189,12 +171,11 @@ class TQPolicy:
 
     def load_trainer_state(self, policy_dir: Path, expected: dict[str, str]) -> list[Any]:
         """Start every trainer loading ``policy_dir`` (``expected``: its files' digests from the verified manifest);
-        ``trainer_state_loaded`` waits for them. With ``checkpoint.volume=local`` the ranks whose node does not
-        see the directory are sent its ``policy/`` first (``node_copies``)."""
+        ``trainer_state_loaded`` waits for them. With ``checkpoint.volume=local`` each node that does not see the
+        directory is sent its ``policy/`` first, through the node's lowest rank, which checks the copy before any
+        rank there loads it (``node_copies``); ``trainer_state_loaded`` frees those disks once the loads are over."""
         if self.cfg.checkpoint.volume == "local" and self.lease is not None:
-            away = self._ranks_without_dir()
-            if away:
-                send_policy([self.trainers[r] for r in away], policy_dir, worker_results)
+            self.copies.send(self.trainers, self.lease, policy_dir, expected, worker_results)
         return [w.load.remote(str(policy_dir), expected) for w in self.trainers]
 
     def trainer_state_loaded(self, loading: list[Any], policy_dir: Path) -> int:
@@ -202,7 +183,9 @@ class TQPolicy:
         self.trainers_ready()
         try:
             versions = get(loading, what="the trainer workers loading the bundle", kind=TRAINER)
+            self.copies.drop()
         except ray.exceptions.RayTaskError as exc:
+            self.copies.drop()
             if own_error(exc) is not exc:
                 raise own_error(exc) from None
             raise RestoreFailed(

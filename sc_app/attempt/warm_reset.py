@@ -296,6 +296,7 @@ class WarmReset:
             raise RestoreFailed(bundle, "the data plane's digest differs from the manifest's replay digest")
         self._note(_bounded(calls, self.timeout_s, "the trainers' reset"), policy)
         versions = _bounded(loading, self.timeout_s, f"the trainers' load of {bundle.name}")
+        policy.copies.drop()
         fingerprint = policy.fingerprint() if self.cfg.run.trace_file else None
         sidecar = str(bundle / layout.SIDECAR_FILE)
         return Restored(plan.step, int(versions[0]), loader_state, sidecar, restored, fingerprint)

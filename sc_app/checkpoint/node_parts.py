@@ -5,9 +5,11 @@ Save: a trainer rank that does not see the run's directory writes its part of ``
 (``PolicyPart.staged_on``). The controller actor reads each file back in chunks (``read_chunk``, through Ray) into
 the bundle's ``tmp_step_N/policy/`` (``PartFile``: hashed as written, refused when its bytes or size differ from the
 writer's record), so the committed bundle holds every part, as on a shared volume; then the part is dropped.
-Restore: the driver sends the verified bundle's ``policy/`` the same way into ``.node_parts/rank_<R>/restore/``
-and the rank loads from there (the load checks every digest against the verified manifest again).
-Nothing under ``.node_parts/`` is ever a bundle, and nothing there outlives the next save or restore of that rank.
+Restore: the driver sends the verified bundle's ``policy/`` the same way, once per node, to one rank there
+(``DirView.node``: ranks on one node share its disk), into ``<dir>/.node_parts/restore/``; that rank checks every
+digest against the verified manifest, then every rank of the node loads from there, and the copy is dropped.
+Nothing under ``.node_parts/`` is ever a bundle, and nothing there outlives the next save of that rank or the next
+restore on that node.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from sc_app.io import hashing
 from sc_app.io.safe_files import Tree, open_regular, show, unsafe_rel
@@ -39,7 +40,7 @@ class NodeCopyFailed(RuntimeError):
 @dataclass(frozen=True)
 class PolicyPart:
     """What one trainer rank wrote of a bundle's ``policy/``: policy-dir-relative name → its record, hashed as it
-    was written. ``staged_on``: the host whose own disk holds the files (``part_dir(..., "save")``); None when they
+    was written. ``staged_on``: the host whose own disk holds the files (``part_dir``); None when they
     were written into the bundle itself."""
 
     files: dict[str, hashing.FileDigest] = field(default_factory=dict)
@@ -47,9 +48,33 @@ class PolicyPart:
     staged: dict[str, int] = field(default_factory=dict)  # every file staged there (name → size), hashed or not
 
 
-def part_dir(root: Path, rank: int, kind: Literal["save", "restore"]) -> Path:
-    """Where rank ``rank`` stages its part of a save, or receives a bundle's ``policy/`` for a restore."""
-    return Path(root) / NODE_PARTS_DIR / f"rank_{rank}" / kind
+@dataclass(frozen=True)
+class DirView:
+    """A trainer rank's answer: whether its node sees the run's checkpoint directory, and which Ray node it is on
+    (the ranks of one node share its disk, so a restore sends that node one copy)."""
+
+    sees: bool
+    node: str
+
+
+def away_by_node(views: list[DirView]) -> dict[str, list[int]]:
+    """The nodes of ranks that do not see the directory → those ranks (``views[rank]``), in rank order: the first
+    of each is the one the node's copy is sent through."""
+    away: dict[str, list[int]] = {}
+    for rank, view in enumerate(views):
+        if not view.sees:
+            away.setdefault(view.node, []).append(rank)
+    return away
+
+
+def part_dir(root: Path, rank: int) -> Path:
+    """Where rank ``rank`` stages its part of a save."""
+    return Path(root) / NODE_PARTS_DIR / f"rank_{rank}" / "save"
+
+
+def restore_dir(root: Path) -> Path:
+    """Where a node receives a bundle's ``policy/`` for its ranks' restore (``<restore_dir>/<bundle>/``)."""
+    return Path(root) / NODE_PARTS_DIR / "restore"
 
 
 def fresh(path: Path) -> Path:

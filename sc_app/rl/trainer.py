@@ -68,18 +68,19 @@ class TrainerWorker:
         self._store = dist.TCPStore("0.0.0.0", 0, self.world_size, is_master=True, wait_for_workers=False)
         return ray.util.get_node_ip_address(), int(self._store.port)
 
-    def sees_checkpoint_dir(self, lease: Lease) -> bool:
+    def sees_checkpoint_dir(self, lease: Lease) -> node_parts.DirView:
         """Whether this rank's node sees the run's checkpoint directory (``LeaseLost`` when another run took it). Not
-        seeing it is ``CheckpointDirNotShared`` unless ``checkpoint.volume=local`` (then False: its parts go through
-        ``.node_parts/``). A call of its own, not part of ``setup``: the other ranks' setup must not wait in the
-        group for a rank that failed before it."""
+        seeing it is ``CheckpointDirNotShared`` unless ``checkpoint.volume=local`` (then ``sees`` is False: its
+        parts go through ``.node_parts/``). A call of its own, not part of ``setup``: the other ranks' setup must
+        not wait in the group for a rank that failed before it."""
+        node = ray.get_runtime_context().get_node_id()
         try:
             lease.check_seen_by(self._who)
         except CheckpointDirNotShared:
             if not self._own_disk_ok:
                 raise
-            return False
-        return True
+            return node_parts.DirView(False, node)
+        return node_parts.DirView(True, node)
 
     def setup(self, master_addr: str, master_port: int) -> str:
         """Join the data-parallel group (with several workers) through rank 0's store, then build the backend;
@@ -183,45 +184,50 @@ class TrainerWorker:
             return PolicyPart(self.backend.write_captured(Path(policy_dir)))
         if not self._own_disk_ok:  # the controller created it: this node sees another disk there
             raise not_shared(self._who, policy_dir, "the bundle's policy directory is not there")
-        staged = node_parts.fresh(node_parts.part_dir(self._root, self.rank, "save"))
+        staged = node_parts.fresh(node_parts.part_dir(self._root, self.rank))
         files = self.backend.write_captured(staged)
         return PolicyPart(files, socket.gethostname(), node_parts.list_files(staged))
 
     @ray.method(concurrency_group="io")
     def read_part(self, rel: str, offset: int) -> bytes:
         """The controller gathering this rank's staged part: ``node_parts.CHUNK`` bytes of one file from ``offset``."""
-        return node_parts.read_chunk(node_parts.part_dir(self._root, self.rank, "save"), rel, offset)
+        return node_parts.read_chunk(node_parts.part_dir(self._root, self.rank), rel, offset)
 
     @ray.method(concurrency_group="io")
     def drop_part(self) -> None:
         """The bundle holds the staged part now (or its save failed): free this node's disk."""
-        node_parts.clear(node_parts.part_dir(self._root, self.rank, "save"))
+        node_parts.clear(node_parts.part_dir(self._root, self.rank))
 
     def receive_policy(self, bundle: str, rel: str, offset: int, data: bytes, first: bool = False) -> None:
-        """The driver sending ``bundle``'s ``policy/`` to this node for ``load`` (``first``: whatever an earlier
-        send left is removed); the load checks every digest against the verified manifest."""
-        where = node_parts.part_dir(self._root, self.rank, "restore")
+        """The driver sending ``bundle``'s ``policy/`` to this rank's node, for every rank there to ``load``
+        (``first``: whatever an earlier send left on the node is removed)."""
+        where = node_parts.restore_dir(self._root)
         if first:
             node_parts.fresh(where)
         node_parts.write_at(where / bundle, rel, offset, data)
 
+    def check_received(self, bundle: str, expected: Mapping[str, str]) -> None:
+        """``NodeCopyFailed`` unless the copy sent to this node holds exactly ``expected`` (name → its digest in the
+        verified manifest); the driver asks before any rank of the node loads it."""
+        node_parts.check_copy(node_parts.restore_dir(self._root) / bundle, expected)
+
+    def drop_received(self) -> None:
+        """Every rank of this node has loaded the copy (or the restore failed): free the node's disk."""
+        node_parts.clear(node_parts.restore_dir(self._root))
+
     def load(self, policy_dir: str, expected: Mapping[str, str]) -> int:
         """Restore from a *verified* bundle; ``expected``: policy-dir-relative name → its digest in the manifest
-        (the manifest's ``hash_alg``: BLAKE3, or sha256 for schema-1 bundles)."""
+        (the manifest's ``hash_alg``: BLAKE3, or sha256 for schema-1 bundles). Where this node sees another disk at
+        the bundle's path, the copy the driver sent to the node and had checked (``check_received``) is loaded."""
         d = Path(policy_dir)
         bundle = d.parent.name
         if not d.parent.is_dir():  # the driver verified it: this node sees another disk there (not the bundle's fault)
-            sent = node_parts.part_dir(self._root, self.rank, "restore") / bundle
+            sent = node_parts.restore_dir(self._root) / bundle
             if not (self._own_disk_ok and sent.is_dir()):
                 raise not_shared(self._who, d.parent, "the bundle is not there")
-            node_parts.check_copy(sent, expected)
             d = sent
         fault_point(f"restore.policy.{bundle}")
-        try:
-            return self.backend.load(d, expected)
-        finally:
-            if d != Path(policy_dir):
-                node_parts.clear(d)  # a copy of a bundle's part, never a bundle: freed once loaded (or refused)
+        return self.backend.load(d, expected)
 
     @property
     def _who(self) -> str:

@@ -12,12 +12,12 @@ What must hold (docs/object-storage.md "Without a shared volume"):
   are not quarantined as "does not load into the configured model" (the bug this guards: step_4, a good bundle, was
   moved aside and the run fell back to older ones), and a fresh run stops before its first step, not at its first
   save after hours of training.
-* With ``checkpoint.volume: local`` and a bucket (the suite's radosgw), two trainer ranks, one on the head and one
-  there, and the one there is at home: it stages
-  its part of each bundle on its own disk and the controller gathers it into the bundle, which verifies and is
-  uploaded; a run in another empty directory brings the newest bundle home from the bucket, sends its ``policy/``
-  to the rank, resumes it and trains on, and when that rank's process is SIGKILLed the run restores in-job and
-  sends the bundle's ``policy/`` to its successor there (``sc_app.checkpoint.node_parts``).
+* With ``checkpoint.volume: local`` and a bucket (the suite's radosgw), three trainer ranks, one on the head and
+  two there, and those are at home: a rank there stages its part of each bundle on its own disk and the controller
+  gathers it into the bundle, which verifies and is uploaded; a run in another empty directory brings the newest
+  bundle home from the bucket, sends its ``policy/`` once to the node for both its ranks, resumes them and trains
+  on, and when one of those ranks' process is SIGKILLed the run restores in-job and sends the node the bundle's
+  ``policy/`` again, for the survivor and the killed rank's successor (``sc_app.checkpoint.node_parts``).
 * The same on the hf backend with two FSDP ranks, each on a node with a disk of its own (a second such node), so
   that no rank sees the directory: each rank's DCP shard (and rank 0's ``.metadata``) is gathered into a bundle that
   verifies, and a run in another empty directory sends the bucket's bundle to both ranks, which restore its
@@ -98,6 +98,7 @@ class Cluster:
     ckpt: Path  # the head's directory; the node has a tmpfs of its own at this path
     node_sid: int  # the session of the node's processes (its raylet and every worker on it)
     # a third node with a tmpfs of its own at ``ckpt`` too: "disk_rank" is on both nodes with their own disk
+    own_disks: tuple[OwnDiskNode, ...]
 
 
 @pytest.fixture(scope="module")
@@ -105,17 +106,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("own_disks")
     ckpt = base / "ckpt"
     ckpt.mkdir()
-    # "rank": one trainer rank per node when a run asks for it with two ranks
+    # "rank": with three trainer ranks, one on the head and two on the node with its own disk
     ray_cluster = start_cluster(num_cpus=5, include_dashboard=False, resources={"head": 4, "rank": 1})
     node = OwnDiskNode.start(ray_cluster.address, ckpt, base / "node.log", num_cpus=3,
-                             resources={"own_disk": 4, "rank": 1, "disk_rank": 1})  # fmt: skip
+                             resources={"own_disk": 4, "rank": 2, "disk_rank": 1})  # fmt: skip
     other = None
     try:  # one node at a time: two raylets starting at once on 2 loaded cores can miss Ray's start timeout
         wait_for_nodes(ray_cluster.address, 2, node)
         other = OwnDiskNode.start(ray_cluster.address, ckpt, base / "other.log", num_cpus=1,
                                   resources={"disk_rank": 1})  # fmt: skip
         wait_for_nodes(ray_cluster.address, 3, other)
-        yield Cluster(ray_cluster.address, base, ckpt, node.proc.pid)
+        yield Cluster(ray_cluster.address, base, ckpt, node.proc.pid, (node, other))
     finally:
         if other is not None:
             other.stop()
@@ -173,11 +174,13 @@ def test_a_fresh_run_with_a_trainer_without_the_directory_stops_before_training(
 @dataclass
 class LocalRuns:
     first: Path
-    saved: Finished  # trainer ranks on the head and on the node with its own disk, a fresh dir: step_2, step_4
+    saved: Finished  # 3 trainer ranks, 1 on the head and 2 on the node with its own disk, a fresh dir: step_2, 4
     second: Path
-    resumed: Finished  # another empty directory, the same bucket: step_4 brought home, the rank sent its policy/;
-    killed: int  # ... and after 3 more steps the node's rank SIGKILLed: restored in-job (the head's rank reset in
-    # place), the node's new rank sent the policy too
+    resumed: Finished  # another empty directory, the same bucket: step_4 brought home, the node sent one policy/
+    # for its two ranks; ...
+    killed: int  # ... after 3 more steps one of the node's ranks SIGKILLed: restored in-job (the live ranks reset
+    # in place), the node sent the policy once more for its survivor and the killed rank's successor
+    left_on_node: list[str]  # files under the node's own .node_parts/ after both runs
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +192,8 @@ def local_runs(cluster: Cluster, rgw: Any) -> LocalRuns:
     first, second = cluster.ckpt / "local-a", cluster.ckpt / "local-b"  # on the node: under its own disk
 
     def args(ckpt: Path, steps: int, trace: Path) -> list[str]:
-        two_ranks = ["--set", "trainer.num_workers=2"]  # one on the head, one on the node with its own disk
-        return [*_placed(cluster.address, ckpt, trace, steps, trainer="rank", units="head"), *two_ranks, *extra]
+        ranks = ["--set", "trainer.num_workers=3"]  # one on the head, two on the node with its own disk
+        return [*_placed(cluster.address, ckpt, trace, steps, trainer="rank", units="head"), *ranks, *extra]
 
     saved = sc_app(*args(first, 4, cluster.base / "local-a.jsonl"), env=rgw.env(), timeout=300)
     trace, log = cluster.base / "local-b.jsonl", cluster.base / "local-b.log"
@@ -198,13 +201,14 @@ def local_runs(cluster: Cluster, rgw: Any) -> LocalRuns:
     try:
         trained = lambda: sum(e["ev"] == "train" for e in read_trace(trace)) >= 3  # noqa: E731
         wait_for(trained, 300, "3 train steps after the resume from the bucket", proc, log=log)
-        (victim,) = actor_pids(cluster.node_sid, "TrainerWorker")
+        victim, _ = sorted(actor_pids(cluster.node_sid, "TrainerWorker"))  # the other one there stays
         os.kill(victim, signal.SIGKILL)
         resumed = finish(proc, 300, "the run resumed from the bucket, its trainer rank killed")
     finally:
         if proc.poll() is None:
             finish(proc, 1, "cleanup")
-    return LocalRuns(first, saved, second, Finished(resumed.rc, log.read_text()), victim)
+    left = [f for d in (first, second) for f in cluster.own_disks[0].files_under(d / ".node_parts")]
+    return LocalRuns(first, saved, second, Finished(resumed.rc, log.read_text()), victim, left)
 
 
 def test_with_volume_local_a_trainer_on_its_own_disk_writes_its_part_and_the_bundle_holds_it(
@@ -228,8 +232,10 @@ def test_with_volume_local_a_new_directory_resumes_from_the_bucket_and_the_rank_
     out = local_runs.resumed.out
     assert local_runs.resumed.rc == 0, out[-3000:]
     assert "resuming from" in out and "(step 4)" in out, out[-3000:]
-    sent = re.findall(r"sent (step_\d+)/policy \(2 files, [0-9.]+ MiB\) to 1 trainer rank", out)
-    assert len(sent) == 2 and sent[0] == "step_4", out[-3000:]  # at the start, then to the killed rank's successor
+    # one copy for the node's two ranks: at the start, then at the in-job restore (its survivor and the killed
+    # rank's successor)
+    sent = re.findall(r"sent (step_\d+)/policy \(2 files, [0-9.]+ MiB\) to 1 node\(s\) .*\(2 trainer rank\(s\)\)", out)
+    assert len(sent) == 2 and sent[0] == "step_4", out[-3000:]
     assert re.search(r"fault trainer\S*: recovered", out), out[-3000:]
     assert "done: step 10" in out, out[-3000:]
     assert 10 in step_bundles(local_runs.second)
@@ -237,6 +243,7 @@ def test_with_volume_local_a_new_directory_resumes_from_the_bucket_and_the_rank_
     assert sorted(p.name for p in step_10.iterdir()) == ["model.pt", "optimizer.pt"]
     assert "uploaded step_10 (" in out, out[-3000:]
     assert not (local_runs.second / ".node_parts").exists()
+    assert local_runs.left_on_node == [], "the node's staged parts and sent copies are freed once used"
 
 
 # ------------------------------------------------- the hf backend's DCP shards, both ranks on disks of their own
@@ -252,6 +259,7 @@ class HfLocalRuns:
     second: Path
     resumed: Finished  # another empty directory, the same bucket: step_4 brought home and sent to both ranks
     trace: Path
+    left_on_nodes: list[str]  # files under the nodes' own .node_parts/ after both runs
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +282,8 @@ def hf_local_runs(cluster: Cluster, rgw: Any) -> HfLocalRuns:
 
     saved = sc_app(*args(first, 4), env=rgw.env(), timeout=420)
     resumed = sc_app(*args(second, 6), env=rgw.env(), timeout=420)
-    return HfLocalRuns(world.model, first, saved, second, resumed, world.trace)
+    left = [f for n in cluster.own_disks for d in (first, second) for f in n.files_under(d / ".node_parts")]
+    return HfLocalRuns(world.model, first, saved, second, resumed, world.trace, left)
 
 
 def test_with_volume_local_both_ranks_dcp_shards_are_gathered_into_a_bundle_that_verifies(
@@ -302,7 +311,8 @@ def test_with_volume_local_both_ranks_resume_the_bundles_exact_state_from_the_bu
     out = runs.resumed.out
     assert runs.resumed.rc == 0, out[-3000:]
     assert "resuming from" in out and "(step 4)" in out, out[-3000:]
-    assert re.search(r"sent step_4/policy \(\d+ files, [0-9.]+ MiB\) to 2 trainer rank", out), out[-3000:]
+    sent = r"sent step_4/policy \(\d+ files, [0-9.]+ MiB\) to 2 node\(s\) .*\(2 trainer rank"
+    assert re.search(sent, out), out[-3000:]
     start = trace_runs(runs.trace)[1][0]
     assert start["step"] == 4
     oracle, _ = policy_oracle(runs.first / "step_4", runs.model, HF_LR)
@@ -311,3 +321,4 @@ def test_with_volume_local_both_ranks_resume_the_bundles_exact_state_from_the_bu
     shards = {p.name for p in (runs.second / "step_6" / "policy").iterdir() if p.suffix == ".distcp"}
     assert shards == {"__0_0.distcp", "__1_0.distcp"}
     assert not (runs.second / ".node_parts").exists()
+    assert runs.left_on_nodes == [], "the nodes' staged shards and sent copies are freed once used"

@@ -31,8 +31,8 @@ def skip_reason() -> str | None:
     """Why a node with its own disk cannot be started here, else None."""
     if os.geteuid() != 0:
         return "a node with its own disk needs root (a mount namespace and a tmpfs mount)"
-    if shutil.which("unshare") is None:
-        return "unshare (util-linux) is not installed"
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        return "unshare and nsenter (util-linux) are not installed"
     if not RAY.exists():
         return f"{RAY} is not installed"
     return None
@@ -60,6 +60,13 @@ class OwnDiskNode:
                 start_new_session=True,
             )
         return cls(proc, log, path)
+
+    def files_under(self, path: Path) -> list[str]:
+        """Every file under ``path`` as the node's processes see it (its own disk), relative to ``path``."""
+        script = f"cd {_quote(str(path))} 2>/dev/null && find . -type f || true"
+        out = subprocess.run(["nsenter", f"--target={self.proc.pid}", "--mount", "--", "bash", "-c", script],
+                             capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+        return sorted(line.removeprefix("./") for line in out.stdout.splitlines())
 
     def stop(self) -> None:
         """SIGKILL every process of the node (its tmpfs goes with its namespace's last process)."""

@@ -12,13 +12,15 @@ from sc_app.checkpoint.node_parts import NodeCopyFailed, PartFile, PartMismatch,
 from sc_app.io import hashing
 
 
-def test_part_dirs_are_per_rank_and_kind_under_a_name_no_bundle_has(tmp_path: Path) -> None:
+def test_saves_stage_per_rank_and_restores_land_per_node_under_a_name_no_bundle_has(tmp_path: Path) -> None:
     from sc_app.checkpoint.layout import parse_step, parse_tmp
 
-    save, restore = node_parts.part_dir(tmp_path, 1, "save"), node_parts.part_dir(tmp_path, 1, "restore")
-    assert save != restore and save.parent == restore.parent != node_parts.part_dir(tmp_path, 0, "save").parent
-    top = save.relative_to(tmp_path).parts[0]
-    assert parse_step(top) is None and parse_tmp(top) is None
+    save, restore = node_parts.part_dir(tmp_path, 1), node_parts.restore_dir(tmp_path)
+    assert save != node_parts.part_dir(tmp_path, 0), "two ranks of one node stage apart"
+    assert not save.is_relative_to(restore) and not restore.is_relative_to(save)
+    for d in (save, restore):
+        top = d.relative_to(tmp_path).parts[0]
+        assert parse_step(top) is None and parse_tmp(top) is None
 
 
 def test_a_part_file_is_hashed_as_written_and_refused_when_it_differs_from_its_writers_record(tmp_path: Path) -> None:
@@ -88,3 +90,12 @@ def test_chunks_received_in_any_order_make_the_file_the_copy_check_accepts(tmp_p
     with pytest.raises(PartMismatch, match="part file name"):
         node_parts.write_at(tmp_path, "../escape", 0, b"x")
     assert not (tmp_path.parent / "escape").exists()
+
+
+def test_a_restore_sends_each_node_one_copy_through_its_lowest_rank_and_none_where_the_directory_is() -> None:
+    from sc_app.checkpoint.node_parts import DirView, away_by_node
+
+    head, a, b = DirView(True, "head"), DirView(False, "a"), DirView(False, "b")
+    views = [head, a, b, a, head]
+    assert away_by_node(views) == {"a": [1, 3], "b": [2]}
+    assert away_by_node([head] * 3) == {}
