@@ -68,10 +68,7 @@ class Rank:
         pass  # kept: the next repetition gathers it again
 
     def receive_policy(self, bundle: str, rel: str, offset: int, data: bytes, first: bool = False) -> None:
-        where = node_parts.restore_dir(self.root)
-        if first:
-            node_parts.fresh(where)
-        node_parts.write_at(where / bundle, rel, offset, data)
+        node_parts.receive(self.root, bundle, rel, offset, data, first)
 
     def check_received(self, bundle: str, expected: dict[str, str]) -> None:
         node_parts.check_copy(node_parts.restore_dir(self.root) / bundle, expected)  # before the node's ranks load

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,22 @@ def away_by_node(views: list[DirView]) -> dict[str, list[int]]:
         if not view.sees:
             away.setdefault(view.node, []).append(rank)
     return away
+
+
+def receive(root: Path, bundle: str, rel: str, offset: int, data: bytes, first: bool = False) -> None:
+    """One chunk of ``bundle``'s ``policy/`` sent to this node, written at ``offset`` of ``rel`` (``first``: whatever
+    an earlier send left here is removed before); a disk that cannot take it is ``NodeCopyFailed``."""
+    where = restore_dir(root)
+    try:
+        if first:
+            fresh(where)
+        write_at(where / bundle, rel, offset, data)
+    except OSError as exc:
+        raise NodeCopyFailed(
+            f"{where / bundle / rel} on {socket.gethostname()}: {exc.strerror or exc}; each node whose trainer ranks "
+            "do not see checkpoint.dir needs room there for one copy of a bundle's policy/ (the chart's "
+            "checkpoint.local.size or sizeLimit)"
+        ) from None
 
 
 def part_dir(root: Path, rank: int) -> Path:

@@ -201,10 +201,7 @@ class TrainerWorker:
     def receive_policy(self, bundle: str, rel: str, offset: int, data: bytes, first: bool = False) -> None:
         """The driver sending ``bundle``'s ``policy/`` to this rank's node, for every rank there to ``load``
         (``first``: whatever an earlier send left on the node is removed)."""
-        where = node_parts.restore_dir(self._root)
-        if first:
-            node_parts.fresh(where)
-        node_parts.write_at(where / bundle, rel, offset, data)
+        node_parts.receive(self._root, bundle, rel, offset, data, first)
 
     def check_received(self, bundle: str, expected: Mapping[str, str]) -> None:
         """``NodeCopyFailed`` unless the copy sent to this node holds exactly ``expected`` (name → its digest in the

@@ -99,3 +99,16 @@ def test_a_restore_sends_each_node_one_copy_through_its_lowest_rank_and_none_whe
     views = [head, a, b, a, head]
     assert away_by_node(views) == {"a": [1, 3], "b": [2]}
     assert away_by_node([head] * 3) == {}
+
+
+def test_a_copy_received_in_chunks_replaces_the_last_and_a_disk_that_cannot_take_it_is_one_clear_error(
+    tmp_path: Path,
+) -> None:
+    node_parts.receive(tmp_path, "step_2", "old.pt", 0, b"stale")
+    node_parts.receive(tmp_path, "step_4", "m.pt", 3, b"def", first=True)  # chunks arrive at their offsets
+    node_parts.receive(tmp_path, "step_4", "m.pt", 0, b"abc")
+    restore = node_parts.restore_dir(tmp_path)
+    assert list_files(restore) == {"step_4/m.pt": 6} and (restore / "step_4/m.pt").read_bytes() == b"abcdef"
+    (restore / "step_4" / "sub").write_bytes(b"")  # a file where a directory must go: the disk refuses (OSError)
+    with pytest.raises(NodeCopyFailed, match=r"sub/o.pt on \S+: .+needs room there for one copy of a bundle's"):
+        node_parts.receive(tmp_path, "step_4", "sub/o.pt", 0, b"x")
