@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,13 +170,16 @@ class TQPolicy:
             worker_results(self._generators_setup)
             self._generators_setup = []
 
-    def load_trainer_state(self, policy_dir: Path, expected: dict[str, str]) -> list[Any]:
+    def load_trainer_state(
+        self, policy_dir: Path, expected: dict[str, str], get: Callable[[list[Any]], list[Any]] = worker_results
+    ) -> list[Any]:
         """Start every trainer loading ``policy_dir`` (``expected``: its files' digests from the verified manifest);
         ``trainer_state_loaded`` waits for them. With ``checkpoint.volume=local`` each node that does not see the
         directory is sent its ``policy/`` first, through the node's lowest rank, which checks the copy before any
-        rank there loads it (``node_copies``); ``trainer_state_loaded`` frees those disks once the loads are over."""
+        rank there loads it (``node_copies``); ``trainer_state_loaded`` frees those disks once the loads are over.
+        ``get``: how those calls are awaited (a warm reset bounds them by its own timeout)."""
         if self.cfg.checkpoint.volume == "local" and self.lease is not None:
-            self.copies.send(self.trainers, self.lease, policy_dir, expected, worker_results)
+            self.copies.send(self.trainers, self.lease, policy_dir, expected, get)
         return [w.load.remote(str(policy_dir), expected) for w in self.trainers]
 
     def trainer_state_loaded(self, loading: list[Any], policy_dir: Path) -> int:

@@ -288,7 +288,9 @@ class WarmReset:
         order.enter("trainer_state")
         policy_dir = bundle / layout.POLICY_DIR
         policy.lease = self.who.lease  # the fence advanced it: the set-up's lease now fails every check
-        loading = policy.load_trainer_state(policy_dir, manifest.hashes_under(layout.POLICY_DIR))
+        copies = "the bundle's policy/ sent to the nodes without the checkpoint directory"
+        get = lambda refs: _bounded(refs, self.timeout_s, copies)  # noqa: E731
+        loading = policy.load_trainer_state(policy_dir, manifest.hashes_under(layout.POLICY_DIR), get)
         loader_state = torch_files.load(bundle / layout.LOADER_FILE)
         order.enter("data_plane_restore")
         restored = policy.load_data_plane_checkpoint(bundle / layout.DATA_PLANE_DIR)

@@ -193,6 +193,7 @@ def local_runs(cluster: Cluster, rgw: Any) -> LocalRuns:
 
     def args(ckpt: Path, steps: int, trace: Path) -> list[str]:
         ranks = ["--set", "trainer.num_workers=3"]  # one on the head, two on the node with its own disk
+        ranks += ["--set", "run.reset_timeout_s=60"]  # a warm reset that hangs falls back well within the test's wait
         return [*_placed(cluster.address, ckpt, trace, steps, trainer="rank", units="head"), *ranks, *extra]
 
     saved = sc_app(*args(first, 4, cluster.base / "local-a.jsonl"), env=rgw.env(), timeout=300)

@@ -135,14 +135,28 @@ def start_logged(*args: str, log: Path, env: dict[str, str] | None = None) -> su
     return proc
 
 
+def driver_stacks(pid: int) -> str:
+    """Every thread's Python stack in process ``pid`` (``py-spy dump``; Ray's default extras install it), for a
+    timeout's message; a line saying why where it cannot be read."""
+    spy = Path(sys.executable).with_name("py-spy")
+    try:
+        got = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(no stacks: {exc})"
+    return (got.stdout or got.stderr)[-8000:]
+
+
 def finish(proc: subprocess.Popen[str], timeout: float, what: str) -> Finished:
     """Wait for ``proc``; whatever its session left behind is killed afterwards."""
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = driver_stacks(proc.pid)  # where it waits, before it is killed
         kill_session(proc.pid)
         out, _ = proc.communicate()
-        raise AssertionError(f"{what} timed out after {timeout}s:\n{(out or '')[-4000:]}") from None
+        log = getattr(proc, "sc_app_log", None)
+        tail = (log.read_text(errors="replace") if log is not None and log.exists() else out or "")[-4000:]
+        raise AssertionError(f"{what} timed out after {timeout}s:\n{tail}\n--- its threads:\n{stacks}") from None
     finally:
         kill_session(proc.pid)
     if proc.returncode != 0:
