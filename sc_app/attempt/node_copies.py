@@ -69,6 +69,8 @@ class NodeCopies:
         """Free the nodes' copies (after every rank's load, or its failure); a node gone meanwhile keeps its copy
         until its next restore replaces it."""
         received, self.received = self.received, []
+        if not received:  # a shared volume, or every rank saw the directory: nothing was sent
+            return
         try:
             ray.get([r.drop_received.remote() for r in received], timeout=DROP_TIMEOUT_S)
         except ray.exceptions.RayError as exc:
@@ -76,9 +78,7 @@ class NodeCopies:
                         type(exc).__name__, str(exc).strip().split("\n")[0])  # fmt: skip
 
 
-def send_policy(
-    receivers: list[Any], policy_dir: Path, get: Callable[[list[Any]], list[Any]], *, ranks: int | None = None
-) -> int:
+def send_policy(receivers: list[Any], policy_dir: Path, get: Get, *, ranks: int | None = None) -> int:
     """Every file of ``policy_dir`` (a verified bundle's) to each of ``receivers`` (one trainer rank per node, for
     ``ranks`` ranks in all there); returns the bytes sent to each."""
     files = node_parts.list_files(policy_dir)

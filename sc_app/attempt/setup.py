@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import ray
 from sc_app.attempt.actor_watch import TRAINER, is_actor_death
 from sc_app.attempt.errors import RestoreFailed
 from sc_app.attempt.errors import ResumeRefused as ResumeRefused  # re-exported: where callers knew it
-from sc_app.attempt.node_copies import NodeCopies
+from sc_app.attempt.node_copies import Get, NodeCopies
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease
@@ -171,7 +170,7 @@ class TQPolicy:
             self._generators_setup = []
 
     def load_trainer_state(
-        self, policy_dir: Path, expected: dict[str, str], get: Callable[[list[Any]], list[Any]] = worker_results
+        self, policy_dir: Path, expected: dict[str, str], get: Get = worker_results
     ) -> list[Any]:
         """Start every trainer loading ``policy_dir`` (``expected``: its files' digests from the verified manifest);
         ``trainer_state_loaded`` waits for them. With ``checkpoint.volume=local`` each node that does not see the

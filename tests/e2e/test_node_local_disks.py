@@ -31,7 +31,7 @@ import re
 import signal
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,13 @@ def test_a_fresh_run_with_a_trainer_without_the_directory_stops_before_training(
 # ------------------------------------------------------------------ checkpoint.volume: local, with a bucket
 
 
+def _volume_local(rgw: Any, prefix: str) -> list[str]:
+    """``checkpoint.volume=local`` with the suite's bucket, under a prefix of this run's own."""
+    remote = [f"checkpoint.remote.url=s3://{rgw.bucket}/{prefix}-{uuid.uuid4().hex[:6]}"]
+    remote += [f"checkpoint.remote.endpoint={rgw.endpoint}", "checkpoint.remote.region=us-east-1"]
+    return [*remote, "checkpoint.remote.addressing_style=path", "checkpoint.volume=local"]
+
+
 @dataclass
 class LocalRuns:
     first: Path
@@ -185,10 +192,7 @@ class LocalRuns:
 
 @pytest.fixture(scope="module")
 def local_runs(cluster: Cluster, rgw: Any) -> LocalRuns:
-    remote = [f"checkpoint.remote.url=s3://{rgw.bucket}/own-disks-{uuid.uuid4().hex[:6]}"]
-    remote += [f"checkpoint.remote.endpoint={rgw.endpoint}", "checkpoint.remote.region=us-east-1"]
-    remote += ["checkpoint.remote.addressing_style=path", "checkpoint.volume=local"]
-    extra = [a for kv in remote for a in ("--set", kv)]
+    extra = [a for kv in _volume_local(rgw, "own-disks") for a in ("--set", kv)]
     first, second = cluster.ckpt / "local-a", cluster.ckpt / "local-b"  # on the node: under its own disk
 
     def args(ckpt: Path, steps: int, trace: Path) -> list[str]:
@@ -269,17 +273,14 @@ def hf_local_runs(cluster: Cluster, rgw: Any) -> HfLocalRuns:
     base.mkdir()
     reward = ("unused_reward", "def score(**_):\n    return 0.0\n")  # the workers' nodes import sc_app's own below
     world = hf_world(base, model=make_model_dir(base / "model"), rows=ARITHMETIC * 4, reward=reward, lr=HF_LR)
-    remote = [f"checkpoint.remote.url=s3://{rgw.bucket}/hf-own-disks-{uuid.uuid4().hex[:6]}"]
-    remote += [f"checkpoint.remote.endpoint={rgw.endpoint}", "checkpoint.remote.region=us-east-1"]
-    remote += ["checkpoint.remote.addressing_style=path", "checkpoint.volume=local"]
+    remote = _volume_local(rgw, "hf-own-disks")
     placement = [f"ray.address={cluster.address}", "trainer.resources={disk_rank: 1}", "generation.resources={head: 1}"]
     placement += ["data_plane.storage_node_resource=head", "trainer.num_workers=2", "trainer.strategy=fsdp"]
     placement += ["task.reward=sc_app.rl.hf.rewards:numeric_match"]
     first, second = cluster.ckpt / "hf-a", cluster.ckpt / "hf-b"  # under the nodes' own disks there
 
     def args(ckpt: Path, steps: int) -> list[str]:
-        run = world.run_args(steps, *remote, *placement)
-        return [*run[:2], str(ckpt), *run[3:]]  # "run --checkpoint-dir <ckpt> ..."
+        return replace(world, ckpt=ckpt).run_args(steps, *remote, *placement)
 
     saved = sc_app(*args(first, 4), env=rgw.env(), timeout=420)
     resumed = sc_app(*args(second, 6), env=rgw.env(), timeout=420)
