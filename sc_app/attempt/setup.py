@@ -209,9 +209,9 @@ class TQPolicy:
         self.generators_ready()
         self.weights.push_blocking(self.generators, version, get=worker_results)
 
-    def fingerprint(self) -> PolicyFingerprint | None:
+    def fingerprint(self, get: Get = worker_results) -> PolicyFingerprint | None:
         """Of the whole trainer state (rank 0's answer; collective where sharded)."""
-        return worker_results([t.fingerprint.remote() for t in self.trainers])[0]
+        return get([t.fingerprint.remote() for t in self.trainers])[0]
 
 
 @dataclass

@@ -192,7 +192,8 @@ class WarmReset:
         for got in _bounded(generator_calls, self.timeout_s, "the generation workers' reset"):
             self.report.refused += got.refused if hasattr(got, "refused") else 0
         policy.weights.epoch = self.epoch
-        policy.weights.push_blocking(policy.generators, restored.version, get=self._get)
+        sync = self._within("the weight sync to the generation workers")
+        policy.weights.push_blocking(policy.generators, restored.version, get=sync)
         self._lap("reload")
         setup.actor = self._controller(setup, policy, restored, generators is not None)
         order.enter("actor")
@@ -227,8 +228,9 @@ class WarmReset:
             _wait_gone(GUARD_NAME, self.cfg.ray.namespace, self.timeout_s)
         self._lap("data_plane_clear" if keep else "data_plane_close")
 
-    def _get(self, refs: list[Any]) -> list[Any]:
-        return _bounded(refs, self.timeout_s, "the weight sync to the generation workers")
+    def _within(self, what: str) -> Callable[[list[Any]], list[Any]]:
+        """Awaiting ``what``'s calls within the reset's timeout (``_bounded``)."""
+        return lambda refs: _bounded(refs, self.timeout_s, what)
 
     def _trainers(self, policy: TQPolicy, plan: ResumePlan) -> list[Any]:
         """Replace dead ranks, reset (or, when the group must form again, rejoin) live ones; returns the calls."""
@@ -288,9 +290,8 @@ class WarmReset:
         order.enter("trainer_state")
         policy_dir = bundle / layout.POLICY_DIR
         policy.lease = self.who.lease  # the fence advanced it: the set-up's lease now fails every check
-        copies = "the bundle's policy/ sent to the nodes without the checkpoint directory"
-        get = lambda refs: _bounded(refs, self.timeout_s, copies)  # noqa: E731
-        loading = policy.load_trainer_state(policy_dir, manifest.hashes_under(layout.POLICY_DIR), get)
+        copies = self._within("the bundle's policy/ sent to the nodes without the checkpoint directory")
+        loading = policy.load_trainer_state(policy_dir, manifest.hashes_under(layout.POLICY_DIR), copies)
         loader_state = torch_files.load(bundle / layout.LOADER_FILE)
         order.enter("data_plane_restore")
         restored = policy.load_data_plane_checkpoint(bundle / layout.DATA_PLANE_DIR)
@@ -299,7 +300,9 @@ class WarmReset:
         self._note(_bounded(calls, self.timeout_s, "the trainers' reset"), policy)
         versions = _bounded(loading, self.timeout_s, f"the trainers' load of {bundle.name}")
         policy.copies.drop()
-        fingerprint = policy.fingerprint() if self.cfg.run.trace_file else None
+        fingerprint = None
+        if self.cfg.run.trace_file:
+            fingerprint = policy.fingerprint(self._within("the trainers' fingerprint of the restored state"))
         sidecar = str(bundle / layout.SIDECAR_FILE)
         return Restored(plan.step, int(versions[0]), loader_state, sidecar, restored, fingerprint)
 
