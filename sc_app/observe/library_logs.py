@@ -85,11 +85,16 @@ class LibraryLogs:
     def route_ray_errors(self) -> None:
         """Ray's driver prints what its raylets publish (``(raylet) A worker died or was killed ...``) straight to
         stdout, whatever ``log_to_driver`` says: make those records of the ``ray.raylet`` logger instead (a library
-        record like any other). Ray looks the printer up by name for each message, so this works once Ray is up."""
+        record like any other). Ray looks the printer up by name for each message, so this works once Ray is up.
+        Ray prints those lines whatever the ``ray`` logger's level is (a ``ray.init(logging_level="ERROR")`` in the
+        same process sets it), so ``ray.raylet`` keeps a level of its own: every such line is recorded."""
         from ray._private import worker
 
         original = worker.print_to_stdstream
         raylet = logging.getLogger("ray.raylet")
+        level = raylet.level
+        raylet.setLevel(logging.INFO)
+        self._undo.append(lambda: raylet.setLevel(level))
 
         def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
             if data.get("pid") != "raylet":

@@ -82,23 +82,28 @@ def test_what_counts_as_a_library() -> None:
 
 
 def test_the_errors_rays_driver_prints_become_library_records(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """``(raylet) A worker died ...``: Ray's driver prints what its raylets publish straight to stdout; routed, it is
-    a ``ray.raylet`` record in ``libraries.log``, not console output; closing puts Ray's printer back."""
+    a ``ray.raylet`` record in ``libraries.log``, not console output, whatever level the ``ray`` logger has (a
+    ``ray.init(logging_level="ERROR")`` earlier in this process sets ERROR); closing puts Ray's printer back."""
     from ray._private import worker
 
     original = worker.print_to_stdstream
     ray_logger = logging.getLogger("ray")
     monkeypatch.setattr(ray_logger, "propagate", True)  # as sc_app.attempt.run starts Ray
     monkeypatch.setattr(ray_logger, "handlers", [])
+    caplog.set_level(logging.ERROR, logger="ray")  # put back after the test
     libraries = LibraryLogs().install()  # the process's root
     libraries.route_ray_errors()
     assert worker.print_to_stdstream is not original
     worker.print_to_stdstream({"lines": ["A worker died or was killed"], "pid": "raylet", "is_err": False}, False)
     libraries.open(tmp_path)
     libraries.close()
-    assert worker.print_to_stdstream is original
+    assert worker.print_to_stdstream is original and logging.getLogger("ray.raylet").level == logging.NOTSET
     captured = capfd.readouterr()
     assert "A worker died" not in captured.out + captured.err
     assert "ray.raylet: A worker died or was killed" in (tmp_path / LIBRARIES_LOG).read_text()
