@@ -83,9 +83,8 @@ def start_controller_actor(args: SingleControllerActorArgs) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    return ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS, scheduling_strategy=here).remote(
-        args
-    )
+    options = {"num_cpus": CONTROLLER_ACTOR_CPUS, "scheduling_strategy": here}
+    return ray.remote(SingleControllerActor).options(**options).remote(args)
 
 
 # Errors of a worker that are no fault of a bundle (bad input, a node that does not see the checkpoint directory):
@@ -225,6 +224,7 @@ class Setup:
     # where setup's time went, seconds: "data_plane_restore" (the bootstrap client's load_checkpoint, while the
     # trainers start and load), "trainer_load_wait" (waiting for the trainers after it); both absent on a fresh start
     seconds: dict[str, float] = field(default_factory=dict)
+    read_bundle: bool = False  # the restore began reading the bundle: from here a failure may be the bundle's
 
     def actors(self) -> list[Any]:
         """``handles`` and the workers the policy holds now: a warm reset that failed after it started replacements
@@ -285,7 +285,7 @@ def setup_single_controller(
         if is_actor_death(exc):  # a process died: the job's fault, not the bundle's (an in-job restore's business)
             raise JobFailed(f"a process of the job died while it was being set up ({_one_line(exc)})") from None
         if (
-            plan.decision != "resume"
+            not setup.read_bundle  # a fresh start, or the workers' or TransferQueue's start: no bundle read yet
             or plan.bundle is None
             or isinstance(exc, (RestoreFailed, KeyboardInterrupt, *NOT_THE_BUNDLES))
         ):
@@ -385,6 +385,7 @@ def _build(
         snapshot=cfg.data_plane.snapshot,
     )
     order.enter("bootstrap_client")
+    setup.read_bundle = plan.decision == "resume"
     restored = _restore(setup, cfg, plan, order) if plan.decision == "resume" else Restored()
     dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
     order.enter("sealed")

@@ -21,14 +21,23 @@ Invariants:
 * a running TransferQueue is attached to, as ``tq.init`` does;
 * anything ``start`` does not reproduce exactly — another TransferQueue version, a backend other than
   ``SimpleStorage``, metrics or SSD offload on, a sampler given as an object — is ``tq.init(conf)`` itself, and
-  ``stop`` leaves the units ``tq.init`` made to ``tq.close``'s graceful shutdown.
+  ``stop`` leaves the units ``tq.init`` made to ``tq.close``'s graceful shutdown;
+* either way the units are placed as TransferQueue places them — pinned (hard node affinity) round robin over the
+  alive nodes, sorted by id, that have ``required_node_resource`` — except that a node that can never host one
+  (fewer CPUs than a unit asks Ray for: a head started with ``num-cpus: 0``, as Ray advises for large clusters) is
+  not one of them (``unit_nodes``). TransferQueue would pin a unit there and its start fail with Ray's
+  ``ActorUnschedulableError``; with no node able to host a unit the start is ``StorageUnitsUnplaceable``, one line.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from importlib import resources
 from typing import Any
+
+from sc_app.config.app import TQ_STORAGE_UNIT_CPUS
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +45,71 @@ REPRODUCED_VERSION = "0.1.11"  # the TransferQueue whose interface.init this mir
 _made_units = False  # this process's storage units were made by ``start`` (no SSD offload): ``stop`` kills them
 
 
+class StorageUnitsUnplaceable(RuntimeError):
+    """No alive Ray node can host a TransferQueue storage unit; the message is the one line to print."""
+
+
+class StorageUnitNodeGone(RuntimeError):
+    """A storage unit's node left between its choice and the unit's start; the one line to print (a rerun places
+    the units on the nodes alive then)."""
+
+
+def unit_nodes(nodes: list[Mapping[str, Any]], count: int, resource: str | None) -> list[str]:
+    """The node id each of ``count`` storage units is pinned to: round robin over the alive nodes (``ray.nodes()``
+    entries), sorted by id, that have ``resource`` (when given) and at least the CPUs a unit asks for."""
+    eligible = [n for n in nodes if n.get("Alive", False) and (resource is None or n["Resources"].get(resource, 0) > 0)]
+    capable = sorted(n["NodeID"] for n in eligible if n["Resources"].get("CPU", 0) >= TQ_STORAGE_UNIT_CPUS)
+    if not capable:
+        which = f"with the resource {resource} (data_plane.storage_node_resource)" if resource else "alive"
+        offered = ", ".join(f"{n['NodeID'][:8]}: {n['Resources'].get('CPU', 0):g}" for n in eligible) or "none"
+        raise StorageUnitsUnplaceable(
+            f"no Ray node can host a TransferQueue storage unit: each asks for {TQ_STORAGE_UNIT_CPUS:g} CPU and the "
+            f"nodes {which} offer fewer (CPUs per node: {offered}); give such a node CPUs (`ray start --num-cpus`), or "
+            "point data_plane.storage_node_resource at a resource of nodes that have some"
+        )
+    return [capable[i % len(capable)] for i in range(count)]
+
+
+@contextmanager
+def _units_on_capable_nodes() -> Iterator[None]:
+    """TransferQueue's unit placement, for the duration of a start, over the nodes that can host a unit."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from transfer_queue.storage.bootstrap import simple_storage_bootstrap as bootstrap
+
+    name = "get_node_round_robin_scheduling_strategies"
+    original = getattr(bootstrap, name, None)
+    if original is None:  # another TransferQueue: its own placement
+        yield
+        return
+
+    def strategies(num_actors: int, required_node_resource: str | None = None) -> list[Any]:
+        pinned = unit_nodes(ray.nodes(), num_actors, required_node_resource)
+        return [NodeAffinitySchedulingStrategy(node_id=node, soft=False) for node in pinned]
+
+    setattr(bootstrap, name, strategies)
+    try:
+        yield
+    finally:
+        setattr(bootstrap, name, original)
+
+
 def start(conf: Any) -> None:
     """Start TransferQueue (or attach to the running one) from ``conf``, an OmegaConf of overrides."""
+    import ray
+
+    try:
+        with _units_on_capable_nodes():
+            _start(conf)
+    except ray.exceptions.ActorUnschedulableError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageUnitNodeGone(
+            f"a TransferQueue storage unit could not start on the node it was pinned to ({first}): the node left "
+            "the cluster meanwhile; rerun (the units are placed on the nodes alive then)"
+        ) from None
+
+
+def _start(conf: Any) -> None:
     global _made_units
     import ray
     import transfer_queue as tq

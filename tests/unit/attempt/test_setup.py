@@ -85,3 +85,28 @@ def test_teardown_kills_the_workers_a_failed_warm_reset_started_too() -> None:
     assert setup.actors() == [old_trainer, generator, actor, replacement], "each once, the replacement too"
     setup.policy = None
     assert setup.actors() == [old_trainer, generator, actor]
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_only_a_failure_after_the_bundle_was_read_is_the_bundles(monkeypatch: pytest.MonkeyPatch, read: bool) -> None:
+    """A failure before the restore read anything of the bundle (the workers' or TransferQueue's start: a storage
+    unit Ray cannot place) is raised as itself; only one after it may be the bundle's (``RestoreFailed``)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from sc_app.attempt import setup as setup_mod
+    from sc_app.attempt.errors import RestoreFailed
+    from sc_app.config.app import AppConfig
+
+    error = RuntimeError("The actor is not schedulable")
+
+    def build(setup: object, *_: object, **__: object) -> None:
+        setup.read_bundle = read  # type: ignore[attr-defined]
+        raise error
+
+    monkeypatch.setattr(setup_mod, "_build", build)
+    monkeypatch.setattr(setup_mod.Setup, "teardown", lambda self: None)
+    plan = SimpleNamespace(decision="resume", bundle=Path("/ckpt/step_4"), step=4)
+    with pytest.raises(RestoreFailed if read else RuntimeError) as raised:
+        setup_mod.setup_single_controller(AppConfig(), plan, run_id="r")  # type: ignore[arg-type]
+    assert (raised.value is error) is not read

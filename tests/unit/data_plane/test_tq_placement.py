@@ -1,0 +1,37 @@
+"""``tq_lifecycle.unit_nodes``: TransferQueue's storage-unit placement (pinned round robin over the alive nodes,
+sorted by id, with the required resource), less the nodes that can never host a unit (fewer CPUs than it asks for:
+a Ray head started with ``num-cpus: 0``); none left is one line naming the nodes and what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sc_app.data_plane.tq_lifecycle import StorageUnitsUnplaceable, unit_nodes
+
+
+def node(node_id: str, cpus: float, alive: bool = True, **resources: float) -> dict[str, Any]:
+    return {"NodeID": node_id, "Alive": alive, "Resources": {"CPU": cpus, **resources} if cpus else dict(resources)}
+
+
+def test_round_robin_over_the_nodes_that_can_host_a_unit_sorted_by_id() -> None:
+    nodes = [node("c", 4), node("a", 0), node("b", 2), node("d", 8, alive=False)]
+    assert unit_nodes(nodes, 5, None) == ["b", "c", "b", "c", "b"]  # "a" offers no CPU, "d" is dead
+
+
+def test_the_required_resource_narrows_the_nodes_first() -> None:
+    nodes = [node("a", 4), node("b", 2, tq=1), node("c", 0, tq=1), node("d", 0.5, tq=1)]
+    assert unit_nodes(nodes, 2, "tq") == ["b", "b"]
+
+
+@pytest.mark.parametrize(
+    ("resource", "named"),
+    [(None, "the nodes alive offer fewer (CPUs per node: a: 0, b: 0.5)"), ("tq", "resource tq")],
+)
+def test_no_node_that_can_host_a_unit_is_one_line(resource: str | None, named: str) -> None:
+    nodes = [node("a", 0, tq=1), node("b", 0.5), node("c", 4, alive=False, tq=1)]
+    with pytest.raises(StorageUnitsUnplaceable) as raised:
+        unit_nodes(nodes, 1, resource)
+    line = str(raised.value)
+    assert "\n" not in line and named in line and "storage_node_resource" in line, line
