@@ -33,7 +33,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.attempt.errors.ResumeRefused": EXIT_BAD_INPUT,
     "sc_app.attempt.ray_start.RayTmpdirUnusable": EXIT_BAD_INPUT,  # RAY_TMPDIR missing, a file, unwritable
     "sc_app.checkpoint.remote.fence.RemoteRefused": EXIT_BAD_INPUT,  # the bucket: credentials, access, no CAS
-    "sc_app.data_plane.tq_lifecycle.StorageUnitsUnplaceable": EXIT_BAD_INPUT,  # no node offers a unit a CPU
+    "sc_app.data_plane.tq_placement.StorageUnitsUnplaceable": EXIT_BAD_INPUT,  # no node offers a unit a CPU
     # a newer run took the lease (fencing)
     "sc_app.checkpoint.lease.LeaseLost": EXIT_SUPERSEDED,
     # the job failed; a rerun resumes from the newest complete bundle
@@ -46,7 +46,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.rl.hooks.RewardFailed": EXIT_FAILED,  # a reward function failed at run time: one line naming it
     "sc_app.attempt.remote_tier.RemoteUnavailable": EXIT_FAILED,  # the bucket's newest could not be brought home
     "sc_app.checkpoint.node_parts.NodeCopyFailed": EXIT_FAILED,  # a bundle's policy/ sent to a node arrived broken
-    "sc_app.data_plane.tq_lifecycle.StorageUnitNodeGone": EXIT_FAILED,  # a unit's node left while it started
+    "sc_app.data_plane.tq_placement.StorageUnitNodeGone": EXIT_FAILED,  # a unit's node left while it started
 }
 _PREFIX = {EXIT_SUPERSEDED: "superseded: "}
 

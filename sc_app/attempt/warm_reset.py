@@ -65,6 +65,7 @@ from sc_app.faults import fault_point
 from sc_app.io import torch_files
 from sc_app.rl.generation import GenerationWorker
 from sc_app.rl.trainer import TrainerWorker
+from sc_app.waits import Bound, ProcessHung, bounded, current
 
 log = logging.getLogger(__name__)
 
@@ -176,13 +177,7 @@ class WarmReset:
         self._data_plane(setup, keep_data_plane)
         trainer_calls = self._trainers(policy, plan)
         generator_calls = self._generators(policy)
-        policy.dp_client = TransferQueueDataPlane(  # a fresh TransferQueue, or the cleared one attached to
-            bootstrap=True,
-            namespace=self.cfg.ray.namespace,
-            storage_units=self.cfg.data_plane.storage_units,
-            storage_node_resource=self.cfg.data_plane.storage_node_resource,
-            snapshot=self.cfg.data_plane.snapshot,
-        )
+        policy.dp_client = self._start_data_plane()  # a fresh TransferQueue, or the cleared one attached to
         order.enter("bootstrap_client")
         self._lap("data_plane_start")
         fault_point("restore.warm.started")  # tests: the same, once it started actors of its own (they must go too)
@@ -227,6 +222,22 @@ class WarmReset:
             ray.kill(guard)
             _wait_gone(GUARD_NAME, self.cfg.ray.namespace, self.timeout_s)
         self._lap("data_plane_clear" if keep else "data_plane_close")
+
+    def _start_data_plane(self) -> TransferQueueDataPlane:
+        """The bootstrap client (TransferQueue started, or attached to) within the reset's timeout."""
+        dp = self.cfg.data_plane
+        why = f"run.reset_timeout_s={self.timeout_s:g}s"
+        try:
+            with bounded(Bound.within(self.timeout_s, current().stop, why=why)):
+                return TransferQueueDataPlane(
+                    bootstrap=True,
+                    namespace=self.cfg.ray.namespace,
+                    storage_units=dp.storage_units,
+                    storage_node_resource=dp.storage_node_resource,
+                    snapshot=dp.snapshot,
+                )
+        except ProcessHung as exc:
+            raise ResetFailed(str(exc)) from None
 
     def _within(self, what: str) -> Callable[[list[Any]], list[Any]]:
         """Awaiting ``what``'s calls within the reset's timeout (``_bounded``)."""

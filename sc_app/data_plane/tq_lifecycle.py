@@ -22,22 +22,23 @@ Invariants:
 * anything ``start`` does not reproduce exactly — another TransferQueue version, a backend other than
   ``SimpleStorage``, metrics or SSD offload on, a sampler given as an object — is ``tq.init(conf)`` itself, and
   ``stop`` leaves the units ``tq.init`` made to ``tq.close``'s graceful shutdown;
-* either way the units are placed as TransferQueue places them — pinned (hard node affinity) round robin over the
-  alive nodes, sorted by id, that have ``required_node_resource`` — except that a node that can never host one
-  (fewer CPUs than a unit asks Ray for: a head started with ``num-cpus: 0``, as Ray advises for large clusters) is
-  not one of them (``unit_nodes``). TransferQueue would pin a unit there and its start fail with Ray's
-  ``ActorUnschedulableError``; with no node able to host a unit the start is ``StorageUnitsUnplaceable``, one line.
+* either way the units are placed as TransferQueue places them, less the nodes that can never host one
+  (``tq_placement``);
+* a start waits within the caller's bound (``sc_app.waits``), though TransferQueue's own waits have none: a unit
+  pinned to a node whose CPUs are all taken would otherwise hold the set-up, or a warm restore, for ever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import threading
+import time
 from importlib import resources
 from typing import Any
 
-from sc_app.config.app import TQ_STORAGE_UNIT_CPUS
+from sc_app.data_plane.tq_placement import StorageUnitNodeGone, units_on_capable_nodes
+from sc_app.waits import Bound, ProcessHung, StopCut, current
 
 log = logging.getLogger(__name__)
 
@@ -45,68 +46,67 @@ REPRODUCED_VERSION = "0.1.11"  # the TransferQueue whose interface.init this mir
 _made_units = False  # this process's storage units were made by ``start`` (no SSD offload): ``stop`` kills them
 
 
-class StorageUnitsUnplaceable(RuntimeError):
-    """No alive Ray node can host a TransferQueue storage unit; the message is the one line to print."""
+POLL_S = 0.25
+UNIT = "TransferQueueStorageUnit#"  # + k: the name TransferQueue gives its k-th storage unit
 
 
-class StorageUnitNodeGone(RuntimeError):
-    """A storage unit's node left between its choice and the unit's start; the one line to print (a rerun places
-    the units on the nodes alive then)."""
-
-
-def unit_nodes(nodes: list[Mapping[str, Any]], count: int, resource: str | None) -> list[str]:
-    """The node id each of ``count`` storage units is pinned to: round robin over the alive nodes (``ray.nodes()``
-    entries), sorted by id, that have ``resource`` (when given) and at least the CPUs a unit asks for."""
-    eligible = [n for n in nodes if n.get("Alive", False) and (resource is None or n["Resources"].get(resource, 0) > 0)]
-    capable = sorted(n["NodeID"] for n in eligible if n["Resources"].get("CPU", 0) >= TQ_STORAGE_UNIT_CPUS)
-    if not capable:
-        which = f"with the resource {resource} (data_plane.storage_node_resource)" if resource else "alive"
-        offered = ", ".join(f"{n['NodeID'][:8]}: {n['Resources'].get('CPU', 0):g}" for n in eligible) or "none"
-        raise StorageUnitsUnplaceable(
-            f"no Ray node can host a TransferQueue storage unit: each asks for {TQ_STORAGE_UNIT_CPUS:g} CPU and the "
-            f"nodes {which} offer fewer (CPUs per node: {offered}); give such a node CPUs (`ray start --num-cpus`), or "
-            "point data_plane.storage_node_resource at a resource of nodes that have some"
-        )
-    return [capable[i % len(capable)] for i in range(count)]
-
-
-@contextmanager
-def _units_on_capable_nodes() -> Iterator[None]:
-    """TransferQueue's unit placement, for the duration of a start, over the nodes that can host a unit."""
+def start(conf: Any, bound: Bound | None = None) -> None:
+    """Start TransferQueue (or attach to the running one) from ``conf``, an OmegaConf of overrides, within
+    ``bound`` (default: the caller's, ``sc_app.waits``). TransferQueue's own waits for its actors have no timeout;
+    here a start that has not finished when the bound ends is ``ProcessHung`` naming the units' nodes (a stop:
+    ``StopCut``), and the units it asked for are killed, so that a later start can use their names."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    from transfer_queue.storage.bootstrap import simple_storage_bootstrap as bootstrap
 
-    name = "get_node_round_robin_scheduling_strategies"
-    original = getattr(bootstrap, name, None)
-    if original is None:  # another TransferQueue: its own placement
-        yield
+    bound = bound or current()
+    pinned: list[str] = []
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            with units_on_capable_nodes(pinned):
+                box.append((True, _start(conf)))
+        except BaseException as exc:  # handed to the waiting thread
+            box.append((False, exc))
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name="tq-start", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(POLL_S)
+        if box or not thread.is_alive():
+            break
+        if bound.stop():
+            _abandon(pinned)
+            raise StopCut("a stop was requested while TransferQueue started")
+        if bound.until is not None and time.monotonic() >= bound.until:
+            what = _abandon(pinned)
+            raise ProcessHung("data_plane.storage", what, time.monotonic() - started, bound.why)
+    ok, value = box[0]
+    if ok:
         return
-
-    def strategies(num_actors: int, required_node_resource: str | None = None) -> list[Any]:
-        pinned = unit_nodes(ray.nodes(), num_actors, required_node_resource)
-        return [NodeAffinitySchedulingStrategy(node_id=node, soft=False) for node in pinned]
-
-    setattr(bootstrap, name, strategies)
-    try:
-        yield
-    finally:
-        setattr(bootstrap, name, original)
-
-
-def start(conf: Any) -> None:
-    """Start TransferQueue (or attach to the running one) from ``conf``, an OmegaConf of overrides."""
-    import ray
-
-    try:
-        with _units_on_capable_nodes():
-            _start(conf)
-    except ray.exceptions.ActorUnschedulableError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(value, ray.exceptions.ActorUnschedulableError):
+        first = str(value).strip().splitlines()[0] if str(value).strip() else type(value).__name__
         raise StorageUnitNodeGone(
             f"a TransferQueue storage unit could not start on the node it was pinned to ({first}): the node left "
             "the cluster meanwhile; rerun (the units are placed on the nodes alive then)"
         ) from None
+    raise value
+
+
+def _abandon(pinned: list[str]) -> str:
+    """Kill what a start that is given up on asked for: its storage units (by name: TransferQueue keeps their handles
+    to itself until every one answered) and its controller. Returns the units that had not started, in words."""
+    import ray
+    from ray._private import state
+
+    alive = {a.get("Name") for a in state.actors(actor_state_name="ALIVE").values()}
+    waiting = [f"#{k} on node {node[:8]}" for k, node in enumerate(pinned) if f"{UNIT}{k}" not in alive]
+    for k in range(len(pinned)):
+        with contextlib.suppress(ValueError):  # never created, or gone
+            ray.kill(ray.get_actor(f"{UNIT}{k}"))
+    stop()
+    named = ", ".join(waiting) or "not placed yet"
+    return f"TransferQueue's storage unit(s) {named} (a unit waits for a free CPU on the node it is pinned to)"
 
 
 def _start(conf: Any) -> None:

@@ -4,7 +4,7 @@ large clusters, so that no work lands beside the GCS) and one worker node that h
 TransferQueue pins its storage units round robin over every alive node, sorted by id: with two units and two nodes
 one would be pinned to the head, which can never host it, and the job died at its start with Ray's
 ``ActorUnschedulableError`` and a traceback. sc-app places the units over the nodes that can host one
-(``sc_app.data_plane.tq_lifecycle.unit_nodes``): the run trains and saves. Where no node that has the configured
+(``sc_app.data_plane.tq_placement.unit_nodes``): the run trains and saves. Where no node that has the configured
 ``data_plane.storage_node_resource`` offers a CPU, the run is refused with one line, exit 2, nothing written.
 """
 
@@ -56,3 +56,22 @@ def test_no_node_that_can_host_a_unit_is_one_line_and_exit_2(cluster: Cluster, t
     assert "no Ray node can host a TransferQueue storage unit" in errors[0]
     assert "head_only (data_plane.storage_node_resource)" in errors[0], errors[0]
     assert not list(ckpt.glob("step_*"))
+
+
+def test_a_unit_pinned_to_a_node_whose_cpus_are_taken_ends_the_set_up_at_its_deadline(tmp_path: Path) -> None:
+    """The trainer takes the one CPU of node ``b``; TransferQueue still pins one of two units there (round robin over
+    the nodes that have CPUs). Its start used to wait for that unit for ever, whatever run.setup_timeout_s said:
+    now the set-up ends at that deadline with one line naming the units' nodes, exit 1."""
+    c = start_cluster(num_cpus=4, include_dashboard=False, resources={"head": 4})
+    try:
+        add_node(c, num_cpus=1, resources={"b": 1})
+        c.wait_for_nodes()
+        sets = ["trainer.resources={b: 1}", "generation.resources={head: 1}", "data_plane.storage_units=2"]
+        sets += ["run.setup_timeout_s=10", "run.max_in_job_restores=0", f"ray.address={c.address}"]
+        args = run_args(tmp_path / "ckpt", tmp_path / "trace.jsonl", 2, *[a for kv in sets for a in ("--set", kv)])
+        done = sc_app(*args, timeout=240)
+    finally:
+        c.shutdown()
+    errors = [line for line in done.out.splitlines() if line.startswith("sc-app: error:")]
+    assert done.rc == 1 and len(errors) == 1 and "Traceback" not in done.out, done.out[-3000:]
+    assert "storage unit(s) #" in errors[0] and "run.setup_timeout_s=10s" in errors[0], errors[0]

@@ -1,4 +1,4 @@
-"""``tq_lifecycle.unit_nodes``: TransferQueue's storage-unit placement (pinned round robin over the alive nodes,
+"""``tq_placement.unit_nodes``: TransferQueue's storage-unit placement (pinned round robin over the alive nodes,
 sorted by id, with the required resource), less the nodes that can never host a unit (fewer CPUs than it asks for:
 a Ray head started with ``num-cpus: 0``); none left is one line naming the nodes and what to do."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sc_app.data_plane.tq_lifecycle import StorageUnitsUnplaceable, unit_nodes
+from sc_app.data_plane.tq_placement import StorageUnitsUnplaceable, unit_nodes
 
 
 def node(node_id: str, cpus: float, alive: bool = True, **resources: float) -> dict[str, Any]:
