@@ -13,6 +13,8 @@ from typing import Any
 
 from sc_app.config.app import CONTROLLER_ACTOR_CPUS, TQ_CONTROLLER_CPUS, TQ_STORAGE_UNIT_CPUS
 
+UNIT = "storage unit "  # + k: a storage unit's demand
+
 
 @dataclass(frozen=True)
 class Demand:
@@ -28,7 +30,7 @@ def job_demands(cfg: Any) -> list[Demand]:
     unit_needs = {"CPU": TQ_STORAGE_UNIT_CPUS}
     if cfg.data_plane.storage_node_resource:
         unit_needs[cfg.data_plane.storage_node_resource] = 0.001  # the node must have it; Ray checks presence
-    out += [Demand(f"storage unit {k}", dict(unit_needs)) for k in range(cfg.data_plane.storage_units)]
+    out += [Demand(f"{UNIT}{k}", dict(unit_needs)) for k in range(cfg.data_plane.storage_units)]
     out.append(Demand("controller actor", {"CPU": CONTROLLER_ACTOR_CPUS}))
     for group, label in ((cfg.trainer, "trainer rank"), (cfg.generation, "generation worker")):
         needs = {"CPU": group.num_cpus, "GPU": group.num_gpus, **group.resources}
@@ -39,16 +41,34 @@ def job_demands(cfg: Any) -> list[Demand]:
 def missing(demands: list[Demand], nodes: list[dict[str, float]]) -> list[Demand]:
     """The demands that do not fit ``nodes`` (each node's total resources) once the others are placed, largest
     (GPU, then CPU, then the rest) first; empty when the job fits."""
-    free = [dict(node) for node in nodes]
-    left: list[Demand] = []
+    return [demand for demand, node in _packed(demands, [dict(n) for n in nodes]) if node is None]
+
+
+def held_cpus(cfg: Any, nodes: list[dict[str, Any]], first: str | None = None) -> dict[str, float]:
+    """The CPUs the job's actors other than its storage units are expected to hold on each alive node (``ray.nodes()``
+    entries; node id → CPUs): ``missing``'s packing over the nodes' totals, the driver's node (``first``, where Ray's
+    default scheduling starts too) tried first. An estimate — Ray places those actors itself — for where the
+    storage units, which TransferQueue pins to their nodes, have room (``sc_app.data_plane.tq_placement``)."""
+    alive = sorted((n for n in nodes if n.get("Alive")), key=lambda n: (n["NodeID"] != first, n["NodeID"]))
+    others = [d for d in job_demands(cfg) if not d.name.startswith(UNIT)]
+    held = {n["NodeID"]: 0.0 for n in alive}
+    for demand, node in _packed(others, [dict(n.get("Resources", {})) for n in alive]):
+        if node is not None:
+            held[alive[node]["NodeID"]] += demand.resources.get("CPU", 0.0)
+    return held
+
+
+def _packed(demands: list[Demand], free: list[dict[str, float]]) -> list[tuple[Demand, int | None]]:
+    """Each demand, largest first, with the index of the first node of ``free`` it fits on (taken from it), or None."""
+    out: list[tuple[Demand, int | None]] = []
     for demand in sorted(demands, key=_size, reverse=True):
-        node = next((n for n in free if all(n.get(k, 0.0) + 1e-9 >= v for k, v in demand.resources.items())), None)
-        if node is None:
-            left.append(demand)
-            continue
-        for k, v in demand.resources.items():
-            node[k] = node.get(k, 0.0) - v
-    return left
+        fits = (i for i, n in enumerate(free) if all(n.get(k, 0.0) + 1e-9 >= v for k, v in demand.resources.items()))
+        node = next(fits, None)
+        if node is not None:
+            for k, v in demand.resources.items():
+                free[node][k] = free[node].get(k, 0.0) - v
+        out.append((demand, node))
+    return out
 
 
 def unfit_line(demands: list[Demand], nodes: list[dict[str, float]]) -> str | None:

@@ -28,6 +28,7 @@ from typing import Any
 import ray
 
 from sc_app.attempt.actor_watch import TRAINER, is_actor_death
+from sc_app.attempt.data_plane_start import bootstrap_data_plane
 from sc_app.attempt.errors import RestoreFailed
 from sc_app.attempt.errors import ResumeRefused as ResumeRefused  # re-exported: where callers knew it
 from sc_app.attempt.node_copies import Get, NodeCopies
@@ -377,13 +378,7 @@ def _build(
     policy = setup.policy = TQPolicy(cfg, dataset=dataset, lease=lease)
     setup.handles += [*policy.trainers, *policy.generators]
     stop_before("TransferQueue was started")  # its start (seconds) does not look at the stop
-    dp_client = policy.dp_client = TransferQueueDataPlane(
-        bootstrap=True,
-        namespace=cfg.ray.namespace,
-        storage_units=cfg.data_plane.storage_units,
-        storage_node_resource=cfg.data_plane.storage_node_resource,
-        snapshot=cfg.data_plane.snapshot,
-    )
+    dp_client = policy.dp_client = bootstrap_data_plane(cfg)
     order.enter("bootstrap_client")
     setup.read_bundle = plan.decision == "resume"
     restored = _restore(setup, cfg, plan, order) if plan.decision == "resume" else Restored()

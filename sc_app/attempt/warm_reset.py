@@ -45,6 +45,7 @@ from sc_app.attempt.actor_watch import (
     actor_id,
     is_actor_death,
 )
+from sc_app.attempt.data_plane_start import bootstrap_data_plane
 from sc_app.attempt.in_job_restore import Reset, ResetFailed
 from sc_app.attempt.setup import (
     Restored,
@@ -225,17 +226,10 @@ class WarmReset:
 
     def _start_data_plane(self) -> TransferQueueDataPlane:
         """The bootstrap client (TransferQueue started, or attached to) within the reset's timeout."""
-        dp = self.cfg.data_plane
         why = f"run.reset_timeout_s={self.timeout_s:g}s"
         try:
             with bounded(Bound.within(self.timeout_s, current().stop, why=why)):
-                return TransferQueueDataPlane(
-                    bootstrap=True,
-                    namespace=self.cfg.ray.namespace,
-                    storage_units=dp.storage_units,
-                    storage_node_resource=dp.storage_node_resource,
-                    snapshot=dp.snapshot,
-                )
+                return bootstrap_data_plane(self.cfg)
         except ProcessHung as exc:
             raise ResetFailed(str(exc)) from None
 

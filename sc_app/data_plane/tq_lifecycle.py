@@ -34,6 +34,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -50,11 +51,12 @@ POLL_S = 0.25
 UNIT = "TransferQueueStorageUnit#"  # + k: the name TransferQueue gives its k-th storage unit
 
 
-def start(conf: Any, bound: Bound | None = None) -> None:
+def start(conf: Any, bound: Bound | None = None, held: Mapping[str, float] | None = None) -> None:
     """Start TransferQueue (or attach to the running one) from ``conf``, an OmegaConf of overrides, within
     ``bound`` (default: the caller's, ``sc_app.waits``). TransferQueue's own waits for its actors have no timeout;
     here a start that has not finished when the bound ends is ``ProcessHung`` naming the units' nodes (a stop:
-    ``StopCut``), and the units it asked for are killed, so that a later start can use their names."""
+    ``StopCut``), and the units it asked for are killed, so that a later start can use their names. ``held``: the
+    CPUs per node the job's other actors are expected to hold (``tq_placement.unit_nodes``)."""
     import ray
 
     bound = bound or current()
@@ -63,7 +65,7 @@ def start(conf: Any, bound: Bound | None = None) -> None:
 
     def run() -> None:
         try:
-            with units_on_capable_nodes(pinned):
+            with units_on_capable_nodes(pinned, held):
                 box.append((True, _start(conf)))
         except BaseException as exc:  # handed to the waiting thread
             box.append((False, exc))

@@ -4,8 +4,10 @@ TransferQueue (0.1.11, ``transfer_queue/utils/common.py``) pins each storage uni
 round robin over the alive nodes, sorted by id, that have ``required_node_resource`` when it is set. A node with
 fewer CPUs than a unit asks Ray for — a head started with ``num-cpus: 0``, as Ray advises for large clusters — can
 never host one: the unit's start fails with Ray's ``ActorUnschedulableError``. ``unit_nodes`` is that placement over
-the nodes that can (none: ``StorageUnitsUnplaceable``); ``units_on_capable_nodes`` has TransferQueue use it for the
-duration of a start. Pure except that context manager (Ray and TransferQueue imported inside it).
+the nodes that can (none: ``StorageUnitsUnplaceable``), the nodes where the job's other actors are expected to leave
+a CPU free taken first (a unit pinned to a node whose CPUs they all hold waits until the start's deadline);
+``units_on_capable_nodes`` has TransferQueue use it for the duration of a start. Pure except that context manager
+(Ray and TransferQueue imported inside it).
 """
 
 from __future__ import annotations
@@ -28,11 +30,16 @@ class StorageUnitNodeGone(RuntimeError):
     the units on the nodes alive then)."""
 
 
-def unit_nodes(nodes: list[Mapping[str, Any]], count: int, resource: str | None) -> list[str]:
+def unit_nodes(
+    nodes: list[Mapping[str, Any]], count: int, resource: str | None, held: Mapping[str, float] | None = None
+) -> list[str]:
     """The node id each of ``count`` storage units is pinned to: round robin over the alive nodes (``ray.nodes()``
-    entries), sorted by id, that have ``resource`` (when given) and at least the CPUs a unit asks for."""
+    entries), sorted by id, that have ``resource`` (when given) and at least the CPUs a unit asks for. ``held``
+    (node id → CPUs the job's other actors are expected to hold there): the units go first to the nodes with a CPU
+    to spare for each, round robin while they have one; the rest (none has room) round robin over all of them."""
     eligible = [n for n in nodes if n.get("Alive", False) and (resource is None or n["Resources"].get(resource, 0) > 0)]
-    capable = sorted(n["NodeID"] for n in eligible if n["Resources"].get("CPU", 0) >= TQ_STORAGE_UNIT_CPUS)
+    cpus = {n["NodeID"]: float(n["Resources"].get("CPU", 0)) for n in eligible}
+    capable = sorted(node for node, have in cpus.items() if have >= TQ_STORAGE_UNIT_CPUS)
     if not capable:
         which = f"with the resource {resource} (data_plane.storage_node_resource)" if resource else "alive"
         offered = ", ".join(f"{n['NodeID'][:8]}: {n['Resources'].get('CPU', 0):g}" for n in eligible) or "none"
@@ -41,12 +48,22 @@ def unit_nodes(nodes: list[Mapping[str, Any]], count: int, resource: str | None)
             f"nodes {which} offer fewer (CPUs per node: {offered}); give such a node CPUs (`ray start --num-cpus`), or "
             "point data_plane.storage_node_resource at a resource of nodes that have some"
         )
-    return [capable[i % len(capable)] for i in range(count)]
+    spare = {node: cpus[node] - (held or {}).get(node, 0.0) for node in capable}
+    pinned: list[str] = []
+    while len(pinned) < count:
+        roomy = [node for node in capable if spare[node] >= TQ_STORAGE_UNIT_CPUS]
+        for node in roomy[: count - len(pinned)]:
+            pinned.append(node)
+            spare[node] -= TQ_STORAGE_UNIT_CPUS
+        if not roomy:
+            break
+    return pinned + [capable[i % len(capable)] for i in range(count - len(pinned))]
 
 
 @contextmanager
-def units_on_capable_nodes(pinned: list[str] | None = None) -> Iterator[None]:
-    """TransferQueue's unit placement is ``unit_nodes`` while inside; ``pinned`` gets the chosen node ids."""
+def units_on_capable_nodes(pinned: list[str] | None = None, held: Mapping[str, float] | None = None) -> Iterator[None]:
+    """TransferQueue's unit placement is ``unit_nodes`` (given ``held``) while inside; ``pinned`` gets the chosen
+    node ids."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     from transfer_queue.storage.bootstrap import simple_storage_bootstrap as bootstrap
@@ -57,7 +74,7 @@ def units_on_capable_nodes(pinned: list[str] | None = None) -> Iterator[None]:
         return
 
     def strategies(num_actors: int, required_node_resource: str | None = None) -> list[Any]:
-        nodes = unit_nodes(ray.nodes(), num_actors, required_node_resource)
+        nodes = unit_nodes(ray.nodes(), num_actors, required_node_resource, held)
         if pinned is not None:
             pinned[:] = nodes
         return [NodeAffinitySchedulingStrategy(node_id=node, soft=False) for node in nodes]

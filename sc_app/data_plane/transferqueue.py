@@ -22,6 +22,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
@@ -117,6 +118,7 @@ class TransferQueueDataPlane(DataPlaneClient):
         storage_node_resource: str | None = None,
         client_id: str | None = None,
         snapshot: SnapshotKind = "streamed",
+        held_cpus: Mapping[str, float] | None = None,
     ) -> None:
         import transfer_queue as tq
 
@@ -132,7 +134,8 @@ class TransferQueueDataPlane(DataPlaneClient):
         self.last_restore: dict[str, Any] | None = None  # what the last streamed restore did (rows, streams)
         self._guard = get_guard(namespace, create=bootstrap)
         if bootstrap:
-            tq_lifecycle.start(tq_conf(storage_units, storage_node_resource))  # tq.init, its two actors at once
+            # tq.init, its two actors at once; the units where the job's other actors leave CPUs (held_cpus)
+            tq_lifecycle.start(tq_conf(storage_units, storage_node_resource), held=held_cpus)
         else:
             sealed = waits.get(self._guard.sealed.remote(), what=GUARD_WHAT, kind="data_plane.controller")
             if sealed is None:

@@ -31,15 +31,19 @@ def cluster() -> Iterator[Cluster]:
     c = start_cluster(num_cpus=0, include_dashboard=False, resources={"head_only": 1})
     try:
         add_node(c, num_cpus=6)
+        add_node(c, num_cpus=1, resources={"b": 1})  # the trainer's: its one CPU is the trainer's (a full GPU pod)
         c.wait_for_nodes()
         yield c
     finally:
         c.shutdown()
 
 
-def test_a_head_without_cpus_hosts_no_storage_unit_and_the_job_runs(cluster: Cluster, tmp_path: Path) -> None:
+def test_the_units_go_where_the_job_leaves_room_and_the_job_runs(cluster: Cluster, tmp_path: Path) -> None:
+    """Neither the head (no CPUs) nor node ``b`` (its CPU the trainer's) gets a unit: TransferQueue's round robin
+    would have pinned one to one of them (two units, three nodes) and the start failed or waited for ever."""
     ckpt = tmp_path / "ckpt"
     units = ["--set", "data_plane.storage_units=2", "--set", f"ray.address={cluster.address}"]
+    units += ["--set", "trainer.resources={b: 1}"]
     done = sc_app(*run_args(ckpt, tmp_path / "trace.jsonl", 2, *units), timeout=300)
     assert done.rc == 0, done.out[-3000:]
     assert "done: step 2" in done.out and "Traceback" not in done.out, done.out[-3000:]
@@ -59,10 +63,11 @@ def test_no_node_that_can_host_a_unit_is_one_line_and_exit_2(cluster: Cluster, t
 
 
 def test_a_unit_pinned_to_a_node_whose_cpus_are_taken_ends_the_set_up_at_its_deadline(tmp_path: Path) -> None:
-    """The trainer takes the one CPU of node ``b``; TransferQueue still pins one of two units there (round robin over
-    the nodes that have CPUs). Its start used to wait for that unit for ever, whatever run.setup_timeout_s said:
-    now the set-up ends at that deadline with one line naming the units' nodes, exit 1."""
-    c = start_cluster(num_cpus=4, include_dashboard=False, resources={"head": 4})
+    """No node has a CPU to spare for a unit: the trainer takes the one CPU of node ``b``, the generation worker,
+    TransferQueue's controller and the controller actor the head's three. The units then go round robin over both
+    nodes, one to ``b``, where it waits for a CPU. TransferQueue's start used to wait for it for ever, whatever
+    run.setup_timeout_s said: now the set-up ends at that deadline with one line naming the unit and its node."""
+    c = start_cluster(num_cpus=3, include_dashboard=False, resources={"head": 3})
     try:
         add_node(c, num_cpus=1, resources={"b": 1})
         c.wait_for_nodes()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sc_app.attempt.cluster_fit import Demand, job_demands, missing, unfit_line
+from sc_app.attempt.cluster_fit import Demand, held_cpus, job_demands, missing, unfit_line
 from sc_app.config.app import AppConfig
 
 
@@ -62,3 +62,19 @@ def test_packing_is_per_node_not_by_cluster_totals() -> None:
 def test_largest_first_does_not_strand_a_big_actor_behind_small_ones() -> None:
     demands = [Demand("small", {"CPU": 1}), Demand("big", {"CPU": 3})]
     assert missing(demands, [{"CPU": 3}, {"CPU": 1}]) == [], "small first would take the big node's room"
+
+
+def test_the_cpus_the_other_actors_hold_per_node_leave_the_units_out() -> None:
+    """Where the storage units are expected to find room: the job's other actors packed as ``missing`` packs them
+    (largest first), the driver's node first. The 8 GPU trainer ranks fill the GPU node's 8 CPUs; TransferQueue's
+    controller, the controller actor and the generation worker (1 CPU each) hold 3 of the head's 6; a dead node
+    holds nothing; the units are not counted."""
+    c = cfg(trainer={"num_workers": 8, "num_gpus": 1}, data_plane={"storage_units": 2})
+    nodes = [
+        {"NodeID": "gpu", "Alive": True, "Resources": {"CPU": 8.0, "GPU": 8.0}},
+        {"NodeID": "head", "Alive": True, "Resources": {"CPU": 6.0}},
+        {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 64.0}},
+    ]
+    held = held_cpus(c, nodes, first="head")
+    assert held == {"gpu": 8.0, "head": 3.0}, held
+    assert held_cpus(c, nodes, first="gpu") == {"gpu": 8.0, "head": 3.0}, "GPU actors first: they fit only there"

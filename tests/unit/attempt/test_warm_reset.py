@@ -18,11 +18,11 @@ from sc_app.waits import ProcessHung, current
 def test_a_data_plane_start_that_hangs_is_a_failed_reset_within_reset_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     bounds: list[Any] = []
 
-    def hung_start(**_: Any) -> None:
+    def hung_start(cfg: AppConfig) -> None:
         bounds.append(current())
         raise ProcessHung("data_plane.storage", "TransferQueue's storage unit(s) #1 on node b", 12.0, current().why)
 
-    monkeypatch.setattr(warm_reset, "TransferQueueDataPlane", hung_start)
+    monkeypatch.setattr(warm_reset, "bootstrap_data_plane", hung_start)
     who = warm_reset.JobIdentity("run", None, None, None)
     reset = warm_reset.WarmReset(AppConfig(), who, epoch=2, timeout_s=12.0)
     began = time.monotonic()

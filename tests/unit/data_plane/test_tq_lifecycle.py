@@ -24,7 +24,7 @@ def fake_start(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     seen: dict[str, Any] = {"release": threading.Event(), "error": None, "abandoned": []}
 
     @contextlib.contextmanager
-    def placed(pinned: list[str]) -> Any:
+    def placed(pinned: list[str], held: Any) -> Any:
         pinned[:] = ["node-a-000", "node-b-000"]
         yield
 

@@ -15,9 +15,19 @@ def node(node_id: str, cpus: float, alive: bool = True, **resources: float) -> d
     return {"NodeID": node_id, "Alive": alive, "Resources": {"CPU": cpus, **resources} if cpus else dict(resources)}
 
 
-def test_round_robin_over_the_nodes_that_can_host_a_unit_sorted_by_id() -> None:
+def test_round_robin_over_the_nodes_that_can_host_a_unit_sorted_by_id_while_they_have_room() -> None:
     nodes = [node("c", 4), node("a", 0), node("b", 2), node("d", 8, alive=False)]
-    assert unit_nodes(nodes, 5, None) == ["b", "c", "b", "c", "b"]  # "a" offers no CPU, "d" is dead
+    assert unit_nodes(nodes, 5, None) == ["b", "c", "b", "c", "c"]  # "a" offers no CPU, "d" is dead, "b" is full
+    assert unit_nodes(nodes, 8, None) == ["b", "c", "b", "c", "c", "c", "b", "c"], "no room left: round robin"
+
+
+def test_the_nodes_the_jobs_other_actors_fill_get_a_unit_last() -> None:
+    """A GPU node whose CPUs the trainer ranks hold gets no unit while the head has a CPU to spare; with none to
+    spare anywhere, TransferQueue's round robin (the start's deadline then names the unit that waits)."""
+    nodes = [node("gpu", 8, GPU=8), node("head", 4)]
+    assert unit_nodes(nodes, 2, None, held={"gpu": 8, "head": 2}) == ["head", "head"]
+    assert unit_nodes(nodes, 3, None, held={"gpu": 8, "head": 2}) == ["head", "head", "gpu"]
+    assert unit_nodes(nodes, 2, None, held={"gpu": 8, "head": 4}) == ["gpu", "head"]
 
 
 def test_the_required_resource_narrows_the_nodes_first() -> None:
