@@ -22,8 +22,8 @@ Invariants:
 * anything ``start`` does not reproduce exactly — another TransferQueue version, a backend other than
   ``SimpleStorage``, metrics or SSD offload on, a sampler given as an object — is ``tq.init(conf)`` itself, and
   ``stop`` leaves the units ``tq.init`` made to ``tq.close``'s graceful shutdown;
-* either way the units are placed as TransferQueue places them, less the nodes that can never host one
-  (``tq_placement``);
+* either way the units are placed by TransferQueue's rule over the nodes that can host one, those where the job
+  leaves a CPU free first (``tq_placement``);
 * a start waits within the caller's bound (``sc_app.waits``), though TransferQueue's own waits have none: a unit
   pinned to a node whose CPUs are all taken would otherwise hold the set-up, or a warm restore, for ever.
 """

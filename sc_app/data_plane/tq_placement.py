@@ -69,6 +69,7 @@ def units_on_capable_nodes(pinned: list[str] | None = None, held: Mapping[str, f
     from transfer_queue.storage.bootstrap import simple_storage_bootstrap as bootstrap
 
     original = getattr(bootstrap, PLACEMENT_FN, None)
+    original = getattr(original, "transfer_queues", original)  # a start given up on may not have put it back yet
     if original is None:  # another TransferQueue: its own placement
         yield
         return
@@ -79,8 +80,10 @@ def units_on_capable_nodes(pinned: list[str] | None = None, held: Mapping[str, f
             pinned[:] = nodes
         return [NodeAffinitySchedulingStrategy(node_id=node, soft=False) for node in nodes]
 
+    strategies.transfer_queues = original  # type: ignore[attr-defined]
     setattr(bootstrap, PLACEMENT_FN, strategies)
     try:
         yield
     finally:
-        setattr(bootstrap, PLACEMENT_FN, original)
+        if getattr(bootstrap, PLACEMENT_FN) is strategies:  # a start given up on ends after the next one began
+            setattr(bootstrap, PLACEMENT_FN, original)

@@ -45,3 +45,26 @@ def test_no_node_that_can_host_a_unit_is_one_line(resource: str | None, named: s
         unit_nodes(nodes, 1, resource)
     line = str(raised.value)
     assert "\n" not in line and named in line and "storage_node_resource" in line, line
+
+
+def test_a_start_given_up_on_never_leaves_its_placement_behind() -> None:
+    """Two starts overlap when the first is given up on (its thread still blocked) and a second begins: whichever
+    ends last, TransferQueue's own placement function is the one left in place."""
+    from transfer_queue.storage.bootstrap import simple_storage_bootstrap as bootstrap
+
+    from sc_app.data_plane.tq_placement import PLACEMENT_FN, units_on_capable_nodes
+
+    theirs = getattr(bootstrap, PLACEMENT_FN)
+    first, second = units_on_capable_nodes(), units_on_capable_nodes()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the given-up start's thread ends while the second start runs
+    assert getattr(bootstrap, PLACEMENT_FN) is not theirs
+    second.__exit__(None, None, None)
+    assert getattr(bootstrap, PLACEMENT_FN) is theirs
+    first, second = units_on_capable_nodes(), units_on_capable_nodes()
+    first.__enter__()
+    second.__enter__()
+    second.__exit__(None, None, None)
+    first.__exit__(None, None, None)
+    assert getattr(bootstrap, PLACEMENT_FN) is theirs
