@@ -13,8 +13,6 @@ from typing import Any
 
 from sc_app.config.app import CONTROLLER_ACTOR_CPUS, TQ_CONTROLLER_CPUS, TQ_STORAGE_UNIT_CPUS
 
-UNIT = "storage unit "  # + k: a storage unit's demand
-
 
 @dataclass(frozen=True)
 class Demand:
@@ -24,13 +22,14 @@ class Demand:
     resources: dict[str, float] = field(default_factory=dict)
 
 
-def job_demands(cfg: Any) -> list[Demand]:
-    """The actors ``setup_single_controller`` places for ``cfg`` (an ``AppConfig``), each with its resources."""
+def job_demands(cfg: Any, units: bool = True) -> list[Demand]:
+    """The actors ``setup_single_controller`` places for ``cfg`` (an ``AppConfig``), each with its resources;
+    without the storage units when ``units`` is false."""
     out = [Demand("TransferQueue controller", {"CPU": TQ_CONTROLLER_CPUS})]
     unit_needs = {"CPU": TQ_STORAGE_UNIT_CPUS}
     if cfg.data_plane.storage_node_resource:
         unit_needs[cfg.data_plane.storage_node_resource] = 0.001  # the node must have it; Ray checks presence
-    out += [Demand(f"{UNIT}{k}", dict(unit_needs)) for k in range(cfg.data_plane.storage_units)]
+    out += [Demand(f"storage unit {k}", dict(unit_needs)) for k in range(cfg.data_plane.storage_units if units else 0)]
     out.append(Demand("controller actor", {"CPU": CONTROLLER_ACTOR_CPUS}))
     for group, label in ((cfg.trainer, "trainer rank"), (cfg.generation, "generation worker")):
         needs = {"CPU": group.num_cpus, "GPU": group.num_gpus, **group.resources}
@@ -50,7 +49,7 @@ def held_cpus(cfg: Any, nodes: list[dict[str, Any]], first: str | None = None) -
     default scheduling starts too) tried first. An estimate — Ray places those actors itself — for where the
     storage units, which TransferQueue pins to their nodes, have room (``sc_app.data_plane.tq_placement``)."""
     alive = sorted((n for n in nodes if n.get("Alive")), key=lambda n: (n["NodeID"] != first, n["NodeID"]))
-    others = [d for d in job_demands(cfg) if not d.name.startswith(UNIT)]
+    others = job_demands(cfg, units=False)
     held = {n["NodeID"]: 0.0 for n in alive}
     for demand, node in _packed(others, [dict(n.get("Resources", {})) for n in alive]):
         if node is not None:

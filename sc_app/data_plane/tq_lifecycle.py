@@ -48,7 +48,7 @@ _made_units = False  # this process's storage units were made by ``start`` (no S
 
 
 POLL_S = 0.25
-UNIT = "TransferQueueStorageUnit#"  # + k: the name TransferQueue gives its k-th storage unit
+UNIT_NAME = "TransferQueueStorageUnit#"  # + k: the name TransferQueue gives its k-th storage unit
 
 
 def start(conf: Any, bound: Bound | None = None, held: Mapping[str, float] | None = None) -> None:
@@ -73,9 +73,9 @@ def start(conf: Any, bound: Bound | None = None, held: Mapping[str, float] | Non
     started = time.monotonic()
     thread = threading.Thread(target=run, name="tq-start", daemon=True)
     thread.start()
-    while thread.is_alive():
+    while True:
         thread.join(POLL_S)
-        if box or not thread.is_alive():
+        if box:  # done (the thread may be an instant from its end)
             break
         if bound.stop():
             _abandon(pinned)
@@ -102,10 +102,10 @@ def _abandon(pinned: list[str]) -> str:
     from ray._private import state
 
     alive = {a.get("Name") for a in state.actors(actor_state_name="ALIVE").values()}
-    waiting = [f"#{k} on node {node[:8]}" for k, node in enumerate(pinned) if f"{UNIT}{k}" not in alive]
+    waiting = [f"#{k} on node {node[:8]}" for k, node in enumerate(pinned) if f"{UNIT_NAME}{k}" not in alive]
     for k in range(len(pinned)):
         with contextlib.suppress(ValueError):  # never created, or gone
-            ray.kill(ray.get_actor(f"{UNIT}{k}"))
+            ray.kill(ray.get_actor(f"{UNIT_NAME}{k}"))
     stop()
     named = ", ".join(waiting) or "not placed yet"
     return f"TransferQueue's storage unit(s) {named} (a unit waits for a free CPU on the node it is pinned to)"
