@@ -45,6 +45,8 @@ SAVE_POINTS = (  # in the order a save passes them
     "save.rename",
     "save.done",
 )
+# a save committed on the bucket (checkpoint.remote.parts=direct): the record's compare-and-swap instead of the rename
+BUCKET_SAVE_POINTS = tuple("save.publish" if p == "save.rename" else p for p in SAVE_POINTS)
 _hits: dict[str, int] = {}
 _fired: dict[str, int] = {}
 

@@ -12,7 +12,8 @@ import logging
 import os
 import shutil
 import threading
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,44 +110,8 @@ class BundleWriter:
         fsync_dir(self.root)
 
     def commit(self, record: dict[str, Any], prehashed: dict[str, dict[str, Any]] | None = None) -> Path:
-        """Hash + fsync every file, write the manifest (``record`` + step + files) last, fsync dirs, rename.
-        Returns ``step_N/``.
-
-        ``prehashed``: bundle-relative path → ``hashing.FileDigest.as_dict()`` of files whose writer already
-        fsynced them and hashed exactly the bytes it wrote (policy files, the streamed data plane); they are not read
-        again. Their size on disk must still match, else the commit fails; one hashed by another algorithm than
-        this bundle's is read again."""
-        prehashed = prehashed or {}
-        files: dict[str, dict[str, Any]] = {}
-        for dirpath, _, names in os.walk(self.tmp):
-            for name in names:
-                p = Path(dirpath) / name
-                rel = p.relative_to(self.tmp).as_posix()
-                if rel == layout.MANIFEST_FILE:
-                    continue
-                known = prehashed.get(rel)
-                if known is not None and known["alg"] == self.hash_alg:
-                    size = p.stat().st_size
-                    if size != known["size"]:
-                        raise OSError(f"{p}: {size} bytes on disk, its writer wrote {known['size']}")
-                    files[rel] = {"digest": known["digest"], "size": size}
-                    continue
-                got = hash_and_fsync(p, self.hash_alg)
-                files[rel] = {"digest": got.digest, "size": got.size}
-        missing = [e for e in layout.REQUIRED_ENTRIES if not (self.tmp / e).exists()]
-        if missing:
-            raise FileNotFoundError(f"{self.tmp}: bundle incomplete, missing {', '.join(missing)}")
-        elsewhere = sorted(set(prehashed) - set(files))
-        if elsewhere:  # a writer wrote it, but not here: checkpoint.dir is not one directory for every writer
-            raise FileNotFoundError(
-                f"{self.tmp}: bundle incomplete, {len(elsewhere)} file(s) its writers wrote are not in it (first: "
-                f"{elsewhere[0]}); every bundle writer (trainer ranks, storage units) must see this directory: a "
-                "volume shared by their nodes (docs/object-storage.md \"Without a shared volume\")")
-        doc = {**record, "step": self.step, "hash_alg": self.hash_alg, "files": dict(sorted(files.items()))}
-        fault_point("save.manifest")
-        write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
-        fault_point("save.fsync")
-        fsync_tree_dirs(self.tmp)
+        """``seal``, then rename. Returns ``step_N/``."""
+        self.seal(record, prehashed)
         with self._commit, self.held():
             if self._abandoned:
                 raise SaveAbandoned(f"{self.tmp.name} was abandoned; not renamed")
@@ -158,6 +123,70 @@ class BundleWriter:
             self._renamed = True
         self._created = False
         return self.final
+
+    def seal(
+        self,
+        record: dict[str, Any],
+        prehashed: dict[str, dict[str, Any]] | None = None,
+        elsewhere: Mapping[str, FileRecord] | None = None,
+    ) -> None:
+        """Hash + fsync every file, write the manifest (``record`` + step + files) last, fsync dirs.
+
+        ``prehashed``: bundle-relative path → ``hashing.FileDigest.as_dict()`` of files whose writer already
+        fsynced them and hashed exactly the bytes it wrote (policy files, the streamed data plane); they are not read
+        again. Their size on disk must still match, else the seal fails; one hashed by another algorithm than
+        this bundle's is read again. ``elsewhere``: files the manifest lists that are not in the tmp dir (uploaded
+        to the bucket by their writers: ``sc_app.checkpoint.remote.parts``), hashed by this bundle's algorithm."""
+        prehashed = prehashed or {}
+        away = dict(elsewhere or {})
+        files: dict[str, dict[str, Any]] = {}
+        for dirpath, _, names in os.walk(self.tmp):
+            for name in names:
+                p = Path(dirpath) / name
+                rel = p.relative_to(self.tmp).as_posix()
+                if rel == layout.MANIFEST_FILE:
+                    continue
+                if rel in away:
+                    raise OSError(f"{p}: uploaded by its writer, yet also in the bundle's tmp dir")
+                known = prehashed.get(rel)
+                if known is not None and known["alg"] == self.hash_alg:
+                    size = p.stat().st_size
+                    if size != known["size"]:
+                        raise OSError(f"{p}: {size} bytes on disk, its writer wrote {known['size']}")
+                    files[rel] = {"digest": known["digest"], "size": size}
+                    continue
+                got = hash_and_fsync(p, self.hash_alg)
+                files[rel] = {"digest": got.digest, "size": got.size}
+        for rel, got in away.items():
+            if got.alg != self.hash_alg:
+                raise OSError(f"{self.tmp / rel}: hashed with {got.alg} by its writer, not {self.hash_alg}")
+            files[rel] = {"digest": got.digest, "size": got.size}
+        missing = [e for e in layout.REQUIRED_ENTRIES if not (self.tmp / e).exists()]
+        if missing:
+            raise FileNotFoundError(f"{self.tmp}: bundle incomplete, missing {', '.join(missing)}")
+        unseen = sorted(set(prehashed) - set(files))
+        if unseen:  # a writer wrote it, but not here: checkpoint.dir is not one directory for every writer
+            raise FileNotFoundError(
+                f"{self.tmp}: bundle incomplete, {len(unseen)} file(s) its writers wrote are not in it (first: "
+                f"{unseen[0]}); every bundle writer (trainer ranks, storage units) must see this directory: a "
+                'volume shared by their nodes (docs/object-storage.md "Without a shared volume")'
+            )
+        doc = {**record, "step": self.step, "hash_alg": self.hash_alg, "files": dict(sorted(files.items()))}
+        fault_point("save.manifest")
+        write_durable(self.tmp / layout.MANIFEST_FILE, render(doc, self._hmac_key))
+        fault_point("save.fsync")
+        fsync_tree_dirs(self.tmp)
+
+    @contextmanager
+    def publishing(self) -> Iterator[None]:
+        """The commit point of a sealed bundle published somewhere else than by a rename (the bucket: its record's
+        compare-and-swap runs inside): under the same lock and lease check as the rename, never after ``abandon``."""
+        with self._commit, self.held():
+            if self._abandoned:
+                raise SaveAbandoned(f"{self.tmp.name} was abandoned; not published")
+            fault_point("save.publish")
+            yield
+            self._renamed = True
 
     def abandon(self, wait_s: float = 1.0) -> bool:
         """From now on this bundle is never renamed, and ``abort`` leaves its tmp dir (the next lease holder's tidy

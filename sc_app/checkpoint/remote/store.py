@@ -158,9 +158,10 @@ class Store:
                 return
 
     # ---------------------------------------------------------------- big objects
-    def upload_stream(self, key: str, source: BinaryIO) -> None:
+    def upload_stream(self, key: str, source: BinaryIO, *, digest: str = "") -> None:
         """Upload what ``source.read()`` gives, in order (multipart above one part size, ``max_concurrency`` parts
-        in flight, at most ``max_concurrency + 1`` parts in memory). Raises ``RemoteError``."""
+        in flight, at most ``max_concurrency + 1`` parts in memory); ``digest``: recorded as the object's
+        ``DIGEST_META`` (known before the upload: a part its writer hashed). Raises ``RemoteError``."""
         from boto3.s3.transfer import TransferConfig
         from botocore.exceptions import BotoCoreError, ClientError
         from s3transfer.exceptions import S3UploadFailedError
@@ -173,7 +174,8 @@ class Store:
         )
         config.max_in_memory_upload_chunks = self.cfg.max_concurrency + 1  # s3transfer's bound on a stream's memory
         try:
-            self.client.upload_fileobj(source, self.target.bucket, key, Config=config)
+            extra = {"Metadata": {DIGEST_META: digest}} if digest else None
+            self.client.upload_fileobj(source, self.target.bucket, key, ExtraArgs=extra, Config=config)
         except ClientError as exc:
             raise classify(exc, self.where(key)) from None
         except (BotoCoreError, S3UploadFailedError) as exc:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,18 +69,33 @@ class DeadlineExceeded(RemoteError):
 
 
 def upload_bundle(
-    store: Store, bundle: Path, lease: RemoteLease, *, hmac_key: bytes | None, deadline_s: float
+    store: Store,
+    bundle: Path,
+    lease: RemoteLease,
+    *,
+    hmac_key: bytes | None,
+    deadline_s: float,
+    already: Collection[str] = (),
+    gate: Callable[[], AbstractContextManager[object]] = nullcontext,
+    name: str | None = None,
 ) -> UploadResult:
-    """Upload ``bundle`` (a committed local ``step_N``) and publish it (the module docstring)."""
+    """Upload ``bundle`` (a committed local ``step_N``, or a sealed ``tmp_step_N``) and publish it (the module
+    docstring). ``already``: files its manifest lists that their writers uploaded themselves
+    (``checkpoint.remote.parts=direct``): not read here; published only when each object on the server carries the
+    manifest's digest (``DIGEST_META``) and size. ``gate``: what the record's compare-and-swap runs under (a sealed
+    tmp dir's writer: its lock and local lease, as around a rename). ``name``: the directory under ``bundles/``
+    (default: the attempt's own for the step)."""
     t0 = time.monotonic()
     manifest = read_manifest(bundle, hmac_key=hmac_key)
     raw_manifest = read_regular(bundle / MANIFEST_FILE, MAX_MANIFEST_BYTES)
     step = manifest.step
     if holds(store, lease).published(step) is not None:
         return UploadResult(step, "", 0, time.monotonic() - t0, published=False)
-    name = bundle_dir(step, lease.run_id, lease.epoch)
+    name = name or bundle_dir(step, lease.run_id, lease.epoch)
     total = 0
     for rel, entry in sorted(manifest.files.items()):
+        if rel in already:
+            continue
         if time.monotonic() - t0 > deadline_s:
             raise DeadlineExceeded(f"upload of {bundle.name} passed its deadline of {deadline_s:g} s; retried later")
         total += _upload_file(store, bundle, rel, store.key(BUNDLES, name, rel), manifest.hash_alg, entry,
@@ -95,9 +112,13 @@ def upload_bundle(
         if head.size != int(entry["size"]):
             raise RemoteError(f"{store.where(store.key(BUNDLES, name, rel))}: {head.size} bytes on the server, the "
                               f"manifest says {entry['size']}; not publishing")  # fmt: skip
+        if rel in already and head.digest != hashing.label(manifest.hash_alg, str(entry["digest"])):
+            raise RemoteError(f"{store.where(store.key(BUNDLES, name, rel))}: not the bytes its writer uploaded for "
+                              "this bundle (digest); not publishing")  # fmt: skip
     entry = Published(step, name, hashing.digest_bytes(raw_manifest, hashing.BLAKE3), lease.run_id, lease.epoch,
                       utc_stamp())  # fmt: skip
-    published = publish(store, lease, entry)
+    with gate():
+        published = publish(store, lease, entry)
     return UploadResult(step, name, total + len(raw_manifest), time.monotonic() - t0, published)
 
 

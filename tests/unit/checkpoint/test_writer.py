@@ -116,3 +116,45 @@ def test_an_abandoned_save_is_never_renamed_and_its_tmp_dir_stays_for_quarantine
     done.commit(write_contents(done, 6))
     assert not done.abandon(), "a published bundle stays published"
     assert verify_bundle(tmp_path / "step_6").ok
+
+
+def test_a_sealed_bundle_lists_the_files_its_writers_uploaded_elsewhere_and_is_not_renamed(tmp_path: Path) -> None:
+    from sc_app.io import hashing
+
+    w = BundleWriter(tmp_path, 4).begin()
+    fields = write_contents(w, 4)
+    moved = w.policy_dir / "model.pt"
+    away = {"policy/model.pt": hashing.digest_file(moved, w.hash_alg)}
+    moved.unlink()  # uploaded by its rank: not in the tmp dir
+    w.seal(fields, {"policy/model.pt": away["policy/model.pt"].as_dict()}, elsewhere=away)
+    manifest = json.loads((w.tmp / "manifest.json").read_text())
+    assert manifest["files"]["policy/model.pt"] == {"digest": away["policy/model.pt"].digest,
+                                                    "size": away["policy/model.pt"].size}  # fmt: skip
+    assert not (tmp_path / "step_4").exists() and w.tmp.is_dir(), "sealing renames nothing"
+    with w.publishing():
+        pass
+    w.abort()
+    assert not w.tmp.exists(), "published elsewhere: the sealed tmp dir goes"
+
+
+def test_a_file_both_uploaded_and_in_the_tmp_dir_or_hashed_otherwise_is_refused(tmp_path: Path) -> None:
+    from sc_app.io import hashing
+
+    w = BundleWriter(tmp_path, 4).begin()
+    fields = write_contents(w, 4)
+    here = w.policy_dir / "model.pt"
+    with pytest.raises(OSError, match="uploaded by its writer, yet also in the bundle's tmp dir"):
+        w.seal(fields, elsewhere={"policy/model.pt": hashing.digest_file(here, w.hash_alg)})
+    other = "sha256" if w.hash_alg != "sha256" else "blake3"
+    with pytest.raises(OSError, match=f"hashed with {other} by its writer"):
+        w.seal(fields, elsewhere={"policy/shard.distcp": hashing.FileDigest(other, "00", 1)})
+
+
+def test_an_abandoned_save_never_reaches_its_commit_point_elsewhere(tmp_path: Path) -> None:
+    from sc_app.checkpoint.writer import SaveAbandoned
+
+    w = BundleWriter(tmp_path, 4).begin()
+    w.seal(write_contents(w, 4))
+    assert w.abandon()
+    with pytest.raises(SaveAbandoned), w.publishing():
+        raise AssertionError("the commit point ran after abandon()")
