@@ -18,7 +18,8 @@ until the killed run's named actors (TransferQueue controller, restore guard) ar
 untouched TransferQueue. ``--embedded`` starts a fresh local Ray per run instead.
 
 ``--remote``: the same with ``checkpoint.remote`` on a real S3 server (radosgw started here), kills mid-upload
-included, some runs on an empty directory resuming from the bucket (``bench/kill_stress_remote.py``).
+included, some runs on an empty directory resuming from the bucket (``bench/kill_stress_remote.py``); with
+``--direct`` every bundle is committed on the bucket alone (``checkpoint.remote.parts=direct``).
 """
 
 from __future__ import annotations
@@ -190,6 +191,8 @@ def main() -> int:
     ap.add_argument("--embedded", action="store_true", help="a fresh local Ray per run instead of one shared head")
     ap.add_argument("--remote", action="store_true", help="with checkpoint.remote on a real radosgw started here")
     ap.add_argument("--kills", default="fault,sigkill,mid-upload", help="--remote: the kinds of kill drawn from")
+    ap.add_argument("--direct", action="store_true", help="--remote with checkpoint.remote.parts=direct: bundles "
+                    "committed on the bucket alone (no local step_N/; resumes bring them home)")  # fmt: skip
     args = ap.parse_args()
     if args.remote:
         return main_remote(args)
@@ -218,6 +221,7 @@ def main_remote(args: argparse.Namespace) -> int:
     tally = Tally(args.iterations + 1)
     bucket = remote.Bucket.start(work)
     bucket.allowed = tuple(k for k in remote.KINDS if k in args.kills.split(","))
+    bucket.direct = args.direct
     head, address = (None, None)
     try:
         head, address = (None, None) if args.embedded else start_head(work)

@@ -35,7 +35,7 @@ from sc_app.checkpoint.remote.fence import BUNDLES, read_record
 from sc_app.checkpoint.remote.store import Store
 from sc_app.checkpoint.remote.sync import bring_newer, newest_counting
 from sc_app.config.remote import RemoteConfig
-from sc_app.faults import SAVE_POINTS
+from sc_app.faults import BUCKET_SAVE_POINTS, SAVE_POINTS
 from tests.support.proc import kill_session, read_trace, start_logged, wait_for
 from tests.support.rgw import Rgw
 
@@ -53,6 +53,7 @@ class Bucket:
     partial_uploads: int = 0  # kills that left an upload no record lists (caught mid-upload)
     fresh_zones: int = 0
     allowed: tuple[str, ...] = KINDS  # the kinds of kill drawn from (``--kills``)
+    direct: bool = False  # ``--direct``: checkpoint.remote.parts=direct, every bundle committed on the bucket alone
 
     @classmethod
     def start(cls, work: Path) -> Bucket:
@@ -65,7 +66,10 @@ class Bucket:
 
     def sets(self) -> list[str]:
         keys = ("url", "endpoint", "region", "addressing_style", "request_timeout_s", "bundle_deadline_s", "drain_s")
-        return [a for k in keys for a in ("--set", f"checkpoint.remote.{k}={getattr(self.cfg, k)}")]
+        sets = [f"checkpoint.remote.{k}={getattr(self.cfg, k)}" for k in keys]
+        if self.direct:
+            sets += ["checkpoint.volume=local", "checkpoint.remote.parts=direct", "data_plane.snapshot=streamed"]
+        return [a for kv in sets for a in ("--set", kv)]
 
     def unpublished(self) -> set[str]:
         record, _ = read_record(self.store)
@@ -115,7 +119,7 @@ def run_and_kill(
     bucket.kinds[kind] = bucket.kinds.get(kind, 0) + 1
     env = dict(bucket.rgw.env())
     if kind == "fault":
-        point = rng.choice(SAVE_POINTS)
+        point = rng.choice(BUCKET_SAVE_POINTS if bucket.direct else SAVE_POINTS)
         env |= {"SC_APP_FAULT_AT": point, "SC_APP_FAULT_AFTER": str(rng.randint(0, 2))}
         what = f"fault {point} after {env['SC_APP_FAULT_AFTER']}"
     args = ["run", "--checkpoint-dir", str(root), "--max-steps", str(max_steps), "--set", "checkpoint.save_period=1",
@@ -173,7 +177,7 @@ def check_bucket(bucket: Bucket) -> list[str]:
 def final_catch_up(root: Path, trace: Path, work: Path, address: str | None, bucket: Bucket) -> list[str]:
     """One run that ends by itself: the bucket ends with the local newest bundle, and it comes home verified."""
     local = ks.steps(root)
-    target = (local[-1] if local else bucket.newest_counting()) + 2
+    target = max(local[-1] if local else 0, bucket.newest_counting()) + 2  # (direct: the bucket may be ahead)
     args = ["run", "--checkpoint-dir", str(root), "--max-steps", str(target), "--set", "checkpoint.save_period=1",
             "--set", "checkpoint.keep=4", "--set", f"run.trace_file={trace}", *bucket.sets()]  # fmt: skip
     if address:

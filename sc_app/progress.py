@@ -55,7 +55,7 @@ def step_summary(record: StepRecord) -> dict[str, float | int | None]:
 
 @dataclass(frozen=True)
 class SaveRecord:
-    """A bundle was published (renamed to ``step_N/``)."""
+    """A bundle was published (renamed to ``step_N/``, or ``on_bucket``)."""
 
     step: int
     bundle: str
@@ -66,6 +66,8 @@ class SaveRecord:
     data_plane_bytes: int
     pruned: tuple[str, ...] = ()
     emergency: bool = False  # the bundle cut on a stop request (SIGTERM), not a periodic or final one
+    on_bucket: bool = False  # committed on the bucket alone (checkpoint.remote.parts=direct): no local step_N/
+    uploaded_bytes: int = 0  # on_bucket: the bytes uploaded for it (the head's files and the ranks' parts)
 
 
 @dataclass(frozen=True)

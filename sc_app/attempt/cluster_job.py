@@ -195,7 +195,8 @@ class ClusterJob:
 
     def reset(self, setup: Setup, plan: ResumePlan, halted: Any, epoch: int) -> tuple[Setup, Reset]:
         attempt = self.attempt
-        who = JobIdentity(attempt.run_id, attempt.lease, attempt.rules.lineage, attempt.dataset)
+        link = attempt.remote.link() if attempt.remote is not None else None
+        who = JobIdentity(attempt.run_id, attempt.lease, attempt.rules.lineage, attempt.dataset, link)
         gone = frozenset(d.actor_id for d in self._gone())
         warm = WarmReset(attempt.cfg, who, epoch, attempt.cfg.run.reset_timeout_s, gone=gone)
         # a lost node's survivors elsewhere stay; no watch (a death before the drive): the data plane is rebuilt

@@ -11,7 +11,9 @@
   predecessor's newest bundle at the moment it took the lease);
 * ``RemoteTier.start`` — start the uploader, which first catches the bucket up with the bundle the attempt resumes
   from;
-* ``RemoteTier.saved`` — every bundle published locally is handed to the uploader (behind training);
+* ``RemoteTier.progress`` — every bundle published locally is handed to the uploader (behind training); one the
+  controller committed on the bucket itself (``checkpoint.remote.parts=direct``: ``link`` is what it needs for
+  that) is only counted: nothing of it is local;
 * ``RemoteTier.finish`` — at the end: wait up to ``checkpoint.remote.drain_s`` for a run that ended by itself, not
   at all for a stop request (the local bundle is complete; the next attempt catches the bucket up).
 """
@@ -26,14 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from sc_app.checkpoint import BundleRules, choose_bundle, hmac_key_from_env
+from sc_app.checkpoint.lease import Lease
 from sc_app.checkpoint.lineage import read_lineage
 from sc_app.checkpoint.remote.fence import RemoteLease, RemoteRefused, acquire, read_record
+from sc_app.checkpoint.remote.parts import RemoteLink
 from sc_app.checkpoint.remote.probe import open_bucket
 from sc_app.checkpoint.remote.record import RemoteRecord
 from sc_app.checkpoint.remote.store import RemoteError, Store
 from sc_app.checkpoint.remote.sync import BroughtHome, bring_newer
 from sc_app.checkpoint.remote.upload import UploadResult
 from sc_app.checkpoint.remote.uploader import Uploader
+from sc_app.checkpoint.retention import prune
 from sc_app.config.app import AppConfig
 from sc_app.progress import SaveRecord, UploadRecord
 
@@ -64,6 +69,13 @@ class RemoteTier:
         self.shown = calls.on_progress
         return replace(calls, on_progress=self.progress)
 
+    def link(self) -> RemoteLink | None:
+        """What the controller and the trainer ranks need to commit bundles on the bucket themselves; None unless
+        ``checkpoint.remote.parts=direct`` (or before this attempt took the bucket)."""
+        if self.cfg.checkpoint.remote.parts != "direct" or self.lease is None:
+            return None
+        return RemoteLink(self.lease, self.store.bare_if_match)
+
     def lineage(self) -> str | None:
         """The bucket's lineage: what a checkpoint dir without one (an emptyDir whose predecessor took the bucket
         but never published) adopts, so the job can take the bucket again."""
@@ -85,6 +97,19 @@ class RemoteTier:
                 f"checkpoint.remote.url={self.cfg.checkpoint.remote.url}: could not bring the bucket's newest bundle "
                 f"home ({exc}); nothing was started: rerun when the bucket (and the disk) can be used"
             ) from None
+
+    def bring_newest_home(self, rules: BundleRules, lease: Lease | None) -> None:
+        """``checkpoint.remote.parts=direct``, before an in-job restore: the bucket's newest bundle (this attempt
+        commits its bundles there alone) brought home; then the local directory's retention, by the bucket's rule
+        (``checkpoint.keep``): the head's disk holds at most that many bundles brought home, not one per restore."""
+        try:
+            self.record = read_record(self.store)[0]
+        except RemoteError as exc:
+            raise RemoteUnavailable(f"checkpoint.remote.url={self.cfg.checkpoint.remote.url}: {exc}") from None
+        brought = self.bring_home(rules)
+        if brought is not None and lease is not None:
+            with lease.held():
+                prune(self.root, self.cfg.checkpoint.keep, newest_verified=brought.path, expected_lineage=rules.lineage)
 
     def take(self, run_id: str, lineage: str) -> bool:
         """Take the bucket (epoch + 1): the attempt that held it publishes nothing more. Then re-read its record;
@@ -136,7 +161,10 @@ class RemoteTier:
     def progress(self, record: Any) -> None:
         """Every progress record of the run: a published bundle (``SaveRecord``) goes to the uploader; then the
         record, then the uploads that ended since, are shown."""
-        if isinstance(record, SaveRecord) and self.uploader is not None:
+        if isinstance(record, SaveRecord) and record.on_bucket:
+            self.newest_local = self.newest_remote = max(self.newest_remote, record.step)
+            self._done.put(UploadRecord(record.step, record.bundle, record.uploaded_bytes, record.seconds, 0))
+        elif isinstance(record, SaveRecord) and self.uploader is not None:
             self.newest_local = max(self.newest_local, record.step)
             self.uploader.submit(self.root / record.bundle)
         self.shown(record)

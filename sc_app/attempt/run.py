@@ -115,7 +115,11 @@ class Attempt:
         ``start`` plan is announced (``on_plan`` and ``on_attempt``), a ``fallback`` or ``restore`` plan reported
         (``on_plan``), a ``look`` only when it refuses (the caller announces the one it acts on); a refused plan
         raises ``ResumeRefused`` after it was reported, and so does a ``fallback`` that finds no bundle to resume
-        (``unrestorable``: bundle name → why it verified but could not be restored)."""
+        (``unrestorable``: bundle name → why it verified but could not be restored). With bundles committed on the
+        bucket alone (``checkpoint.remote.parts=direct``), an in-job restore brings the bucket's newest home
+        first."""
+        if moment == "restore" and self.remote is not None and self.remote.link() is not None:
+            self.remote.bring_newest_home(self.rules, self.lease)
         plan = choose_bundle(self.rules, tidy=self.lease is not None, unrestorable=unrestorable)
         refused = plan.decision == "refuse" or (moment == "fallback" and plan.decision != "resume")
         if moment == "start" or (moment == "look" and refused):
@@ -220,6 +224,7 @@ def start_controller(attempt: Attempt, plan: ResumePlan) -> tuple[Setup, ResumeP
                 lease=attempt.lease,
                 lineage=attempt.rules.lineage,
                 dataset=attempt.dataset,
+                remote=attempt.remote.link() if attempt.remote is not None else None,
             )
             return setup, plan
         except RestoreFailed as exc:

@@ -7,9 +7,9 @@ Restore order (seed), asserted by ``SetupOrder`` here and by the shared ``DataPl
   4. ``SingleControllerActor.remote(args + restored metadata)``
   5. ``actor.restore()``: ``load_state_dict(sidecar)`` (index only) and the inventory check, before any pump
 Step 1 is *issued* first and finishes before step 3; the trainer workers start and read their state while this
-process restores the data plane (they touch no data plane until after the seal), so a resume costs
-max(trainer start + load, data-plane restore) rather than their sum. For the same reason the workers are created
-before TransferQueue is started: a start costs max(worker start, TransferQueue start).
+process restores the data plane (they touch no data plane until after the seal), so a resume costs max(trainer
+start + load, data-plane restore), not their sum; the workers are created before TransferQueue is started, so a
+start costs max(worker start, TransferQueue start).
 
 A bundle that verified but fails any restore step raises ``RestoreFailed`` after everything this setup built is
 torn down (actors killed, TransferQueue closed, the guard gone), so the caller can fall back to an older bundle
@@ -36,6 +36,7 @@ from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease
 from sc_app.checkpoint.node_parts import NodeCopyFailed
+from sc_app.checkpoint.remote.parts import RemoteLink
 from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
 from sc_app.controller.actor import SingleControllerActor, SingleControllerActorArgs
 from sc_app.data_plane.guard import GUARD_NAME
@@ -53,8 +54,7 @@ log = logging.getLogger(__name__)
 
 
 def _one_line(exc: BaseException) -> str:
-    cause = getattr(exc, "cause", None)
-    inner = cause if isinstance(cause, BaseException) else exc
+    inner = cause if isinstance(cause := getattr(exc, "cause", None), BaseException) else exc
     text = str(inner).strip().splitlines()
     return f"{type(inner).__name__}: {text[0] if text else ''}".rstrip(": ")
 
@@ -83,9 +83,9 @@ def start_controller_actor(args: SingleControllerActorArgs) -> Any:
     and, with a checkpoint directory per pod (the chart's ``checkpoint.volume: local``), of the bundles it commits."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    options = {"num_cpus": CONTROLLER_ACTOR_CPUS, "scheduling_strategy": here}
-    return ray.remote(SingleControllerActor).options(**options).remote(args)
+    near = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    actor = ray.remote(SingleControllerActor).options(num_cpus=CONTROLLER_ACTOR_CPUS, scheduling_strategy=near)
+    return actor.remote(args)
 
 
 # Errors of a worker that are no fault of a bundle (bad input, a node that does not see the checkpoint directory):
@@ -268,6 +268,7 @@ def setup_single_controller(
     lease: Lease | None = None,
     lineage: str | None = None,
     dataset: DatasetRecord | None = None,
+    remote: RemoteLink | None = None,
 ) -> Setup:
     """Build every object on the driver, restore in the seed's order (``SetupOrder``), create the controller and
     let it rebuild and check its index. ``RestoreFailed`` (everything torn down) when a resumed bundle fails; a
@@ -276,7 +277,7 @@ def setup_single_controller(
     generation worker must read the same bytes)."""
     setup = Setup(namespace=cfg.ray.namespace)
     try:
-        _build(setup, cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
+        _build(setup, cfg, plan, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset, remote=remote)
     except BaseException as exc:
         setup.teardown()
         if own_error(exc) is not exc:  # e.g. the controller actor's node does not see the checkpoint directory
@@ -341,6 +342,7 @@ def controller_args(
     lineage: str | None,
     dataset: DatasetRecord | None,
     epoch: int | None = None,
+    remote: RemoteLink | None = None,
 ) -> SingleControllerActorArgs:
     """Seed flow 2: everything the controller actor needs, from what this set-up built and restored."""
     return SingleControllerActorArgs(
@@ -358,6 +360,7 @@ def controller_args(
         dataset=dataset.as_manifest() if dataset is not None else None,
         restored_fingerprint=restored.fingerprint,
         epoch=epoch,
+        remote=remote,
     )
 
 
@@ -370,6 +373,7 @@ def _build(
     lease: Lease | None,
     lineage: str | None,
     dataset: DatasetRecord | None,
+    remote: RemoteLink | None,
 ) -> None:
     order = SetupOrder()
     stop_before("the job's processes were started")  # e.g. SIGTERM while Ray was starting
@@ -384,7 +388,8 @@ def _build(
     restored = _restore(setup, cfg, plan, order) if plan.decision == "resume" else Restored()
     dp_client.seal({"decision": plan.decision, "step": restored.step, "run_id": run_id})
     order.enter("sealed")
-    args = controller_args(cfg, policy, restored, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset)
+    args = controller_args(cfg, policy, restored, run_id=run_id, lease=lease, lineage=lineage, dataset=dataset,
+                           remote=remote)  # fmt: skip
     setup.actor = start_controller_actor(args)
     setup.handles.append(setup.actor)
     order.enter("actor")

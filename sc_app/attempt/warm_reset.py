@@ -59,6 +59,7 @@ from sc_app.attempt.setup import (
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
+from sc_app.checkpoint.remote.parts import RemoteLink
 from sc_app.config.app import AppConfig
 from sc_app.data_plane.guard import GUARD_NAME, get_guard
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, clear_all_rows, shutdown_transferqueue
@@ -79,6 +80,7 @@ class JobIdentity:
     lease: Lease | None
     lineage: str | None
     dataset: DatasetRecord | None
+    remote: RemoteLink | None = None  # checkpoint.remote.parts=direct: bundles are committed on the bucket
 
 
 def _bounded(refs: list[Any], timeout_s: float, what: str) -> list[Any]:
@@ -328,6 +330,7 @@ class WarmReset:
             lineage=who.lineage,
             dataset=who.dataset,
             epoch=self.epoch,
+            remote=who.remote,
         )
         if alive:
             _bounded([setup.actor.reset.remote(args)], self.timeout_s, "the controller actor's reset")

@@ -42,11 +42,13 @@ class NodeCopyFailed(RuntimeError):
 class PolicyPart:
     """What one trainer rank wrote of a bundle's ``policy/``: policy-dir-relative name → its record, hashed as it
     was written. ``staged_on``: the host whose own disk holds the files (``part_dir``); None when they
-    were written into the bundle itself."""
+    were written into the bundle itself. ``uploaded``: the rank uploaded them to the bucket itself
+    (``sc_app.checkpoint.remote.parts``; ``files`` then lists every one, as sent) and freed its disk."""
 
     files: dict[str, hashing.FileDigest] = field(default_factory=dict)
     staged_on: str | None = None
     staged: dict[str, int] = field(default_factory=dict)  # every file staged there (name → size), hashed or not
+    uploaded: bool = False
 
 
 @dataclass(frozen=True)

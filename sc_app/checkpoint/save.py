@@ -116,9 +116,10 @@ def _prune_held(writer: BundleWriter, keep: int, newest: Path, lineage: str | No
 
 @dataclass(frozen=True)
 class PublishedBundle:
-    path: Path
+    path: Path  # ``step_N/`` (on the bucket only: ``on_bucket``)
     data_plane_bytes: int
     pruned: tuple[str, ...]
+    on_bucket: Any = None  # committed on the bucket instead of renamed (``publish``): its ``UploadResult``
 
 
 async def write_bundle(
@@ -132,13 +133,16 @@ async def write_bundle(
     keep: int,
     in_background: InBackground,
     executor: Any = None,
+    publish: Callable[[BundleWriter, dict[str, Any], dict[str, dict[str, Any]]], Any] | None = None,
 ) -> PublishedBundle:
     """Write ``captured`` and the data plane's ``snapshot`` of its rows into ``writer``'s tmp dir and publish it;
     then prune to ``keep`` bundles.
 
     ``write_policy(policy_dir)`` starts the trainers' write of the state they copied in the window and returns
     an awaitable of the files they hashed as they wrote them (policy-dir-relative name → ``FileRecord``; the
-    commit reads only the others back); an ``OSError`` there is a failed save like any other I/O error."""
+    commit reads only the others back); an ``OSError`` there is a failed save like any other I/O error.
+    ``publish(writer, manifest_record, prehashed)``: commits the bundle somewhere else than by the rename (the
+    bucket: ``sc_app.checkpoint.remote.parts``); no local retention runs then (no local bundle was added)."""
     policy_written: asyncio.Future[Any] | None = None
     try:
         try:
@@ -160,13 +164,18 @@ async def write_bundle(
             prehashed[f"{layout.POLICY_DIR}/{name}"] = record.as_dict()
         prehashed[layout.LOADER_FILE] = loader_file.as_dict()
         prehashed[layout.SIDECAR_FILE] = sidecar_file.as_dict()
-        final = await in_background(writer.commit, manifest_record, prehashed)
+        if publish is not None:
+            on_bucket = await in_background(publish, writer, manifest_record, prehashed)
+        else:
+            final = await in_background(writer.commit, manifest_record, prehashed)
     except BaseException:
         if policy_written is not None:  # let the trainer's write end before its directory goes
             await asyncio.gather(policy_written, return_exceptions=True)
         await in_background(writer.abort)
         raise
     await afault_point("save.done")
+    if publish is not None:
+        return PublishedBundle(writer.final, int(data_plane["bytes"]), (), on_bucket)
     try:
         removed = await in_background(_prune_held, writer, keep, final, captured.lineage)
     except (OSError, LeaseLost) as exc:  # the bundle is published; an old one left behind is no failed save

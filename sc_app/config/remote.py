@@ -70,6 +70,12 @@ class RemoteConfig(BaseModel):
     bundle_deadline_s: float = Field(
         1800.0, gt=0, le=MAX_SECONDS, description="An upload of one bundle abandoned (and retried) after this."
     )
+    parts: Literal["via_head", "direct"] = Field(
+        "via_head",
+        description="With checkpoint.volume=local: how a trainer rank's part of a bundle reaches the bucket. "
+        "via_head: gathered into the head's bundle, uploaded from there; direct: uploaded by the rank itself, the "
+        "bundle committed on the bucket only (docs/object-storage.md).",
+    )
     drain_s: float = Field(
         120.0,
         ge=0,
@@ -116,6 +122,11 @@ def check_volume(volume: str, remote: RemoteConfig, snapshot: str) -> None:
     """``checkpoint.volume=local`` (a disk of its own per node): the bucket is what outlives a node's disk, and
     every part of a bundle that is not a trainer's passes through the controller's process."""
     if volume != "local":
+        if remote.parts == "direct":
+            raise ValueError(
+                "checkpoint.remote.parts=direct is for checkpoint.volume=local (every node with a disk of its own); "
+                "on a shared volume the bundle is committed there and uploaded from the head"
+            )
         return
     if not remote.enabled:
         raise ValueError(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sc_app.checkpoint.lease import Lease
+from sc_app.checkpoint.remote.parts import RemoteLink
 from sc_app.config.app import AppConfig
 from sc_app.data_plane.client import DataPlaneClient
 from sc_app.rl.backend import PolicyFingerprint
@@ -40,6 +41,7 @@ class SingleControllerActorArgs:
     dataset: dict[str, Any] | None = None  # the task's dataset file (path, sha256, rows): recorded in every bundle
     restored_fingerprint: PolicyFingerprint | None = None  # of the state the trainers restored (traced at start)
     epoch: int | None = None  # the fencing epoch every call to a worker carries (sc_app.rl.fencing); None: unfenced
+    remote: RemoteLink | None = None  # checkpoint.remote.parts=direct: bundles are committed on the bucket
 
 
 def disconnect_transferqueue() -> None:

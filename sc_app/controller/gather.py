@@ -26,11 +26,12 @@ AHEAD = 2  # chunk reads in flight per file: the rank reads and Ray carries the 
 async def gather_policy(
     trainers: Sequence[Any], parts: Sequence[PolicyPart], policy_dir: Path, in_background: InBackground
 ) -> dict[str, FileRecord]:
-    """Every rank's ``PolicyPart`` into ``policy_dir``; returns the records of the files the writers hashed."""
+    """Every rank's ``PolicyPart`` into ``policy_dir`` (but those the ranks uploaded to the bucket themselves);
+    returns the records of the files the writers hashed."""
     records: dict[str, FileRecord] = {}
     for part in parts:
         records.update(part.files)
-    staged = [(t, p) for t, p in zip(trainers, parts, strict=True) if p.staged_on is not None]
+    staged = [(t, p) for t, p in zip(trainers, parts, strict=True) if p.staged_on is not None and not p.uploaded]
     results = await asyncio.gather(
         *[_gather_rank(t, p, policy_dir, in_background) for t, p in staged], return_exceptions=True
     )

@@ -39,9 +39,13 @@ from sc_app.checkpoint import BundleWriter, hmac_key_from_env
 from sc_app.checkpoint.compat import compat_of
 from sc_app.checkpoint.emergency import in_flight_wait, plan_emergency
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease, LeaseLost
+from sc_app.checkpoint.remote.fence import RemoteLeaseLost
+from sc_app.checkpoint.remote.parts import RemoteLink
+from sc_app.checkpoint.remote.store import RemoteError
 from sc_app.checkpoint.save import CapturedSave, write_bundle
 from sc_app.checkpoint.writer import FileRecord
 from sc_app.config.app import AppConfig
+from sc_app.controller.bucket_commit import BucketCommit
 from sc_app.controller.gather import gather_policy
 from sc_app.data_plane.barrier import DataPlaneCheckpointBarrier
 from sc_app.data_plane.client import CapturedRows, DataPlaneClient, DataPlaneSnapshot
@@ -67,12 +71,8 @@ class SaveFailed(RuntimeError):
 def _versions() -> dict[str, str]:
     import transfer_queue
 
-    return {
-        "sc_app": __version__,
-        "ray": ray.__version__,
-        "torch": torch.__version__,
-        "transferqueue": getattr(transfer_queue, "__version__", "0.1.11"),
-    }
+    tq = getattr(transfer_queue, "__version__", "0.1.11")
+    return {"sc_app": __version__, "ray": ray.__version__, "torch": torch.__version__, "transferqueue": tq}
 
 
 class SaveArgs(Protocol):
@@ -83,6 +83,7 @@ class SaveArgs(Protocol):
     lease: Lease | None
     lineage: str | None
     dataset: dict[str, Any] | None
+    remote: RemoteLink | None  # checkpoint.remote.parts=direct: bundles are committed on the bucket
 
 
 class SaveCoordinator:
@@ -116,6 +117,7 @@ class SaveCoordinator:
         self._policy_written = asyncio.Event()  # set once the save in flight's trainers wrote their copy
         self._policy_written.set()  # (no save yet: the trainers' copy is free)
         self._writer: BundleWriter | None = None  # the newest save's writer (``emergency`` may abandon its save)
+        self._bucket = BucketCommit(cfg, args.remote) if args.remote is not None else None
         self.stopping = asyncio.Event()  # a stop was requested: no periodic save starts from now on
 
     # ------------------------------------------------------------------ what the train pump calls
@@ -252,9 +254,9 @@ class SaveCoordinator:
         """
         try:
             return await self._save(step, version, released, emergency)
-        except LeaseLost:
+        except (LeaseLost, RemoteLeaseLost):
             raise
-        except (OSError, CheckpointDirNotShared) as exc:
+        except (OSError, CheckpointDirNotShared, RemoteError) as exc:
             msg = (
                 f"save of step {step} to {self.cfg.checkpoint.dir} failed: {os_error_line(exc)}; "
                 "its tmp dir was removed and every older bundle is intact"
@@ -301,19 +303,13 @@ class SaveCoordinator:
             keep=cfg.checkpoint.keep,
             in_background=self._in_background,
             executor=self._io,
+            publish=self._bucket.publish if self._bucket is not None else None,
         )
         self._trace(ev="save", step=captured.step, digest=captured.digest, groups=captured.groups)
-        return SaveRecord(
-            step=captured.step,
-            bundle=published.path.name,
-            seconds=time.perf_counter() - t0,
-            paused_seconds=paused,
-            window_seconds=window,
-            groups=captured.groups,
-            data_plane_bytes=published.data_plane_bytes,
-            pruned=published.pruned,
-            emergency=emergency,
-        )
+        up = published.on_bucket  # checkpoint.remote.parts=direct: committed on the bucket (its UploadResult)
+        return SaveRecord(captured.step, published.path.name, time.perf_counter() - t0, paused, window,
+                          captured.groups, published.data_plane_bytes, published.pruned, emergency,
+                          on_bucket=up is not None, uploaded_bytes=up.bytes if up else 0)  # fmt: skip
 
     async def capture(
         self, writer: BundleWriter, *, step: int, version: int
@@ -365,12 +361,15 @@ class SaveCoordinator:
     async def _write_policy(self, policy_dir: Path) -> dict[str, FileRecord]:
         """Every trainer writes the state it copied in the window, in parallel (each on its io thread; a part on a
         node's own disk is gathered); returns the files they hashed as they wrote them. An I/O error stays one."""
-        trainers = self.args.trainers
+        trainers, bucket = self.args.trainers, self._bucket
+        target = bucket.target(self._writer) if bucket is not None and self._writer is not None else None
         try:
-            written = await asyncio.gather(*[t.write_captured.remote(str(policy_dir)) for t in trainers])
+            written = await asyncio.gather(*[t.write_captured.remote(str(policy_dir), target) for t in trainers])
+            if bucket is not None:
+                bucket.note(written)  # parts the ranks uploaded to the bucket themselves: not gathered
             return await gather_policy(trainers, written, policy_dir, self._in_background)  # parts on nodes' disks
         except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, OSError | CheckpointDirNotShared):  # a full disk, a node that lost the mount
+            if isinstance(exc.cause, OSError | CheckpointDirNotShared | RemoteError):  # a full disk, a lost mount
                 raise exc.cause from None
             raise
         finally:

@@ -28,6 +28,7 @@ import torch
 from sc_app.checkpoint import node_parts
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease, not_shared
 from sc_app.checkpoint.node_parts import PolicyPart
+from sc_app.checkpoint.remote.parts import PartTarget, upload_part
 from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
 from sc_app.io.background import lower_current_thread_priority
@@ -175,10 +176,11 @@ class TrainerWorker:
         return self.backend.capture()
 
     @ray.method(concurrency_group="io")
-    def write_captured(self, policy_dir: str) -> PolicyPart:
+    def write_captured(self, policy_dir: str, target: PartTarget | None = None) -> PolicyPart:
         """Write the last capture into ``policy_dir`` (which the controller created), fsynced; returns the files
         this rank hashed as it wrote them (the manifest hashes any other file itself). On a node with a disk of its
-        own there (``checkpoint.volume=local``) the part is staged on that disk for the controller to gather."""
+        own there (``checkpoint.volume=local``) the part is staged on that disk for the controller to gather, or,
+        with a ``target`` (``checkpoint.remote.parts=direct``), uploaded from there to the bucket and dropped."""
         lower_current_thread_priority()  # this thread only: the training thread keeps the CPU first
         if Path(policy_dir).is_dir():
             return PolicyPart(self.backend.write_captured(Path(policy_dir)))
@@ -186,7 +188,14 @@ class TrainerWorker:
             raise not_shared(self._who, policy_dir, "the bundle's policy directory is not there")
         staged = node_parts.fresh(node_parts.part_dir(self._root, self.rank))
         files = self.backend.write_captured(staged)
-        return PolicyPart(files, socket.gethostname(), node_parts.list_files(staged))
+        if target is None:
+            return PolicyPart(files, socket.gethostname(), node_parts.list_files(staged))
+        try:
+            store = target.link.store(self.cfg.checkpoint.remote)
+            sent = upload_part(store, staged, node_parts.list_files(staged), files, target)
+        finally:
+            node_parts.clear(staged)
+        return PolicyPart(sent, socket.gethostname(), uploaded=True)
 
     @ray.method(concurrency_group="io")
     def read_part(self, rel: str, offset: int) -> bytes:

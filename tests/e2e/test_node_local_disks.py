@@ -39,7 +39,7 @@ import pytest
 
 from tests.support.bundles import tree
 from tests.support.cli import InProcess
-from tests.support.hf import ARITHMETIC, hf_world, make_model_dir, policy_oracle
+from tests.support.hf import ARITHMETIC, HfWorld, hf_world, make_model_dir, policy_oracle
 from tests.support.node_disks import OwnDiskNode, skip_reason, wait_for_nodes
 from tests.support.proc import (
     Finished,
@@ -53,6 +53,7 @@ from tests.support.proc import (
     trace_runs,
     wait_for,
 )
+from tests.support.rgw import ACCESS_KEY, SECRET_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -106,15 +107,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("own_disks")
     ckpt = base / "ckpt"
     ckpt.mkdir()
+    # every pod's credentials for the suite's bucket (as a ServiceAccount gives them on Kubernetes): the controller
+    # actor on the head and, with checkpoint.remote.parts=direct, the trainer ranks upload
+    creds = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    saved_env = {k: os.environ.get(k) for k in creds}
+    os.environ.update(creds)  # the head's raylet and workers start from this process's environment
     # "rank": with three trainer ranks, one on the head and two on the node with its own disk
     ray_cluster = start_cluster(num_cpus=5, include_dashboard=False, resources={"head": 4, "rank": 1})
     node = OwnDiskNode.start(ray_cluster.address, ckpt, base / "node.log", num_cpus=3,
-                             resources={"own_disk": 4, "rank": 2, "disk_rank": 1})  # fmt: skip
+                             resources={"own_disk": 4, "rank": 2, "disk_rank": 1}, env=creds)  # fmt: skip
     other = None
     try:  # one node at a time: two raylets starting at once on 2 loaded cores can miss Ray's start timeout
         wait_for_nodes(ray_cluster.address, 2, node)
         other = OwnDiskNode.start(ray_cluster.address, ckpt, base / "other.log", num_cpus=1,
-                                  resources={"disk_rank": 1})  # fmt: skip
+                                  resources={"disk_rank": 1}, env=creds)  # fmt: skip
         wait_for_nodes(ray_cluster.address, 3, other)
         yield Cluster(ray_cluster.address, base, ckpt, node.proc.pid, (node, other))
     finally:
@@ -122,6 +128,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             other.stop()
         node.stop()
         ray_cluster.shutdown()
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -268,19 +279,26 @@ class HfLocalRuns:
 
 
 @pytest.fixture(scope="module")
-def hf_local_runs(cluster: Cluster, rgw: Any) -> HfLocalRuns:
+def hf_world_on_disks(cluster: Cluster) -> HfWorld:
     base = cluster.base / "hf"  # beside the checkpoint path, not under it: every node sees the model and the data
     base.mkdir()
     reward = ("unused_reward", "def score(**_):\n    return 0.0\n")  # the workers' nodes import sc_app's own below
-    world = hf_world(base, model=make_model_dir(base / "model"), rows=ARITHMETIC * 4, reward=reward, lr=HF_LR)
-    remote = _volume_local(rgw, "hf-own-disks")
+    return hf_world(base, model=make_model_dir(base / "model"), rows=ARITHMETIC * 4, reward=reward, lr=HF_LR)
+
+
+def _hf_placement(cluster: Cluster) -> list[str]:
     placement = [f"ray.address={cluster.address}", "trainer.resources={disk_rank: 1}", "generation.resources={head: 1}"]
     placement += ["data_plane.storage_node_resource=head", "trainer.num_workers=2", "trainer.strategy=fsdp"]
-    placement += ["task.reward=sc_app.rl.hf.rewards:numeric_match"]
+    return [*placement, "task.reward=sc_app.rl.hf.rewards:numeric_match"]
+
+
+@pytest.fixture(scope="module")
+def hf_local_runs(cluster: Cluster, rgw: Any, hf_world_on_disks: HfWorld) -> HfLocalRuns:
+    world, remote = hf_world_on_disks, _volume_local(rgw, "hf-own-disks")
     first, second = cluster.ckpt / "hf-a", cluster.ckpt / "hf-b"  # under the nodes' own disks there
 
     def args(ckpt: Path, steps: int) -> list[str]:
-        return replace(world, ckpt=ckpt).run_args(steps, *remote, *placement)
+        return replace(world, ckpt=ckpt).run_args(steps, *remote, *_hf_placement(cluster))
 
     saved = sc_app(*args(first, 4), env=rgw.env(), timeout=420)
     resumed = sc_app(*args(second, 6), env=rgw.env(), timeout=420)
@@ -324,3 +342,100 @@ def test_with_volume_local_both_ranks_resume_the_bundles_exact_state_from_the_bu
     assert shards == {"__0_0.distcp", "__1_0.distcp"}
     assert not (runs.second / ".node_parts").exists()
     assert runs.left_on_nodes == [], "the nodes' staged shards and sent copies are freed once used"
+
+
+# ------------------------------------- checkpoint.remote.parts=direct: each rank uploads its own part to the bucket
+
+
+@dataclass
+class DirectRuns:
+    url: str
+    model: Path
+    first: Path
+    saved: Finished  # 2 fsdp ranks on the two nodes with their own disks, each uploading its shard: step_2, step_4
+    second: Path
+    resumed: Finished  # another empty directory: step_4 brought home and sent to both ranks; after a save of
+    # step_6 on the bucket, one rank SIGKILLed: the in-job restore brings step_6 home first; done at step 8
+    trace: Path
+    left_on_nodes: list[str]
+
+
+@pytest.fixture(scope="module")
+def direct_runs(cluster: Cluster, rgw: Any, hf_world_on_disks: HfWorld) -> DirectRuns:
+    world, remote = hf_world_on_disks, [*_volume_local(rgw, "direct-parts"), "checkpoint.remote.parts=direct"]
+    first, second = cluster.ckpt / "hf-direct-a", cluster.ckpt / "hf-direct-b"
+    trace, log = cluster.base / "direct.jsonl", cluster.base / "direct.log"
+
+    def args(ckpt: Path, steps: int) -> list[str]:
+        extra = [*remote, *_hf_placement(cluster), "run.reset_timeout_s=120", f"run.trace_file={trace}"]
+        return replace(world, ckpt=ckpt).run_args(steps, *extra)
+
+    saved = sc_app(*args(first, 4), env=rgw.env(), timeout=420)
+    proc = start_logged(*args(second, 8), log=log, env=rgw.env())
+    try:
+        saved_6 = lambda: any(e["ev"] == "save" and e.get("step") == 6 for e in read_trace(trace))  # noqa: E731
+        wait_for(saved_6, 400, "the bundle of step 6 committed on the bucket", proc, log=log)
+        victim = sorted(actor_pids(cluster.own_disks[1].proc.pid, "TrainerWorker"))[0]
+        os.kill(victim, signal.SIGKILL)
+        resumed = finish(proc, 400, "the run resumed from the bucket, a trainer rank killed after step 6's save")
+    finally:
+        if proc.poll() is None:
+            finish(proc, 1, "cleanup")
+    left = [f for n in cluster.own_disks for d in (first, second) for f in n.files_under(d / ".node_parts")]
+    url = next(a.split("=", 1)[1] for a in remote if a.startswith("checkpoint.remote.url="))
+    return DirectRuns(url, world.model, first, saved, second, Finished(resumed.rc, log.read_text()), trace, left)
+
+
+def _bucket(rgw: Any, url: str) -> Any:
+    from sc_app.checkpoint.remote.store import Store
+    from sc_app.config.remote import RemoteConfig
+
+    cfg = RemoteConfig(url=url, endpoint=rgw.endpoint, region="us-east-1", addressing_style="path")
+    return Store(cfg, client=rgw.client())
+
+
+def test_with_parts_direct_each_rank_uploads_its_shard_and_the_bundle_counts_on_the_bucket_alone(
+    rgw: Any, direct_runs: DirectRuns
+) -> None:
+    from sc_app.checkpoint.remote.bundles import check
+    from sc_app.checkpoint.remote.fence import read_record
+
+    runs = direct_runs
+    out = runs.saved.out
+    assert runs.saved.rc == 0, out[-3000:]
+    assert step_bundles(runs.first) == {}, "no bundle is renamed on the head: the bucket holds it alone"
+    assert not [p for p in runs.first.iterdir() if p.name.startswith(("tmp_step_", "step_"))], "sealed tmp dirs go"
+    assert "uploaded step_4 (" in out, out[-3000:]
+    store = _bucket(rgw, runs.url)
+    record, _ = read_record(store)
+    assert record is not None and {2, 4} <= {b.step for b in record.bundles}
+    for entry in record.bundles:
+        verdict = check(store, entry, lineage=record.lineage, hmac_key=None, digests=True)
+        assert verdict.ok, verdict.problems
+        assert verdict.manifest is not None
+        shards = {f for f in verdict.manifest.files if f.endswith(".distcp")}
+        assert shards == {"policy/__0_0.distcp", "policy/__1_0.distcp"}, shards  # each rank's, from its own disk
+        assert "policy/.metadata" in verdict.manifest.files
+    assert runs.left_on_nodes == [], "the nodes' staged shards are freed once uploaded"
+
+
+def test_with_parts_direct_a_new_directory_and_an_in_job_restore_resume_from_the_bucket(
+    rgw: Any, direct_runs: DirectRuns
+) -> None:
+    from sc_app.checkpoint.remote.fence import read_record
+
+    runs = direct_runs
+    out = runs.resumed.out
+    assert runs.resumed.rc == 0, out[-3000:]
+    assert "resuming from" in out and "(step 4)" in out, out[-3000:]
+    sent = re.findall(r"sent (step_\d+)/policy \(\d+ files, [0-9.]+ MiB\) to \d node\(s\)", out)
+    assert sent[:1] == ["step_4"] and "step_6" in sent[1:], out[-3000:]  # the restore brought step_6 home first
+    assert re.search(r"fault trainer\S*: recovered", out), out[-3000:]
+    assert "done: step 8" in out, out[-3000:]
+    start = trace_runs(runs.trace)[1][0]
+    assert start["step"] == 4
+    oracle, _ = policy_oracle(runs.second / "step_4", runs.model, HF_LR)
+    assert start["restored_policy"] == oracle, "weights and Adam state equal the bucket's bundle, bit for bit"
+    record, _ = read_record(_bucket(rgw, runs.url))
+    assert record is not None and 8 in {b.step for b in record.bundles}
+    assert set(step_bundles(runs.second)) <= {4, 6}, "only what was brought home is local"

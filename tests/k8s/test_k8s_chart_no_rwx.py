@@ -88,6 +88,8 @@ def test_the_no_rwx_profile_gives_every_pod_its_own_rwo_claim_and_renders_no_pvc
     head_params = job["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
     assert "resources" not in head_params
     assert config["checkpoint"]["remote"]["url"] == "s3://ml-checkpoints/jobs/grpo-7b"
+    # each rank uploads its own part: no byte of it passes through the head (sc_app.checkpoint.remote.parts)
+    assert AppConfig.model_validate(config).checkpoint.remote.parts == "direct"
     (account,) = by_kind(objs, "ServiceAccount")
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
     assert {t["spec"]["serviceAccountName"] for t in pods} == {account["metadata"]["name"]}

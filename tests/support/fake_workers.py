@@ -105,7 +105,7 @@ class FakeTrainer(FakeActor):
         self._captured = self._version
         return self._version
 
-    def write_captured(self, policy_dir: str) -> PolicyPart:
+    def write_captured(self, policy_dir: str, target: Any = None) -> PolicyPart:
         """With ``own_disk`` set, the part is staged there (a node with a disk of its own, ``volume=local``),
         with two more files it did not hash: an empty one and one of ``big`` bytes (several gather chunks)."""
         self._log.append(("write_captured", self._captured))

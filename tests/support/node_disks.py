@@ -47,7 +47,11 @@ class OwnDiskNode:
     path: Path
 
     @classmethod
-    def start(cls, address: str, path: Path, log: Path, *, num_cpus: int, resources: dict[str, float]) -> OwnDiskNode:
+    def start(
+        cls, address: str, path: Path, log: Path, *, num_cpus: int, resources: dict[str, float],
+        env: dict[str, str] | None = None,
+    ) -> OwnDiskNode:  # fmt: skip
+        """``env``: added to this process's environment for the node's processes (a pod's own variables)."""
         mount = f"mount -t tmpfs -o size=512m sc-app-node-disk {path}"
         ray_start = [str(RAY), "start", f"--address={address}", f"--num-cpus={num_cpus}", "--block"]
         ray_start += [f"--resources={json.dumps(resources)}", "--disable-usage-stats"]
@@ -58,6 +62,7 @@ class OwnDiskNode:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
         return cls(proc, log, path)
 

@@ -175,6 +175,16 @@ def test_a_volume_of_each_nodes_own_needs_a_bucket_and_streamed_snapshots() -> N
     assert "checkpoint.volume" in refused("checkpoint.volume=nfs")
 
 
+def test_ranks_uploading_their_own_parts_is_for_a_volume_of_each_nodes_own() -> None:
+    bucket = "checkpoint.remote.url=s3://my-bucket/jobs/x"
+    assert load_config(None, [bucket]).checkpoint.remote.parts == "via_head"
+    msg = refused(bucket, "checkpoint.remote.parts=direct")
+    assert "checkpoint.remote.parts=direct is for checkpoint.volume=local" in msg, msg
+    cfg = load_config(None, [bucket, "checkpoint.volume=local", "checkpoint.remote.parts=direct"])
+    assert cfg.checkpoint.remote.parts == "direct"
+    assert "checkpoint.remote.parts" in refused(bucket, "checkpoint.volume=local", "checkpoint.remote.parts=rank")
+
+
 def test_sequence_longer_than_model_context() -> None:
     msg = refused("task.prompt_len=12", "task.response_len=8")
     assert "task.prompt_len" in msg and "model.max_seq_len" in msg, msg

@@ -107,11 +107,11 @@ def test_a_slow_save_holds_training_only_until_its_policy_is_written(tmp_path: P
     assert [r.step for r in controller.progress(0) if isinstance(r, SaveRecord)] == [2, 4]
 
 
-def _full_disk(policy_dir: str) -> Any:
+def _full_disk(policy_dir: str, target: Any = None) -> Any:
     raise OSError(errno.ENOSPC, "No space left on device", f"{policy_dir}/model.pt")
 
 
-def _lost_mount(policy_dir: str) -> Any:
+def _lost_mount(policy_dir: str, target: Any = None) -> Any:
     raise not_shared("trainer rank 0", policy_dir, "the bundle's policy directory is not there")
 
 
