@@ -22,6 +22,10 @@ What must hold (docs/object-storage.md "Without a shared volume"):
   that no rank sees the directory: each rank's DCP shard (and rank 0's ``.metadata``) is gathered into a bundle that
   verifies, and a run in another empty directory sends the bucket's bundle to both ranks, which restore its
   weights and Adam state bit for bit (DCP's own reader as the oracle).
+* That second run with ``checkpoint.remote.parts: direct`` (a job switching mode on the same bucket): each rank
+  uploads its own shard, the bundle is committed on the bucket alone (no ``step_N`` renamed on the head) and
+  verifies there; when a rank is SIGKILLed after step 6's save, the in-job restore brings step_6 home from the
+  bucket first and trains on (``sc_app.checkpoint.remote.parts``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import pytest
 
 from tests.support.bundles import tree
 from tests.support.cli import InProcess
-from tests.support.hf import ARITHMETIC, HfWorld, hf_world, make_model_dir, policy_oracle
+from tests.support.hf import ARITHMETIC, hf_world, make_model_dir, policy_oracle
 from tests.support.node_disks import OwnDiskNode, skip_reason, wait_for_nodes
 from tests.support.proc import (
     Finished,
@@ -269,41 +273,52 @@ HF_LR = 1e-2
 
 @dataclass
 class HfLocalRuns:
+    url: str
     model: Path
     first: Path
-    saved: Finished  # 2 fsdp ranks, one on each node with its own disk (none sees the directory): step_2, step_4
+    saved: Finished  # 2 fsdp ranks, one on each node with its own disk (none sees the directory), parts gathered by
+    # the head (parts=via_head): step_2, step_4, uploaded
     second: Path
-    resumed: Finished  # another empty directory, the same bucket: step_4 brought home and sent to both ranks
+    direct: Finished  # another empty directory, the same bucket, checkpoint.remote.parts=direct: step_4 brought home
+    # and sent to both ranks; step_6 committed on the bucket by the ranks' own uploads; then one rank SIGKILLed:
+    # the in-job restore brings step_6 home first; done at step 8
     trace: Path
     left_on_nodes: list[str]  # files under the nodes' own .node_parts/ after both runs
-
-
-@pytest.fixture(scope="module")
-def hf_world_on_disks(cluster: Cluster) -> HfWorld:
-    base = cluster.base / "hf"  # beside the checkpoint path, not under it: every node sees the model and the data
-    base.mkdir()
-    reward = ("unused_reward", "def score(**_):\n    return 0.0\n")  # the workers' nodes import sc_app's own below
-    return hf_world(base, model=make_model_dir(base / "model"), rows=ARITHMETIC * 4, reward=reward, lr=HF_LR)
 
 
 def _hf_placement(cluster: Cluster) -> list[str]:
     placement = [f"ray.address={cluster.address}", "trainer.resources={disk_rank: 1}", "generation.resources={head: 1}"]
     placement += ["data_plane.storage_node_resource=head", "trainer.num_workers=2", "trainer.strategy=fsdp"]
-    return [*placement, "task.reward=sc_app.rl.hf.rewards:numeric_match"]
+    return [*placement, "task.reward=sc_app.rl.hf.rewards:numeric_match", "run.reset_timeout_s=120"]
 
 
 @pytest.fixture(scope="module")
-def hf_local_runs(cluster: Cluster, rgw: Any, hf_world_on_disks: HfWorld) -> HfLocalRuns:
-    world, remote = hf_world_on_disks, _volume_local(rgw, "hf-own-disks")
+def hf_local_runs(cluster: Cluster, rgw: Any) -> HfLocalRuns:
+    base = cluster.base / "hf"  # beside the checkpoint path, not under it: every node sees the model and the data
+    base.mkdir()
+    reward = ("unused_reward", "def score(**_):\n    return 0.0\n")  # the workers' nodes import sc_app's own below
+    world = hf_world(base, model=make_model_dir(base / "model"), rows=ARITHMETIC * 4, reward=reward, lr=HF_LR)
+    remote = _volume_local(rgw, "hf-own-disks")
     first, second = cluster.ckpt / "hf-a", cluster.ckpt / "hf-b"  # under the nodes' own disks there
 
-    def args(ckpt: Path, steps: int) -> list[str]:
-        return replace(world, ckpt=ckpt).run_args(steps, *remote, *_hf_placement(cluster))
+    def args(ckpt: Path, steps: int, *extra: str) -> list[str]:
+        return replace(world, ckpt=ckpt).run_args(steps, *remote, *_hf_placement(cluster), *extra)
 
     saved = sc_app(*args(first, 4), env=rgw.env(), timeout=420)
-    resumed = sc_app(*args(second, 6), env=rgw.env(), timeout=420)
+    log = cluster.base / "hf-direct.log"
+    proc = start_logged(*args(second, 8, "checkpoint.remote.parts=direct"), log=log, env=rgw.env())
+    try:
+        saved_6 = lambda: any(e["ev"] == "save" and e.get("step") == 6 for e in read_trace(world.trace))  # noqa: E731
+        wait_for(saved_6, 400, "the bundle of step 6 committed on the bucket", proc, log=log)
+        victim = sorted(actor_pids(cluster.own_disks[1].proc.pid, "TrainerWorker"))[0]
+        os.kill(victim, signal.SIGKILL)
+        direct = finish(proc, 400, "the run resumed from the bucket, a trainer rank killed after step 6's save")
+    finally:
+        if proc.poll() is None:
+            finish(proc, 1, "cleanup")
     left = [f for n in cluster.own_disks for d in (first, second) for f in n.files_under(d / ".node_parts")]
-    return HfLocalRuns(world.model, first, saved, second, resumed, world.trace, left)
+    url = next(a.split("=", 1)[1] for a in remote if a.startswith("checkpoint.remote.url="))
+    return HfLocalRuns(url, world.model, first, saved, second, Finished(direct.rc, log.read_text()), world.trace, left)
 
 
 def test_with_volume_local_both_ranks_dcp_shards_are_gathered_into_a_bundle_that_verifies(
@@ -328,8 +343,8 @@ def test_with_volume_local_both_ranks_resume_the_bundles_exact_state_from_the_bu
     hf_local_runs: HfLocalRuns,
 ) -> None:
     runs = hf_local_runs
-    out = runs.resumed.out
-    assert runs.resumed.rc == 0, out[-3000:]
+    out = runs.direct.out
+    assert runs.direct.rc == 0, out[-3000:]
     assert "resuming from" in out and "(step 4)" in out, out[-3000:]
     sent = r"sent step_4/policy \(\d+ files, [0-9.]+ MiB\) to 2 node\(s\) .*\(2 trainer rank"
     assert re.search(sent, out), out[-3000:]
@@ -337,53 +352,10 @@ def test_with_volume_local_both_ranks_resume_the_bundles_exact_state_from_the_bu
     assert start["step"] == 4
     oracle, _ = policy_oracle(runs.first / "step_4", runs.model, HF_LR)
     assert start["restored_policy"] == oracle, "weights and Adam state equal the bundle's, bit for bit"
-    assert "done: step 6" in out, out[-3000:]
-    shards = {p.name for p in (runs.second / "step_6" / "policy").iterdir() if p.suffix == ".distcp"}
-    assert shards == {"__0_0.distcp", "__1_0.distcp"}
-    assert not (runs.second / ".node_parts").exists()
     assert runs.left_on_nodes == [], "the nodes' staged shards and sent copies are freed once used"
 
 
 # ------------------------------------- checkpoint.remote.parts=direct: each rank uploads its own part to the bucket
-
-
-@dataclass
-class DirectRuns:
-    url: str
-    model: Path
-    first: Path
-    saved: Finished  # 2 fsdp ranks on the two nodes with their own disks, each uploading its shard: step_2, step_4
-    second: Path
-    resumed: Finished  # another empty directory: step_4 brought home and sent to both ranks; after a save of
-    # step_6 on the bucket, one rank SIGKILLed: the in-job restore brings step_6 home first; done at step 8
-    trace: Path
-    left_on_nodes: list[str]
-
-
-@pytest.fixture(scope="module")
-def direct_runs(cluster: Cluster, rgw: Any, hf_world_on_disks: HfWorld) -> DirectRuns:
-    world, remote = hf_world_on_disks, [*_volume_local(rgw, "direct-parts"), "checkpoint.remote.parts=direct"]
-    first, second = cluster.ckpt / "hf-direct-a", cluster.ckpt / "hf-direct-b"
-    trace, log = cluster.base / "direct.jsonl", cluster.base / "direct.log"
-
-    def args(ckpt: Path, steps: int) -> list[str]:
-        extra = [*remote, *_hf_placement(cluster), "run.reset_timeout_s=120", f"run.trace_file={trace}"]
-        return replace(world, ckpt=ckpt).run_args(steps, *extra)
-
-    saved = sc_app(*args(first, 4), env=rgw.env(), timeout=420)
-    proc = start_logged(*args(second, 8), log=log, env=rgw.env())
-    try:
-        saved_6 = lambda: any(e["ev"] == "save" and e.get("step") == 6 for e in read_trace(trace))  # noqa: E731
-        wait_for(saved_6, 400, "the bundle of step 6 committed on the bucket", proc, log=log)
-        victim = sorted(actor_pids(cluster.own_disks[1].proc.pid, "TrainerWorker"))[0]
-        os.kill(victim, signal.SIGKILL)
-        resumed = finish(proc, 400, "the run resumed from the bucket, a trainer rank killed after step 6's save")
-    finally:
-        if proc.poll() is None:
-            finish(proc, 1, "cleanup")
-    left = [f for n in cluster.own_disks for d in (first, second) for f in n.files_under(d / ".node_parts")]
-    url = next(a.split("=", 1)[1] for a in remote if a.startswith("checkpoint.remote.url="))
-    return DirectRuns(url, world.model, first, saved, second, Finished(resumed.rc, log.read_text()), trace, left)
 
 
 def _bucket(rgw: Any, url: str) -> Any:
@@ -395,47 +367,33 @@ def _bucket(rgw: Any, url: str) -> Any:
 
 
 def test_with_parts_direct_each_rank_uploads_its_shard_and_the_bundle_counts_on_the_bucket_alone(
-    rgw: Any, direct_runs: DirectRuns
+    rgw: Any, hf_local_runs: HfLocalRuns
 ) -> None:
     from sc_app.checkpoint.remote.bundles import check
     from sc_app.checkpoint.remote.fence import read_record
 
-    runs = direct_runs
-    out = runs.saved.out
-    assert runs.saved.rc == 0, out[-3000:]
-    assert step_bundles(runs.first) == {}, "no bundle is renamed on the head: the bucket holds it alone"
-    assert not [p for p in runs.first.iterdir() if p.name.startswith(("tmp_step_", "step_"))], "sealed tmp dirs go"
-    assert "uploaded step_4 (" in out, out[-3000:]
-    store = _bucket(rgw, runs.url)
-    record, _ = read_record(store)
-    assert record is not None and {2, 4} <= {b.step for b in record.bundles}
-    for entry in record.bundles:
-        verdict = check(store, entry, lineage=record.lineage, hmac_key=None, digests=True)
-        assert verdict.ok, verdict.problems
-        assert verdict.manifest is not None
+    runs = hf_local_runs
+    out = runs.direct.out
+    assert runs.direct.rc == 0, out[-3000:]
+    assert re.search(r"uploaded step_6 \([1-9][0-9.]* MiB", out), "the ranks' shards counted in its bytes"
+    record, _ = read_record(_bucket(rgw, runs.url))
+    assert record is not None
+    direct = {b.step: b for b in record.bundles if ".f" in b.dir}  # committed on the bucket: this save's own dir
+    assert sorted(direct) == [6, 8] and {2, 4} <= {b.step for b in record.bundles}
+    for entry in direct.values():
+        verdict = check(_bucket(rgw, runs.url), entry, lineage=record.lineage, hmac_key=None, digests=True)
+        assert verdict.ok and verdict.manifest is not None, verdict.problems
         shards = {f for f in verdict.manifest.files if f.endswith(".distcp")}
         assert shards == {"policy/__0_0.distcp", "policy/__1_0.distcp"}, shards  # each rank's, from its own disk
         assert "policy/.metadata" in verdict.manifest.files
-    assert runs.left_on_nodes == [], "the nodes' staged shards are freed once uploaded"
+    assert set(step_bundles(runs.second)) == {4, 6}, "no bundle renamed on the head: only those brought home"
+    assert not list(runs.second.glob("tmp_step_*")), "each save's sealed tmp dir goes once published"
 
 
-def test_with_parts_direct_a_new_directory_and_an_in_job_restore_resume_from_the_bucket(
-    rgw: Any, direct_runs: DirectRuns
-) -> None:
-    from sc_app.checkpoint.remote.fence import read_record
-
-    runs = direct_runs
-    out = runs.resumed.out
-    assert runs.resumed.rc == 0, out[-3000:]
-    assert "resuming from" in out and "(step 4)" in out, out[-3000:]
+def test_with_parts_direct_an_in_job_restore_brings_the_buckets_newest_home_first(hf_local_runs: HfLocalRuns) -> None:
+    out = hf_local_runs.direct.out
+    assert hf_local_runs.direct.rc == 0, out[-3000:]
     sent = re.findall(r"sent (step_\d+)/policy \(\d+ files, [0-9.]+ MiB\) to \d node\(s\)", out)
-    assert sent[:1] == ["step_4"] and "step_6" in sent[1:], out[-3000:]  # the restore brought step_6 home first
-    assert re.search(r"fault trainer\S*: recovered", out), out[-3000:]
+    assert sent == ["step_4", "step_6"], out[-3000:]  # at the start, then step_6 from the bucket for the restore
+    assert re.search(r"fault trainer\S*: recovered .*restored step_6", out), out[-3000:]
     assert "done: step 8" in out, out[-3000:]
-    start = trace_runs(runs.trace)[1][0]
-    assert start["step"] == 4
-    oracle, _ = policy_oracle(runs.second / "step_4", runs.model, HF_LR)
-    assert start["restored_policy"] == oracle, "weights and Adam state equal the bucket's bundle, bit for bit"
-    record, _ = read_record(_bucket(rgw, runs.url))
-    assert record is not None and 8 in {b.step for b in record.bundles}
-    assert set(step_bundles(runs.second)) <= {4, 6}, "only what was brought home is local"
