@@ -95,18 +95,17 @@ def translate(record: ProgressRecord) -> tuple[StepMetrics | None, list[Event]]:
     if isinstance(record, StepRecord):
         return StepMetrics.of(record), []
     if isinstance(record, SaveRecord):
-        save = Event(
-            "emergency_save" if record.emergency else "save",
-            record.step,
-            {
-                "bundle": record.bundle,
-                "seconds": record.seconds,
-                "paused_seconds": record.paused_seconds,
-                "window_seconds": record.window_seconds,
-                "bytes": record.data_plane_bytes,
-                "groups": record.groups,
-            },
-        )
+        data = {
+            "bundle": record.bundle,
+            "seconds": record.seconds,
+            "paused_seconds": record.paused_seconds,
+            "window_seconds": record.window_seconds,
+            "bytes": record.data_plane_bytes,
+            "groups": record.groups,
+        }
+        if record.on_bucket:  # committed on the bucket alone (checkpoint.remote.parts=direct)
+            data["on_bucket"] = True
+        save = Event("emergency_save" if record.emergency else "save", record.step, data)
         pruned = [Event("prune", record.step, {"removed": list(record.pruned)})] if record.pruned else []
         return None, [save, *pruned]
     if isinstance(record, SaveFailedRecord):

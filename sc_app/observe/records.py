@@ -35,7 +35,7 @@ EventName = Literal[
     "quarantine",  # bundles or leftovers moved to quarantine/: moved
     "lease_taken",  # this attempt holds the checkpoint dir: epoch, previous_run_id
     "lease_lost",  # a newer attempt took the checkpoint dir: message
-    "save",  # a bundle was published: bundle, seconds, paused_seconds, window_seconds, bytes, groups
+    "save",  # a bundle was published: bundle, seconds, paused_seconds, window_seconds, bytes, groups[, on_bucket]
     "emergency_save",  # the bundle cut on SIGTERM was published (same fields as save)
     "save_failed",  # a save failed (e.g. full disk), older bundles intact: error, in_a_row, last_saved_step
     "prune",  # retention removed bundles: removed

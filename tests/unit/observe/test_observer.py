@@ -68,7 +68,7 @@ def test_an_attempt_records_how_it_started_ran_and_ended(tmp_path: Path) -> None
         progress_step(6, waits=(0.001, 0.004)),
         SaveRecord(6, "step_6", 0.2, 0.003, 0.002, groups=8, data_plane_bytes=4096, pruned=("step_2",)),
         StopRecord(6),
-        SaveRecord(6, "step_6", 0.1, 0.001, 0.001, groups=8, data_plane_bytes=4096, emergency=True),
+        SaveRecord(6, "step_6", 0.1, 0.001, 0.001, groups=8, data_plane_bytes=4096, emergency=True, on_bucket=True),
     ):
         obs.progress(record)
     result = obs.finish(143, "stopped on SIGTERM")
@@ -108,6 +108,7 @@ def test_an_attempt_records_how_it_started_ran_and_ended(tmp_path: Path) -> None
     }
     assert prune.step == 6 and prune.data["removed"] == ["step_2"]
     assert emergency.step == 6 and emergency.data["seconds"] == 0.1
+    assert emergency.data["on_bucket"] is True, "committed on the bucket alone (checkpoint.remote.parts=direct)"
     assert exit_ev.data["code"] == 143 and exit_ev.data["final_step"] == 6, "final step: the newest step seen"
     assert all(e.stamp.attempt == 2 and e.stamp.run_id == "now" for e in h.events)
     assert [s.step for s in h.steps] == [5, 6]
