@@ -36,6 +36,7 @@ EXIT_OF: dict[str, int] = {
     "sc_app.data_plane.tq_placement.StorageUnitsUnplaceable": EXIT_BAD_INPUT,  # no node offers a unit a CPU
     # a newer run took the lease (fencing)
     "sc_app.checkpoint.lease.LeaseLost": EXIT_SUPERSEDED,
+    "sc_app.checkpoint.remote.fence.RemoteLeaseLost": EXIT_SUPERSEDED,  # parts=direct: another attempt took the bucket
     # the job failed; a rerun resumes from the newest complete bundle
     "sc_app.controller.saves.SaveFailed": EXIT_FAILED,
     "sc_app.controller.saves.InventoryMismatch": EXIT_FAILED,

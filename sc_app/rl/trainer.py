@@ -28,7 +28,8 @@ import torch
 from sc_app.checkpoint import node_parts
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease, not_shared
 from sc_app.checkpoint.node_parts import PolicyPart
-from sc_app.checkpoint.remote.parts import PartTarget, upload_part
+from sc_app.checkpoint.remote.parts import PartTarget, RemoteLink, upload_part
+from sc_app.checkpoint.remote.store import Store
 from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
 from sc_app.io.background import lower_current_thread_priority
@@ -60,6 +61,7 @@ class TrainerWorker:
         # checkpoint.volume=local: this node may have a disk of its own at checkpoint.dir (sc_app.checkpoint.node_parts)
         self._own_disk_ok = self.cfg.checkpoint.volume == "local"
         self._root = Path(self.cfg.checkpoint.dir)
+        self._bucket: tuple[RemoteLink, Store] | None = None  # parts=direct: the client this rank uploads with
 
     def address(self) -> tuple[str, int]:
         """Rank 0: where its rendezvous store listens. The store is bound here, on a port the kernel picks, and
@@ -191,8 +193,9 @@ class TrainerWorker:
         if target is None:
             return PolicyPart(files, socket.gethostname(), node_parts.list_files(staged))
         try:
-            store = target.link.store(self.cfg.checkpoint.remote)
-            sent = upload_part(store, staged, node_parts.list_files(staged), files, target)
+            if self._bucket is None or self._bucket[0] != target.link:  # one client per attempt's hold on the bucket
+                self._bucket = (target.link, target.link.store(self.cfg.checkpoint.remote))
+            sent = upload_part(self._bucket[1], staged, node_parts.list_files(staged), files, target)
         finally:
             node_parts.clear(staged)
         return PolicyPart(sent, socket.gethostname(), uploaded=True)
