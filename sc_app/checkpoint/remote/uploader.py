@@ -1,7 +1,8 @@
 """The background uploader: bundles committed locally are uploaded and published on the bucket behind training.
 
-One daemon thread per attempt. ``submit(bundle)`` hands it the newest committed bundle; a newer submission
-supersedes an older one not yet started (only the newest matters for a resume). A failed upload is logged as one
+One daemon thread per attempt, at the save I/O's lower priority (``sc_app.io.background``), as are the transfer
+threads it starts. ``submit(bundle)`` hands it the newest committed bundle; a newer submission supersedes an older
+one not yet started (only the newest matters for a resume). A failed upload is logged as one
 line and retried with exponential backoff (2 s doubling to 60 s) until it succeeds or a newer bundle supersedes
 it. ``RemoteLeaseLost`` (another attempt took the bucket) ends the uploads for this attempt, with one line. After each
 bundle published, the bucket's retention runs (``keep``: ``remote/retention.py``). The uploader only ever reads local
@@ -21,6 +22,7 @@ from sc_app.checkpoint.remote.fence import RemoteLease, RemoteLeaseLost
 from sc_app.checkpoint.remote.retention import prune_remote
 from sc_app.checkpoint.remote.store import RemoteError, Store
 from sc_app.checkpoint.remote.upload import UploadResult, upload_bundle
+from sc_app.io.background import lower_current_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,7 @@ class Uploader:
         self._thread.join(timeout=1.0)  # an upload in flight is abandoned (daemon thread): never a bundle
 
     def _run(self) -> None:
+        lower_current_thread_priority()  # and the transfer threads it starts: processes that train get the CPU first
         failures = 0
         while True:
             with self._cond:
