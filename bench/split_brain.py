@@ -12,8 +12,10 @@ was fenced ("publishes nothing more there"); every listed bundle verifies on the
 Scenario *simultaneous* (both started at once on a fresh prefix): when both read the empty prefix (two new
 lineages), exactly one takes the bucket and the other is refused with one error line (exit 2) and publishes nothing;
 when the second read the first's record, it adopts that lineage and takes the bucket over, as in *takeover*.
-Prints one line per check and a final ``N passed, M failed``; exits 1 if any check failed. Not part of the test
-suite (two runs with embedded Ray each: minutes on a loaded machine).
+``--direct``: both runs with ``checkpoint.volume=local`` and ``checkpoint.remote.parts=direct`` (every bundle
+committed on the bucket alone): then A, fenced, has nowhere left to save and stops with one line (exit 3,
+superseded) instead of training on. Prints one line per check and a final ``N passed, M failed``; exits 1 if any
+check failed. Not part of the test suite (two runs with embedded Ray each: minutes on a loaded machine).
 """
 
 from __future__ import annotations
@@ -54,11 +56,15 @@ class Checks:
         print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
 
 
+DIRECT: list[str] = []  # --direct: the settings that commit every bundle on the bucket alone
+
+
 def remote(rgw: Rgw, prefix: str) -> tuple[RemoteConfig, list[str]]:
     cfg = RemoteConfig(url=f"s3://{rgw.bucket}/{prefix}", endpoint=rgw.endpoint, region="us-east-1",
                        addressing_style="path", part_size_mib=5, request_timeout_s=10, drain_s=60)  # fmt: skip
     keys = ("url", "endpoint", "region", "addressing_style", "request_timeout_s", "drain_s")
-    return cfg, [a for k in keys for a in ("--set", f"checkpoint.remote.{k}={getattr(cfg, k)}")]
+    sets = [f"checkpoint.remote.{k}={getattr(cfg, k)}" for k in keys] + DIRECT
+    return cfg, [a for kv in sets for a in ("--set", kv)]
 
 
 def run_id(ckpt: Path) -> str:
@@ -95,12 +101,17 @@ def takeover(rgw: Rgw, work: Path, ok: Checks) -> None:
                 e.run_id == run_id(b_dir) for e in record.bundles)
 
         wait_for(b_published, DEADLINE, "a bundle published by B", b)
-        wait_for(lambda: FENCED in a_log.read_text(), DEADLINE, "A to notice it was fenced", a)
-        time.sleep(10)  # A goes on training and saving locally: nothing of it may reach the bucket
-        ok(a.poll() is None, "A still trains after B took the bucket (its own directory is still its own)")
-        stop(a_dir, a)
+        if DIRECT:  # nowhere left to save: A stops at its next publish
+            a_rc = a.wait(timeout=DEADLINE)
+            ok(a_rc == 3, f"A, fenced, stopped as superseded (exit {a_rc}): it can save nowhere else")
+        else:
+            wait_for(lambda: FENCED in a_log.read_text(), DEADLINE, "A to notice it was fenced", a)
+            time.sleep(10)  # A goes on training and saving locally: nothing of it may reach the bucket
+            ok(a.poll() is None, "A still trains after B took the bucket (its own directory is still its own)")
+            stop(a_dir, a)
+            a_rc = a.wait(timeout=60)
         stop(b_dir, b)
-        a_rc, b_rc = a.wait(timeout=60), b.wait(timeout=60)
+        b_rc = b.wait(timeout=60)
     finally:
         kill_session(a.pid)
         if b is not None:
@@ -109,7 +120,7 @@ def takeover(rgw: Rgw, work: Path, ok: Checks) -> None:
     record, _ = read_record(store)
     assert record is not None
     a_id, b_id = run_id(a_dir), run_id(b_dir)
-    ok((a_rc, b_rc) == (143, 143), f"both stopped on request (exit {a_rc}, {b_rc})")
+    ok((a_rc, b_rc) == (3 if DIRECT else 143, 143), f"both stopped as they should (exit {a_rc}, {b_rc})")
     ok("brought step_" in b_out and "resuming from" in b_out, "B resumed from the bucket into its empty directory")
     ok((record.run_id, record.epoch) == (b_id, 2) and (record.previous or {}).get("run_id") == a_id,
        f"the bucket is held by B (epoch {record.epoch}), A before it")
@@ -119,17 +130,26 @@ def takeover(rgw: Rgw, work: Path, ok: Checks) -> None:
        f"A's {len(by_a)} bundles were all published before B took the bucket ({record.acquired_at})")
     ok(bool(by_b) and all(e.at >= record.acquired_at for e in by_b) and len(by_a) + len(by_b) == len(record.bundles),
        f"B's {len(by_b)} bundles after it; no other publisher")
-    fenced = [ln for ln in a_out.splitlines() if FENCED in ln]
-    after = a_out[a_out.index(FENCED):] if fenced else ""
-    # (an "uploaded step_N" line may still follow it: a publish from before the take-over, reported at the next step)
-    ok(len(fenced) == 1, f"A said it was fenced in one line: {fenced[:1]}")
+    check_fenced(ok, a_out)
     resumed = re.search(r"resuming from \S+ \(step (\d+)\)", b_out)
     ok(resumed is not None and int(resumed.group(1)) == max(e.step for e in by_a),
        f"B resumed from the newest bundle A published (step {resumed.group(1) if resumed else None}; A's newest "
        f"{max(e.step for e in by_a)}): what A published after B's first look came home before B decided")
-    a_saved = sum(1 for ln in after.splitlines() if "saved step_" in ln)
-    ok(a_saved > 0, f"A saved {a_saved} bundles locally after it was fenced, none reached the bucket")
     ok(all_verify(store), f"every one of the {len(record.bundles)} listed bundles verifies on the bucket")
+
+
+def check_fenced(ok: Checks, a_out: str) -> None:
+    """A said once that it was fenced; then it trained on locally, or (``--direct``) that was its one error line."""
+    fenced = [ln for ln in a_out.splitlines() if FENCED in ln]
+    after = a_out[a_out.index(FENCED):] if fenced else ""
+    # (an "uploaded step_N" line may still follow it: a publish from before the take-over, reported at the next step)
+    ok(len(fenced) == 1, f"A said it was fenced in one line: {fenced[:1]}")
+    a_saved = sum(1 for ln in after.splitlines() if "saved step_" in ln)
+    if DIRECT:
+        ok("Traceback" not in a_out and fenced[:1] == [ln for ln in a_out.splitlines() if "error:" in ln],
+           "A's fenced line is its one error line, no traceback")
+    else:
+        ok(a_saved > 0, f"A saved {a_saved} bundles locally after it was fenced, none reached the bucket")
 
 
 def simultaneous(rgw: Rgw, work: Path, ok: Checks) -> None:
@@ -156,8 +176,11 @@ def simultaneous(rgw: Rgw, work: Path, ok: Checks) -> None:
         ok(len(errors) == 1 and "Traceback" not in logs[loser], f"the refused run said why in one line: {errors}")
         ok({e.run_id for e in record.bundles} == {run_id(work / winner)}, "only the winner published")
     else:  # the second read the first's record: it adopted its lineage and took the bucket over
-        ok(set(rcs.values()) == {0}, f"both finished ({rcs}); the later took the bucket over")
         first = next(n for n in procs if run_id(work / n) == (record.previous or {}).get("run_id"))
+        # (--direct: the first, fenced before its last publish, stops as superseded: it can save nowhere else)
+        allowed = {0, 3} if DIRECT else {0}
+        ok(rcs[first] in allowed and rcs[next(n for n in procs if n != first)] == 0,
+           f"both ended as they should ({rcs}); the later took the bucket over")
         by_first = [e for e in record.bundles if e.run_id == run_id(work / first)]
         ok(all(e.at <= record.acquired_at for e in by_first), "the first published nothing after the take-over")
         ok(logs[first].count(FENCED) <= 1, "the fenced run said so at most once")
@@ -167,7 +190,10 @@ def simultaneous(rgw: Rgw, work: Path, ok: Checks) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--dir", type=Path, default=None, help="work dir (default: a new temp dir)")
+    ap.add_argument("--direct", action="store_true", help="checkpoint.remote.parts=direct for both runs")
     args = ap.parse_args()
+    if args.direct:
+        DIRECT.extend(["checkpoint.volume=local", "checkpoint.remote.parts=direct", "data_plane.snapshot=streamed"])
     work = args.dir or Path(tempfile.mkdtemp(prefix="sc-app-split-brain-"))
     work.mkdir(parents=True, exist_ok=True)
     rgw = Rgw(work / "rgw").start()
