@@ -105,7 +105,10 @@ class RemoteTier:
         try:
             self.record = read_record(self.store)[0]
         except RemoteError as exc:
-            raise RemoteUnavailable(f"checkpoint.remote.url={self.cfg.checkpoint.remote.url}: {exc}") from None
+            raise RemoteUnavailable(
+                f"checkpoint.remote.url={self.cfg.checkpoint.remote.url}: an in-job restore could not read the "
+                f"bucket's record ({exc}); the attempt ends: rerun to resume from the bucket's newest bundle"
+            ) from None
         brought = self.bring_home(rules)
         if brought is not None and lease is not None:
             with lease.held():

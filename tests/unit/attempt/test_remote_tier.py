@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sc_app.attempt.remote_tier import RemoteTier
+import pytest
+
+from sc_app.attempt.remote_tier import RemoteTier, RemoteUnavailable
 from sc_app.checkpoint.remote.fence import RemoteLease
+from sc_app.checkpoint.remote.store import RemoteError
 from sc_app.config.app import load_config
 from sc_app.progress import SaveRecord, UploadRecord
 
@@ -62,3 +65,24 @@ def test_the_controller_gets_a_link_only_with_parts_direct_once_the_bucket_is_ta
     assert via_head.link() is None
     link = direct.link()
     assert link is not None and link.lease == lease and link.bare_if_match is True
+
+
+class _DownStore(_Store):
+    def key(self, *parts: str) -> str:
+        return "/".join(parts)
+
+    def where(self, key: str) -> str:
+        return f"s3://my-bucket/{key}"
+
+    def get_small(self, key: str, limit: int) -> Any:
+        raise RemoteError(f"{self.where(key)}: EndpointConnectionError: Could not connect to the endpoint URL")
+
+
+def test_an_in_job_restore_that_cannot_read_the_bucket_ends_the_attempt_in_one_line(tmp_path: Path) -> None:
+    tier, _ = _tier(tmp_path, "checkpoint.volume=local", "checkpoint.remote.parts=direct")
+    tier.store = _DownStore()  # type: ignore[assignment]
+    with pytest.raises(RemoteUnavailable) as info:
+        tier.bring_newest_home(None, None)  # type: ignore[arg-type]  # (the record is read first)
+    line = str(info.value)
+    assert "\n" not in line and "an in-job restore could not read the bucket's record" in line, line
+    assert "EndpointConnectionError" in line and "rerun to resume from the bucket's newest bundle" in line
