@@ -28,7 +28,7 @@ def prune_remote(
     if keep < 1:
         raise ValueError("keep must be >= 1: the newest bundle that counts is always kept")
     record, _ = read_record(store)
-    if record is None:
+    if record is None or len(record.bundles) <= keep:  # nothing beyond keep: not one request more
         return []
     checked: dict[int, RemoteBundle] = {}
 
@@ -65,7 +65,8 @@ def prune_remote(
 def _delete_objects(store: Store, entry: Published) -> None:
     prefix = store.key(BUNDLES, entry.dir) + "/"
     try:
-        for key, _ in list(store.list(prefix)):
-            store.delete(key)
+        keys = [key for key, _ in store.list(prefix)]
+        if keys:
+            store.delete_many(keys)
     except RemoteError as exc:  # unlisted already: what is left is no bundle
         log.warning("remote tier: step_%d left the record, some of its objects stay: %s", entry.step, exc)

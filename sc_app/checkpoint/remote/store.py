@@ -143,6 +143,16 @@ class Store:
     def delete(self, key: str) -> None:
         self._call(self.where(key), self.client.delete_object, Key=key)
 
+    def delete_many(self, keys: list[str]) -> None:
+        """Delete ``keys``, up to 1,000 per request (DeleteObjects); ``RemoteError`` names the first key the server
+        did not delete."""
+        for at in range(0, len(keys), 1000):
+            batch = keys[at : at + 1000]
+            out = self._call(self.where(batch[0]), self.client.delete_objects,
+                             Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})  # fmt: skip
+            for err in out.get("Errors", []):
+                raise RemoteError(f"{self.where(str(err.get('Key')))}: {err.get('Code')}: {err.get('Message', '')}")
+
     def list(self, prefix: str) -> Iterator[tuple[str, int]]:
         """``(key, size)`` of every object under ``prefix`` (ListObjectsV2, following continuation tokens)."""
         token: str | None = None

@@ -5,7 +5,7 @@ Order (each step only after the one before succeeded):
   → every file the manifest lists, streamed from the local bundle and hashed *as it is sent*, its digest and size
     compared with the manifest's (a local file changed since the commit: ``RemoteError``, nothing published)
   → ``manifest.json`` last, one small PUT with ``If-None-Match: *`` (never overwritten)
-  → every object's size checked on the server (HEAD)
+  → every object's size checked on the server (one listing; a file its writer uploaded: its digest too, HEAD)
   → the record's compare-and-swap that lists the bundle (``fence.publish``): the commit point.
 A failure anywhere leaves objects under this attempt's own ``bundles/step_N.<run>.e<epoch>/`` that no record
 names: never a bundle; the local bundle is only ever read.
@@ -107,12 +107,15 @@ def upload_bundle(
         there, _ = store.get_small(key, MAX_MANIFEST_BYTES)
         if there != raw_manifest:
             raise RemoteError(f"{store.where(key)}: a different manifest is already there; not publishing") from None
+    prefix = store.key(BUNDLES, name) + "/"
+    listed = {key[len(prefix) :]: size for key, size in store.list(prefix)}  # one request, not one per file
     for rel, entry in manifest.files.items():
-        head = store.head(store.key(BUNDLES, name, rel))
-        if head.size != int(entry["size"]):
-            raise RemoteError(f"{store.where(store.key(BUNDLES, name, rel))}: {head.size} bytes on the server, the "
-                              f"manifest says {entry['size']}; not publishing")  # fmt: skip
-        if rel in already and head.digest != hashing.label(manifest.hash_alg, str(entry["digest"])):
+        if listed.get(rel) != int(entry["size"]):
+            raise RemoteError(f"{store.where(store.key(BUNDLES, name, rel))}: {listed.get(rel, 'no')} bytes on the "
+                              f"server, the manifest says {entry['size']}; not publishing")  # fmt: skip
+        if rel in already and store.head(store.key(BUNDLES, name, rel)).digest != hashing.label(
+            manifest.hash_alg, str(entry["digest"])
+        ):
             raise RemoteError(f"{store.where(store.key(BUNDLES, name, rel))}: not the bytes its writer uploaded for "
                               "this bundle (digest); not publishing")  # fmt: skip
     entry = Published(step, name, hashing.digest_bytes(raw_manifest, hashing.BLAKE3), lease.run_id, lease.epoch,

@@ -268,6 +268,9 @@ def test_a_runs_uploader_keeps_the_bucket_to_checkpoint_keep(s3_remote: Any, tmp
         up.stop()
     record, _ = read_record(store)
     assert record is not None and [b.step for b in record.newest_first()] == [6, 4]
+    prefix = store.key(BUNDLES) + "/"
+    dirs = {key[len(prefix) :].split("/", 1)[0] for key, _ in store.list(prefix)}
+    assert dirs == {b.dir for b in record.bundles}, "step_2's objects are gone too (DeleteObjects)"
 
 
 def test_a_server_down_while_bringing_home_stops_the_run_rather_than_resume_older(
