@@ -83,7 +83,8 @@ def upload_part(
         fd = open_regular(directory / rel)
         try:
             reader = HashingReader(fd, want.alg, deadline, f"{directory / rel}")
-            store.upload_stream(f"{prefix}/{rel}", reader, digest=hashing.label(want.alg, want.digest))  # type: ignore[arg-type]
+            label = hashing.label(want.alg, want.digest)
+            store.upload_stream(f"{prefix}/{rel}", reader, digest=label, size=want.size)  # type: ignore[arg-type]
         finally:
             os.close(fd)
         if (reader.hexdigest(), reader.size) != (want.digest, want.size):

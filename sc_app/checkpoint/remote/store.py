@@ -168,10 +168,18 @@ class Store:
                 return
 
     # ---------------------------------------------------------------- big objects
-    def upload_stream(self, key: str, source: BinaryIO, *, digest: str = "") -> None:
+    def upload_stream(self, key: str, source: BinaryIO, *, digest: str = "", size: int | None = None) -> None:
         """Upload what ``source.read()`` gives, in order (multipart above one part size, ``max_concurrency`` parts
         in flight, at most ``max_concurrency + 1`` parts in memory); ``digest``: recorded as the object's
-        ``DIGEST_META`` (known before the upload: a part its writer hashed). Raises ``RemoteError``."""
+        ``DIGEST_META`` (known before the upload: a part its writer hashed). ``size`` (expected) up to one part:
+        read whole and sent in one PUT, without a transfer manager's threads. Raises ``RemoteError``."""
+        if size is not None and size <= self.cfg.part_size:
+            data, chunk = bytearray(), b"-"
+            while chunk and len(data) < size:
+                chunk = source.read(size - len(data))
+                data += chunk
+            self.put_small(key, bytes(data), digest=digest)
+            return
         from boto3.s3.transfer import TransferConfig
         from botocore.exceptions import BotoCoreError, ClientError
         from s3transfer.exceptions import S3UploadFailedError

@@ -131,7 +131,7 @@ def _upload_file(
     fd = open_regular(bundle / rel)
     try:
         reader = HashingReader(fd, alg, deadline, f"{bundle.name}/{rel}")
-        store.upload_stream(key, reader)  # type: ignore[arg-type]
+        store.upload_stream(key, reader, size=int(str(entry["size"])))  # type: ignore[arg-type]
     finally:
         os.close(fd)
     if (reader.hexdigest(), reader.size) != (entry["digest"], entry["size"]):
