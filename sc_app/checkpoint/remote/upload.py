@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,13 +94,20 @@ def upload_bundle(
         return UploadResult(step, "", 0, time.monotonic() - t0, published=False)
     name = name or bundle_dir(step, lease.run_id, lease.epoch)
     total = 0
-    for rel, entry in sorted(manifest.files.items()):
-        if rel in already:
-            continue
+    todo = sorted((rel, entry) for rel, entry in manifest.files.items() if rel not in already)
+    small = [(rel, e) for rel, e in todo if int(str(e["size"])) <= store.cfg.part_size]
+
+    def send(rel: str, entry: dict[str, object]) -> int:
         if time.monotonic() - t0 > deadline_s:
             raise DeadlineExceeded(f"upload of {bundle.name} passed its deadline of {deadline_s:g} s; retried later")
-        total += _upload_file(store, bundle, rel, store.key(BUNDLES, name, rel), manifest.hash_alg, entry,
-                              t0 + deadline_s)  # fmt: skip
+        return _upload_file(store, bundle, rel, store.key(BUNDLES, name, rel), manifest.hash_alg, entry,
+                            t0 + deadline_s)  # fmt: skip
+
+    # the small files (one PUT each) max_concurrency at a time; each bigger one in parts, as many in flight
+    with ThreadPoolExecutor(max_workers=store.cfg.max_concurrency, thread_name_prefix="s3-put") as pool:
+        total += sum(done.result() for done in [pool.submit(send, rel, e) for rel, e in small])
+    small_names = {rel for rel, _ in small}
+    total += sum(send(rel, e) for rel, e in todo if rel not in small_names)
     key = store.key(BUNDLES, name, MANIFEST_FILE)
     try:
         store.put_small(key, raw_manifest, if_none_match=True)
