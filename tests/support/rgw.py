@@ -76,7 +76,7 @@ osd max object size = 134217728
 mon max pg per osd = 1000
 mon data avail crit = 0
 mon data avail warn = 0
-rgw frontends = beast endpoint=127.0.0.1:{rgw_port}
+rgw frontends = beast endpoint=127.0.0.1:{rgw_port} tcp_nodelay=1
 rgw dns name = 127.0.0.1
 rgw data = {d}/rgw
 """
