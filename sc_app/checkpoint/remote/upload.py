@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sc_app.checkpoint.layout import MANIFEST_FILE
-from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, read_manifest
+from sc_app.checkpoint.manifest import MAX_MANIFEST_BYTES, Manifest, read_manifest
 from sc_app.checkpoint.remote.fence import BUNDLES, RemoteLease, holds, publish
 from sc_app.checkpoint.remote.record import Published, bundle_dir
 from sc_app.checkpoint.remote.store import PreconditionFailed, RemoteError, Store
@@ -115,22 +115,27 @@ def upload_bundle(
         there, _ = store.get_small(key, MAX_MANIFEST_BYTES)
         if there != raw_manifest:
             raise RemoteError(f"{store.where(key)}: a different manifest is already there; not publishing") from None
-    prefix = store.key(BUNDLES, name) + "/"
-    listed = {key[len(prefix) :]: size for key, size in store.list(prefix)}  # one request, not one per file
-    for rel, entry in manifest.files.items():
-        if listed.get(rel) != int(entry["size"]):
-            raise RemoteError(f"{store.where(store.key(BUNDLES, name, rel))}: {listed.get(rel, 'no')} bytes on the "
-                              f"server, the manifest says {entry['size']}; not publishing")  # fmt: skip
-        if rel in already and store.head(store.key(BUNDLES, name, rel)).digest != hashing.label(
-            manifest.hash_alg, str(entry["digest"])
-        ):
-            raise RemoteError(f"{store.where(store.key(BUNDLES, name, rel))}: not the bytes its writer uploaded for "
-                              "this bundle (digest); not publishing")  # fmt: skip
+    _check_on_server(store, name, manifest, already)
     entry = Published(step, name, hashing.digest_bytes(raw_manifest, hashing.BLAKE3), lease.run_id, lease.epoch,
                       utc_stamp())  # fmt: skip
     with gate():
         published = publish(store, lease, entry)
     return UploadResult(step, name, total + len(raw_manifest), time.monotonic() - t0, published)
+
+
+def _check_on_server(store: Store, name: str, manifest: Manifest, already: Collection[str]) -> None:
+    """``RemoteError`` unless every file of ``manifest`` is under ``bundles/<name>/`` with its size (one listing),
+    and each of ``already`` carries the manifest's digest (its writer's tag, HEAD)."""
+    prefix = store.key(BUNDLES, name) + "/"
+    listed = {key[len(prefix) :]: size for key, size in store.list(prefix)}
+    for rel, entry in manifest.files.items():
+        where = store.where(store.key(BUNDLES, name, rel))
+        if listed.get(rel) != int(entry["size"]):
+            raise RemoteError(f"{where}: {listed.get(rel, 'no')} bytes on the server, the manifest says "
+                              f"{entry['size']}; not publishing")  # fmt: skip
+        want = hashing.label(manifest.hash_alg, str(entry["digest"]))
+        if rel in already and store.head(store.key(BUNDLES, name, rel)).digest != want:
+            raise RemoteError(f"{where}: not the bytes its writer uploaded for this bundle (digest); not publishing")
 
 
 def _upload_file(
