@@ -15,6 +15,7 @@ around it (``bounded``): code deep inside that phase (the set-up's worker calls,
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from typing import Any
 from sc_app.progress import JobFailed
 
 SLICE_S = 0.5  # longest single ray.wait: how late a stop request or a deadline may be noticed
+THREAD_POLL_S = 0.25  # how often ``in_thread`` looks at its bound
 
 
 class ProcessHung(JobFailed):
@@ -126,3 +128,44 @@ def get(
         pending = [i for i in pending if i not in values]
     out = [values[i] for i in range(len(order))]
     return out[0] if single else out
+
+
+def in_thread(
+    fn: Callable[[], Any],
+    *,
+    what: str,
+    kind: str = "controller",
+    bound: Bound | None = None,
+    give_up: Callable[[], str | None] = lambda: None,
+    poll_s: float = THREAD_POLL_S,
+) -> Any:
+    """``fn()`` — a call that blocks without a timeout of its own (e.g. into TransferQueue) — on a daemon thread,
+    waited for within ``bound`` (default: the caller's): its value, or its error raised as is. Past the bound the
+    call is given up on: ``give_up()`` releases what it asked for and may name what it still waited on, then
+    ``StopCut`` (a stop) or ``ProcessHung(kind, that name or what)`` is raised; the thread is left to end alone."""
+    bound = bound or current()
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # handed to the waiting thread
+            box.append((False, exc))
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name=f"bounded: {what}"[:60], daemon=True)
+    thread.start()
+    while not box:
+        thread.join(poll_s)
+        if box:  # done (the thread may be an instant from its end)
+            break
+        if bound.stop():
+            give_up()
+            raise StopCut(f"a stop was requested while waiting for {what}")
+        if bound.until is not None and time.monotonic() >= bound.until:
+            names = give_up() or what
+            raise ProcessHung(kind, names, time.monotonic() - started, bound.why)
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value

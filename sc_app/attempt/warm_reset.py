@@ -28,7 +28,6 @@ the reset raises ``ActorsDied`` — another death, handled as such.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,7 +66,7 @@ from sc_app.faults import fault_point
 from sc_app.io import torch_files
 from sc_app.rl.generation import GenerationWorker
 from sc_app.rl.trainer import TrainerWorker
-from sc_app.waits import Bound, ProcessHung, bounded, current
+from sc_app.waits import Bound, ProcessHung, bounded, current, in_thread
 
 log = logging.getLogger(__name__)
 
@@ -97,24 +96,11 @@ def _bounded(refs: list[Any], timeout_s: float, what: str) -> list[Any]:
 
 
 def _in_thread(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """``fn()`` on a daemon thread, waited for at most ``timeout_s`` (a call into TransferQueue has no timeout)."""
-    box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(_outcome(fn)), name="warm-reset", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if not box:
-        raise ResetFailed(f"{what} did not finish within run.reset_timeout_s={timeout_s:g}s")
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
-
-
-def _outcome(fn: Callable[[], Any]) -> tuple[bool, Any]:
+    """``fn()`` (a call into TransferQueue, which has no timeout) within ``timeout_s``: past it ``ResetFailed``."""
     try:
-        return True, fn()
-    except Exception as exc:
-        return False, exc
+        return in_thread(fn, what=what, bound=Bound.within(timeout_s))
+    except ProcessHung:
+        raise ResetFailed(f"{what} did not finish within run.reset_timeout_s={timeout_s:g}s") from None
 
 
 def _wait_gone(name: str, namespace: str, timeout_s: float) -> None:

@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-import time
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
 from sc_app.data_plane.tq_placement import StorageUnitNodeGone, units_on_capable_nodes
-from sc_app.waits import Bound, ProcessHung, StopCut, current
+from sc_app.waits import Bound, in_thread
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +45,6 @@ REPRODUCED_VERSION = "0.1.11"  # the TransferQueue whose interface.init this mir
 _made_units = False  # this process's storage units were made by ``start`` (no SSD offload): ``stop`` kills them
 
 
-POLL_S = 0.25
 UNIT_NAME = "TransferQueueStorageUnit#"  # + k: the name TransferQueue gives its k-th storage unit
 
 
@@ -59,40 +56,22 @@ def start(conf: Any, bound: Bound | None = None, held: Mapping[str, float] | Non
     CPUs per node the job's other actors are expected to hold (``tq_placement.unit_nodes``)."""
     import ray
 
-    bound = bound or current()
     pinned: list[str] = []
-    box: list[tuple[bool, Any]] = []
 
     def run() -> None:
-        try:
-            with units_on_capable_nodes(pinned, held):
-                box.append((True, _start(conf)))
-        except BaseException as exc:  # handed to the waiting thread
-            box.append((False, exc))
+        with units_on_capable_nodes(pinned, held):
+            _start(conf)
 
-    started = time.monotonic()
-    thread = threading.Thread(target=run, name="tq-start", daemon=True)
-    thread.start()
-    while True:
-        thread.join(POLL_S)
-        if box:  # done (the thread may be an instant from its end)
-            break
-        if bound.stop():
-            _abandon(pinned)
-            raise StopCut("a stop was requested while TransferQueue started")
-        if bound.until is not None and time.monotonic() >= bound.until:
-            what = _abandon(pinned)
-            raise ProcessHung("data_plane.storage", what, time.monotonic() - started, bound.why)
-    ok, value = box[0]
-    if ok:
-        return
-    if isinstance(value, ray.exceptions.ActorUnschedulableError):
+    try:
+        in_thread(
+            run, what="TransferQueue's start", kind="data_plane.storage", bound=bound, give_up=lambda: _abandon(pinned)
+        )
+    except ray.exceptions.ActorUnschedulableError as value:
         first = str(value).strip().splitlines()[0] if str(value).strip() else type(value).__name__
         raise StorageUnitNodeGone(
             f"a TransferQueue storage unit could not start on the node it was pinned to ({first}): the node left "
             "the cluster meanwhile; rerun (the units are placed on the nodes alive then)"
         ) from None
-    raise value
 
 
 def _abandon(pinned: list[str]) -> str:

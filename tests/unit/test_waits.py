@@ -146,3 +146,61 @@ def test_heartbeat_answers_without_steps_are_a_hang_of_the_job_answers_with_reco
     beat.answered(0)
     hung = beat.silent()
     assert hung is not None and hung.kind == HANG and "a trainer rank" in hung.names
+
+
+# ``in_thread``: a blocking call without a timeout of its own (TransferQueue's), on a thread, within a bound. Real
+# threads and an Event standing in for the call that never returns; bounds of a fraction of a second.
+
+
+def test_in_thread_returns_the_value_or_raises_the_error_of_the_call() -> None:
+    assert waits.in_thread(lambda: 42, what="a call", bound=waits.Bound.within(5.0)) == 42
+    with pytest.raises(KeyError, match="gone"):
+        waits.in_thread(lambda: {}["gone"], what="a call", bound=waits.Bound.within(5.0))
+
+
+def test_in_thread_gives_up_at_the_deadline_naming_what_give_up_says_it_waited_on() -> None:
+    import threading
+    import time
+
+    never = threading.Event()
+    released: list[str] = []
+
+    def give_up() -> str:
+        released.append("killed what it asked for")
+        return "storage unit #1 on node b"
+
+    began = time.monotonic()
+    with pytest.raises(waits.ProcessHung) as hung:
+        waits.in_thread(
+            never.wait,
+            what="TransferQueue's start",
+            kind="data_plane.storage",
+            poll_s=0.02,
+            give_up=give_up,
+            bound=waits.Bound.within(0.2, why="run.setup_timeout_s=0.2s"),
+        )
+    never.set()
+    assert 0.2 <= time.monotonic() - began < 2.0
+    assert released == ["killed what it asked for"]
+    assert hung.value.kind == "data_plane.storage" and hung.value.names == "storage unit #1 on node b"
+    assert "(run.setup_timeout_s=0.2s)" in str(hung.value)
+
+
+def test_in_thread_a_hang_without_names_from_give_up_names_the_call_and_a_stop_cuts_it() -> None:
+    import threading
+
+    never = threading.Event()
+    with pytest.raises(waits.ProcessHung) as hung:
+        waits.in_thread(never.wait, what="clearing the data plane", poll_s=0.02, bound=waits.Bound.within(0.1))
+    assert hung.value.names == "clearing the data plane"
+    released: list[bool] = []
+    with pytest.raises(waits.StopCut, match="while waiting for clearing the data plane"):
+        waits.in_thread(
+            never.wait,
+            what="clearing the data plane",
+            poll_s=0.02,
+            give_up=lambda: released.append(True) or None,
+            bound=waits.Bound(until=None, stop=lambda: True),
+        )
+    never.set()
+    assert released == [True], "a stop releases what the call asked for too"
