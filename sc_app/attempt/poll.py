@@ -12,6 +12,7 @@ the emergency budget alone bounds the drive.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,8 @@ import ray
 from sc_app import waits
 from sc_app.progress import JobFailed, ProgressRecord, RunSummary
 
+log = logging.getLogger(__name__)
+
 POLL_SECONDS = 0.5  # how often the driver collects progress and checks for a stop request
 HANG = "hang"  # the FaultRecord kind of a job that reported nothing for run.hang_timeout_s (a process of it hangs)
 
@@ -32,6 +35,7 @@ class EmergencyTimeout(RuntimeError):
 
 
 DEATH_GRACE_S = 5.0  # how long a foreign error waits for the GCS to report a death behind it
+LAST_RECORDS_S = 2.0  # how long a drive ended by a fault waits for the controller's records no poll collected
 
 
 @contextmanager
@@ -109,6 +113,19 @@ class Heartbeat:
         return 0.0 if self.asked_at is None else self.clock() - self.asked_at
 
 
+@dataclass
+class _HandOver:
+    """Hands records to ``on_progress`` in order; ``seen``: how many so far (the next progress call's ``since``)."""
+
+    on_progress: Callable[[ProgressRecord], None]
+    seen: int = 0
+
+    def __call__(self, records: list[ProgressRecord]) -> None:
+        for record in records:
+            self.seen += 1
+            self.on_progress(record)
+
+
 def drive(
     actor: Any,
     *,
@@ -124,48 +141,72 @@ def drive(
     ``emergency_budget_s``; past that it is killed — nothing half-written is renamed, so the newest older bundle
     stays the resume point — and ``EmergencyTimeout`` is raised. ``watch`` is called every poll: it raises
     (``ActorsDied``) when an actor of the job died in a way no call would report; a silent heartbeat raises
-    ``ProcessHung``."""
-    beat = Heartbeat(hang_s)
-    deadline: float | None = None
-    seen = 0
+    ``ProcessHung``. A drive that a fault ends (``JobFailed``) first hands over what the controller recorded and
+    no poll had collected yet — a save committed an instant before the death — if the controller still answers
+    within ``LAST_RECORDS_S``: a restore or an attempt's end never drops the record of work that was done."""
+    beat, hand_over = Heartbeat(hang_s), _HandOver(on_progress)
+    try:
+        with job_errors(watch):
+            return _polled(actor, emergency_budget_s, hand_over, stop_requested, poll_seconds, watch, beat)
+    except JobFailed:
+        if beat.silent_for() < LAST_RECORDS_S:  # else its last progress call is unanswered already: it hangs
+            _last_records(actor, hand_over)
+        raise
 
-    def hand_over(records: list[ProgressRecord]) -> None:
-        nonlocal seen
-        for record in records:
-            seen += 1
-            on_progress(record)
+
+def _polled(
+    actor: Any,
+    emergency_budget_s: float,
+    hand_over: _HandOver,
+    stop_requested: Callable[[], bool],
+    poll_seconds: float,
+    watch: Callable[[], None],
+    beat: Heartbeat,
+) -> RunSummary:
+    """``drive``'s loop: one poll every ``poll_seconds`` until the controller's ``run`` returns."""
+    deadline: float | None = None
 
     def ask_stop() -> float:
         actor.request_stop.remote(time.time() + emergency_budget_s)
         return time.monotonic() + emergency_budget_s
 
-    with job_errors(watch):
-        if stop_requested():  # asked before training started (e.g. SIGTERM while Ray started): train nothing
+    if stop_requested():  # asked before training started (e.g. SIGTERM while Ray started): train nothing
+        deadline = ask_stop()
+    ref, asking = actor.run.remote(), None
+    while True:
+        ready, _ = ray.wait([ref], timeout=poll_seconds)
+        if ready:  # every record up to the end: calls to an actor run in order, so one asked now has them all
+            last = actor.progress.remote(hand_over.seen)
+            hand_over(waits.get(last, what="the controller actor", bound=_end(deadline, beat.hang_s)))
+            return ray.get(ref)
+        if asking is None:
+            asking = actor.progress.remote(hand_over.seen)
+            beat.asked()
+        if ray.wait([asking], timeout=poll_seconds)[0]:
+            records = ray.get(asking)
+            asking = None
+            beat.answered(len(records))
+            hand_over(records)
+        watch()
+        if deadline is None and stop_requested():
             deadline = ask_stop()
-        ref, asking = actor.run.remote(), None
-        while True:
-            ready, _ = ray.wait([ref], timeout=poll_seconds)
-            if ready:  # every record up to the end: calls to an actor run in order, so one asked now has them all
-                hand_over(
-                    waits.get(actor.progress.remote(seen), what="the controller actor", bound=_end(deadline, hang_s))
-                )
-                return ray.get(ref)
-            if asking is None:
-                asking = actor.progress.remote(seen)
-                beat.asked()
-            if ray.wait([asking], timeout=poll_seconds)[0]:
-                records = ray.get(asking)
-                asking = None
-                beat.answered(len(records))
-                hand_over(records)
-            watch()
-            if deadline is None and stop_requested():
-                deadline = ask_stop()
-            if deadline is None and (hung := beat.silent()) is not None:
-                raise hung
-            if deadline is not None and time.monotonic() > deadline:
-                ray.kill(actor)
-                raise EmergencyTimeout(_timeout_line(emergency_budget_s, beat.silent_for()))
+        if deadline is None and (hung := beat.silent()) is not None:
+            raise hung
+        if deadline is not None and time.monotonic() > deadline:
+            ray.kill(actor)
+            raise EmergencyTimeout(_timeout_line(emergency_budget_s, beat.silent_for()))
+
+
+def _last_records(actor: Any, hand_over: _HandOver) -> None:
+    """The controller's records no poll collected, handed over if it answers within ``LAST_RECORDS_S``; a controller
+    that is dead or hung (the fault itself, perhaps) has none to give, and the fault goes on as it is."""
+    try:
+        last = actor.progress.remote(hand_over.seen)
+        records = waits.get(last, what="the controller actor", bound=waits.Bound.within(LAST_RECORDS_S))
+    except Exception as exc:  # dead, hung or unreachable: nothing more can be collected
+        log.debug("the controller's last records could not be collected: %s", type(exc).__name__)
+        return
+    hand_over(records)
 
 
 def _end(deadline: float | None, hang_s: float) -> waits.Bound:
