@@ -5,6 +5,7 @@ not reproduce it); ``stop`` kills the units it made instead of their graceful sh
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import pytest
@@ -105,10 +106,18 @@ def closing(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return seen
 
 
-def assert_stopped(units: list[Any]) -> None:
+def assert_stopped(units: list[Any], within_s: float = 30.0) -> None:
+    """Each unit dead within ``within_s``: ``ray.kill`` is asynchronous, so a call sent right after it may still be
+    answered (under load it was, once); a unit that keeps answering fails."""
+    deadline = time.monotonic() + within_s
     for unit in units:
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(unit.get_zmq_server_info.remote(), timeout=30)
+        while True:
+            try:
+                ray.get(unit.get_zmq_server_info.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except ray.exceptions.RayActorError:
+                break
+            assert time.monotonic() < deadline, f"a storage unit still answered {within_s:g}s after the stop"
+            time.sleep(0.2)
     close_transferqueue()  # waits until the controller's name is free (ray.kill is asynchronous)
     assert interface._TQ_CLIENT is None and interface._TQ_CONTROLLER is None and interface._TQ_STORAGE is None
 
