@@ -157,8 +157,7 @@ class SaveCoordinator:
         await _until(released, task)
 
     async def collect(self, *, wait: bool) -> None:
-        """Report the save in flight once it is done (``wait``: await it first). Re-raises what must stop the
-        run (``LeaseLost``, ``SaveFailed``, a bug); a reported I/O failure lets training continue."""
+        """Take the save in flight once done (``wait``: await it); re-raise what stops the run, report I/O failures."""
         if self._pending is None:
             return
         step, task = self._pending
@@ -166,8 +165,9 @@ class SaveCoordinator:
             return
         self._pending = None
         outcome = await task
-        self._report(outcome)
-        if isinstance(outcome, SaveRecord):
+        if not isinstance(outcome, SaveRecord):  # a published bundle was reported by ``_save``
+            self._report(outcome)
+        else:
             self._seconds = [*self._seconds, outcome.seconds][-8:]
             self.last_saved = step
             self._failed_in_a_row = 0
@@ -276,7 +276,8 @@ class SaveCoordinator:
             return SaveFailedRecord(step, msg, in_a_row=self._failed_in_a_row, last_saved_step=self.last_saved)
 
     async def _save(self, step: int, version: int, released: asyncio.Event, emergency: bool = False) -> SaveRecord:
-        """Capture (training paused until ``released`` is set), then write behind training."""
+        """Capture (training paused until ``released`` is set), then write behind training; report once published
+        (now, not at the next ``collect``: a fault during the step under way must not drop the record)."""
         cfg = self.cfg
         t0 = time.perf_counter()
         writer = BundleWriter(cfg.checkpoint.dir, step, hmac_key=hmac_key_from_env(), lease=self.args.lease)
@@ -307,9 +308,10 @@ class SaveCoordinator:
         )
         self._trace(ev="save", step=captured.step, digest=captured.digest, groups=captured.groups)
         up = published.on_bucket  # checkpoint.remote.parts=direct: committed on the bucket (its UploadResult)
-        return SaveRecord(captured.step, published.path.name, time.perf_counter() - t0, paused, window,
-                          captured.groups, published.data_plane_bytes, published.pruned, emergency,
-                          on_bucket=up is not None, uploaded_bytes=up.bytes if up else 0)  # fmt: skip
+        self._report(record := SaveRecord(captured.step, published.path.name, time.perf_counter() - t0, paused,
+                     window, captured.groups, published.data_plane_bytes, published.pruned, emergency,
+                     on_bucket=up is not None, uploaded_bytes=up.bytes if up else 0))  # fmt: skip
+        return record
 
     async def capture(
         self, writer: BundleWriter, *, step: int, version: int
