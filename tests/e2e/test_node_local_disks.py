@@ -378,7 +378,9 @@ def test_with_parts_direct_each_rank_uploads_its_shard_and_the_bundle_counts_on_
     assert re.search(r"uploaded step_6 \([1-9][0-9.]* MiB", out), "the ranks' shards counted in its bytes"
     record, _ = read_record(_bucket(rgw, runs.url))
     assert record is not None
-    direct = {b.step: b for b in record.bundles if ".f" in b.dir}  # committed on the bucket: this save's own dir
+    # committed on the bucket: this save's own dir, step_N.<run>.e<epoch>.f<local fencing epoch> (a run id is hex: it
+    # may hold ".f" itself, as in step_2.f3c0….e1 of the first run, uploaded via the head)
+    direct = {b.step: b for b in record.bundles if re.fullmatch(rf"step_{b.step}\.{b.run_id}\.e{b.epoch}\.f\d+", b.dir)}
     assert sorted(direct) == [6, 8] and {2, 4} <= {b.step for b in record.bundles}
     for entry in direct.values():
         verdict = check(_bucket(rgw, runs.url), entry, lineage=record.lineage, hmac_key=None, digests=True)
