@@ -80,7 +80,9 @@ def run(base: Path, ckpt: Path, *sets: str, max_steps: int = 4, env: dict[str, s
     """``sc-app run`` in a process of its own (it starts Ray), the user's modules on its PYTHONPATH."""
     pythonpath = os.pathsep.join(filter(None, [str(base / "user"), os.environ.get("PYTHONPATH", "")]))
     argv = run_argv(base, ckpt, *sets, max_steps=max_steps)
-    return sc_app(*argv, timeout=420, env={"PYTHONPATH": pythonpath, **(env or {})})
+    # a hang guard, not a speed check: ~20 s alone, 112 s in a quiet suite, over 420 s with two suites on the 2 cores
+    # (load 50: Ray's start timed out once, then the set-up); pytest's own limit is 900 s a test
+    return sc_app(*argv, timeout=840, env={"PYTHONPATH": pythonpath, **(env or {})})
 
 
 def one_error(result: Finished | Ran, code: int, *named: str) -> str:
