@@ -21,6 +21,7 @@ from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # noqa: E
 
 from sc_app.data_plane import tq_lifecycle  # noqa: E402
 from sc_app.data_plane.transferqueue import tq_conf  # noqa: E402
+from tests.support.proc import wait_for  # noqa: E402
 from tests.support.tq import close_transferqueue  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -106,18 +107,23 @@ def closing(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return seen
 
 
+def _dead(unit: Any) -> bool:
+    try:
+        ray.get(unit.get_zmq_server_info.remote(), timeout=5)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:  # not answering yet says nothing: ask again
+        return False
+    return False
+
+
 def assert_stopped(units: list[Any], within_s: float = 30.0) -> None:
-    """Each unit dead within ``within_s``: ``ray.kill`` is asynchronous, so a call sent right after it may still be
-    answered (under load it was, once); a unit that keeps answering fails."""
+    """Each unit dead within ``within_s`` (all together): ``ray.kill`` is asynchronous, so a call sent right after it
+    may still be answered (under load it was, once); a unit that keeps answering fails."""
     deadline = time.monotonic() + within_s
     for unit in units:
-        while True:
-            try:
-                ray.get(unit.get_zmq_server_info.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            except ray.exceptions.RayActorError:
-                break
-            assert time.monotonic() < deadline, f"a storage unit still answered {within_s:g}s after the stop"
-            time.sleep(0.2)
+        left = max(0.1, deadline - time.monotonic())
+        wait_for(lambda u=unit: _dead(u), left, f"a storage unit to be dead {within_s:g}s after the stop", poll=0.2)
     close_transferqueue()  # waits until the controller's name is free (ray.kill is asynchronous)
     assert interface._TQ_CLIENT is None and interface._TQ_CONTROLLER is None and interface._TQ_STORAGE is None
 
