@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -125,6 +126,19 @@ def faults_seen(root: Path, log: Path, fault: str) -> int:
     return max(printed, sum(f["fault"] == fault for f in fault_events(root)))
 
 
+SPARE_TOOK = re.compile(r"\(spare pid (\d+) took its place\)")
+
+
+def promoted_spares(proc: subprocess.Popen[str], root: Path) -> list[int]:
+    """The processes of spares that took a dead rank's place (``trainer.spare_ranks``; the fault events name them)
+    and live on as ranks, titled ``ray::TrainerSpare`` still: a spare not promoted is no rank to kill."""
+    live = set(actor_pids(proc.pid, "TrainerSpare"))
+    named = {
+        int(m.group(1)) for f in fault_events(root) for r in f.get("restarted", []) for m in SPARE_TOOK.finditer(r)
+    }
+    return sorted(named & live)
+
+
 def inject(proc: subprocess.Popen[str], base: Path, shape: Shape, rng: random.Random, done: list[str]) -> None:
     """Kill per ``plan_kills``, each once the run reached its step, and wait for its recovery before the next; a
     kill due when the run is within 5 steps of its end is left out (``kind@late``): the run may not notice it.
@@ -137,7 +151,7 @@ def inject(proc: subprocess.Popen[str], base: Path, shape: Shape, rng: random.Ra
             done.append(f"{kind}@late")
             continue
         title, fault = KILLS[kind]
-        pids = actor_pids(proc.pid, title)
+        pids = actor_pids(proc.pid, title) + (promoted_spares(proc, root) if kind == "trainer" else [])
         if not pids:
             raise AssertionError(f"no ray::{title} process in the run's session to kill (after {done})")
         before = faults_seen(root, log, fault)

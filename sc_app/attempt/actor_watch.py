@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 KIND_OF_CLASS = {  # an actor class a Ray error names → the kind of its death
     "TrainerWorker": TRAINER,
+    "TrainerSpare": TRAINER,  # a spare that took a dead rank's place (sc_app.attempt.spares)
     "SimpleStorageUnit": STORAGE,
     "TransferQueueController": TQ_CONTROLLER,
     "SingleControllerActor": CONTROLLER,

@@ -22,9 +22,10 @@ class Demand:
     resources: dict[str, float] = field(default_factory=dict)
 
 
-def job_demands(cfg: Any, units: bool = True) -> list[Demand]:
+def job_demands(cfg: Any, units: bool = True, spares: bool = False) -> list[Demand]:
     """The actors ``setup_single_controller`` places for ``cfg`` (an ``AppConfig``), each with its resources;
-    without the storage units when ``units`` is false."""
+    without the storage units when ``units`` is false; with the spare trainer ranks (``trainer.spare_ranks``: a
+    trainer rank's resources each, never required for the job to fit) when ``spares`` is true."""
     out = [Demand("TransferQueue controller", {"CPU": TQ_CONTROLLER_CPUS})]
     unit_needs = {"CPU": TQ_STORAGE_UNIT_CPUS}
     if cfg.data_plane.storage_node_resource:
@@ -34,6 +35,10 @@ def job_demands(cfg: Any, units: bool = True) -> list[Demand]:
     for group, label in ((cfg.trainer, "trainer rank"), (cfg.generation, "generation worker")):
         needs = {"CPU": group.num_cpus, "GPU": group.num_gpus, **group.resources}
         out += [Demand(f"{label} {i}", {k: v for k, v in needs.items() if v > 0}) for i in range(group.num_workers)]
+    if spares:
+        t = cfg.trainer
+        needs = {k: v for k, v in {"CPU": t.num_cpus, "GPU": t.num_gpus, **t.resources}.items() if v > 0}
+        out += [Demand(f"spare trainer rank {i}", dict(needs)) for i in range(t.spare_ranks)]
     return out
 
 
@@ -49,7 +54,7 @@ def held_cpus(cfg: Any, nodes: list[dict[str, Any]], first: str | None = None) -
     default scheduling starts too) tried first. An estimate — Ray places those actors itself — for where the
     storage units, which TransferQueue pins to their nodes, have room (``sc_app.data_plane.tq_placement``)."""
     alive = sorted((n for n in nodes if n.get("Alive")), key=lambda n: (n["NodeID"] != first, n["NodeID"]))
-    others = job_demands(cfg, units=False)
+    others = job_demands(cfg, units=False, spares=True)
     held = {n["NodeID"]: 0.0 for n in alive}
     for demand, node in _packed(others, [dict(n.get("Resources", {})) for n in alive]):
         if node is not None:

@@ -25,6 +25,7 @@ from sc_app.attempt.in_job_restore import Reset, ResetFailed
 from sc_app.attempt.poll import drive
 from sc_app.attempt.restore_policy import Death
 from sc_app.attempt.restore_scope import unfound_line
+from sc_app.attempt.spares import Spares
 from sc_app.attempt.warm_reset import JobIdentity, WarmReset, actors_died_during_reset, halt_controller
 from sc_app.checkpoint import ResumePlan
 from sc_app.progress import FaultRecord, JobFailed, ProgressRecord, RunSummary, SaveRecord, StepRecord
@@ -73,15 +74,18 @@ class ClusterJob:
         self._hung: list[DeadActor] = []  # the driven setup's processes killed as hung (what_died), dead from then on
         self._unfound: str | None = None  # a hang the probe found no process of: the full rebuild runs (halt)
         self._check_prepared = False  # the policy check's template built (once per process)
+        self.spares = Spares(attempt.cfg)  # trainer.spare_ranks: filled after each set-up and warm reset
 
     def start(self, plan: ResumePlan) -> tuple[Setup, ResumePlan]:
         """Set up from ``plan``; each wait ends on a stop (StopCut) or past run.setup_timeout_s (ProcessHung)."""
         self._watch, self.plan = None, plan
         limit = self.attempt.cfg.run.setup_timeout_s
+        self.spares.drop_unplaced()
         with bounded(Bound.within(limit, self.stop_requested, why=f"set-up past run.setup_timeout_s={limit:g}s")):
             setup, plan = self._start(self.attempt, plan)
         self._step = plan.step if plan.decision == "resume" else 0
         self.plan = plan
+        self.spares.fill()
         return setup, plan
 
     def drive(self, setup: Setup) -> RunSummary:
@@ -198,7 +202,7 @@ class ClusterJob:
         link = attempt.remote.link() if attempt.remote is not None else None
         who = JobIdentity(attempt.run_id, attempt.lease, attempt.rules.lineage, attempt.dataset, link)
         gone = frozenset(d.actor_id for d in self._gone())
-        warm = WarmReset(attempt.cfg, who, epoch, attempt.cfg.run.reset_timeout_s, gone=gone)
+        warm = WarmReset(attempt.cfg, who, epoch, attempt.cfg.run.reset_timeout_s, gone=gone, spares=self.spares)
         # a lost node's survivors elsewhere stay; no watch (a death before the drive): the data plane is rebuilt
         keep = self._watch is not None and restore_scope.scope(self._watch.actors, gone).keep_data_plane
         try:
@@ -214,6 +218,7 @@ class ClusterJob:
             raise ResetFailed(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from exc
         self._watch, self._hung = None, []
         self._step = plan.step if plan.decision == "resume" else 0
+        self.spares.fill()  # the spare that took a rank's place is replaced while the job trains on
         return setup, report
 
     def _gone(self) -> list[DeadActor]:

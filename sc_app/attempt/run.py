@@ -339,6 +339,7 @@ def _train(attempt: Attempt, plan: ResumePlan, stop_requested: Callable[[], bool
     finally:
         from sc_app.data_plane.transferqueue import shutdown_transferqueue
 
+        job.spares.close()
         shutdown_transferqueue()
         if owns_ray:
             ray.shutdown()

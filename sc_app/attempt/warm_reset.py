@@ -7,6 +7,9 @@ epoch on, the dead job's unfinished save quarantined by the re-plan), but the pr
   again like one, never waited on;
 * the controller actor, when alive, was halted (``SingleControllerActor.halt``) before the re-plan; here it is
   ``reset`` from the bundle's arguments in place (a dead one is started again);
+* a dead trainer rank's place goes to a spare (``trainer.spare_ranks``, ``sc_app.attempt.spares``: its process started
+  and warmed up before the death) or, without one, to a new process; spares not placed on a node yet are killed
+  first;
 * every live trainer rank is ``reset`` to the new epoch and reads the bundle into its existing model (``load``);
   when a rank died (or there is no bundle: a fresh start) every live rank ``rejoin``\\ s instead — the process group
   is formed again with the replacement and the backend rebuilt on it in the same process — then loads;
@@ -55,6 +58,7 @@ from sc_app.attempt.setup import (
     controller_args,
     start_controller_actor,
 )
+from sc_app.attempt.spares import Spares
 from sc_app.checkpoint import ResumePlan, layout
 from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import Lease
@@ -140,11 +144,18 @@ class WarmReset:
     """One warm reset of ``setup`` (the module docstring); ``run`` returns the reset setup and its report."""
 
     def __init__(
-        self, cfg: AppConfig, who: JobIdentity, epoch: int, timeout_s: float, gone: frozenset[str] = frozenset()
+        self,
+        cfg: AppConfig,
+        who: JobIdentity,
+        epoch: int,
+        timeout_s: float,
+        gone: frozenset[str] = frozenset(),
+        spares: Spares | None = None,
     ) -> None:
         """``gone``: ids of actors to treat as dead whatever the GCS says yet (killed as hung: ``ray.kill`` is
-        asynchronous)."""
+        asynchronous). ``spares``: the attempt's spare trainer ranks, if any."""
         self.cfg, self.who, self.epoch, self.timeout_s, self.gone = cfg, who, epoch, timeout_s, gone
+        self.spares = spares
         self.report = Reset()
         self._t = time.perf_counter()
 
@@ -163,6 +174,8 @@ class WarmReset:
         policy, order = setup.policy, SetupOrder()
         if generators is not None:
             policy.generators[:] = generators
+        if self.spares is not None:
+            self.spares.drop_unplaced()
         self._data_plane(setup, keep_data_plane)
         trainer_calls = self._trainers(policy, plan)
         generator_calls = self._generators(policy)
@@ -230,7 +243,14 @@ class WarmReset:
         cfg_json, world = self.cfg.model_dump_json(), self.cfg.trainer.num_workers
         tcfg = self.cfg.trainer
         dead = self._dead(policy.trainers)
+        taken: list[Any] = []  # spares' warm-ups and take_rank calls, first in their queues
         for rank in sorted(dead):
+            spare = self.spares.take() if self.spares is not None else None
+            if spare is not None:
+                policy.trainers[rank] = spare.handle
+                taken += [spare.ready, spare.handle.take_rank.remote(rank)]
+                self.report.restarted.append(f"trainer rank {rank} (spare pid {spare.pid} took its place)")
+                continue
             policy.trainers[rank] = TrainerWorker.options(
                 num_cpus=tcfg.num_cpus, num_gpus=tcfg.num_gpus, resources=tcfg.resources or None
             ).remote(cfg_json, rank, world)
@@ -238,7 +258,7 @@ class WarmReset:
         self.report.reset += [f"trainer rank {r}" for r in range(world) if r not in dead]
         reform = (bool(dead) and world > 1) or plan.decision != "resume"
         # first the reset of every live rank (its own thread: it ends a step of the old job blocked on the data plane)
-        calls = [w.reset.remote(self.epoch) for r, w in enumerate(policy.trainers) if r not in dead]
+        calls = [*taken, *(w.reset.remote(self.epoch) for r, w in enumerate(policy.trainers) if r not in dead)]
         addr, port = ("", 0)
         if reform and world > 1:
             addr, port = _bounded([policy.trainers[0].address.remote()], self.timeout_s, "trainer rank 0's store")[0]

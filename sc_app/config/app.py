@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sc_app.config.embedded import CONTROLLER_ACTOR_CPUS, TQ_CONTROLLER_CPUS, TQ_STORAGE_UNIT_CPUS, check_embedded_cpus
 from sc_app.config.engine import OLD_LOGPROBS_HELP, EngineSettings, check_engine
 from sc_app.config.input import MAX_SECONDS, check_section
 from sc_app.config.remote import RemoteConfig, check_volume
@@ -31,10 +32,8 @@ from sc_app.config.tree import (
 )
 
 __all__ = ["AppConfig", "ConfigError", "Override", "dump_config", "load_config", "read_file"]
+__all__ += ["CONTROLLER_ACTOR_CPUS", "TQ_CONTROLLER_CPUS", "TQ_STORAGE_UNIT_CPUS"]  # sc_app.config.embedded's
 
-CONTROLLER_ACTOR_CPUS = 1.0
-TQ_CONTROLLER_CPUS = 1.0  # transferqueue asks 1 CPU for its controller ...
-TQ_STORAGE_UNIT_CPUS = 1.0  # ... and 1 per storage unit (oversubscribed, tq.init hangs silently: docs/development.md)
 REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*"
 
 
@@ -238,6 +237,14 @@ class TrainerConfig(WorkerGroupConfig):
         "gradients and optimizer state sharded across the workers). A bundle resumes under either, any count.",
     )
     micro_batch_rows: int = Field(0, ge=0, description="hf: rows per forward/backward (0: the worker's whole share).")
+    spare_ranks: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="Spare trainer ranks, each holding a trainer rank's resources (its GPU too): started and warmed "
+        "up while the job trains, one takes a dead rank's place in a warm in-job restore instead of a new process "
+        "(docs/recovery.md). 0: a new rank is started.",
+    )
 
 
 class GenerationWorkersConfig(WorkerGroupConfig, EngineSettings):
@@ -333,27 +340,8 @@ class AppConfig(_Section):
                 "unset ray.metrics_export_port"
             )
         if self.ray.address is None:
-            need = self.cpus_required()
-            if need > self.ray.num_cpus:
-                raise ValueError(
-                    f"data_plane.storage_units={self.data_plane.storage_units} cannot be scheduled: the job needs "
-                    f"{need:g} logical CPUs (TransferQueue controller {TQ_CONTROLLER_CPUS:g} + storage units "
-                    f"{self.data_plane.storage_units * TQ_STORAGE_UNIT_CPUS:g} + controller actor "
-                    f"{CONTROLLER_ACTOR_CPUS:g} + trainer {self.trainer.num_workers * self.trainer.num_cpus:g} + "
-                    f"generation {self.generation.num_workers * self.generation.num_cpus:g}) but ray.num_cpus="
-                    f"{self.ray.num_cpus}; lower the units/workers or raise ray.num_cpus"
-                )
+            check_embedded_cpus(self)
         return self
-
-    def cpus_required(self) -> float:
-        """Logical CPUs every actor of the job asks for together."""
-        return (
-            TQ_CONTROLLER_CPUS
-            + self.data_plane.storage_units * TQ_STORAGE_UNIT_CPUS
-            + CONTROLLER_ACTOR_CPUS
-            + self.trainer.num_workers * self.trainer.num_cpus
-            + self.generation.num_workers * self.generation.num_cpus
-        )
 
 
 def _error_line(err: ValidationError, sources: dict[str, str]) -> str:

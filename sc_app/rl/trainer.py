@@ -9,6 +9,8 @@ while the next steps train; and ``reset`` (thread "control"), so that it reaches
 A warm in-job restore keeps a live worker's process: ``reset`` (the process group intact: the bundle is then read
 into the existing model by ``load``) or ``rejoin`` (a rank died: the group is formed again with its replacement
 and the backend rebuilt on it in this process, then ``load``). ``train_step`` is fenced (``sc_app.rl.fencing``).
+A spare (``TrainerSpare``, ``trainer.spare_ranks``) is a trainer worker without a rank yet, warmed up while the job
+trains; a warm in-job restore gives it a dead rank's place.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
 from sc_app.io.background import lower_current_thread_priority
 from sc_app.rl.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, WorkerReset, device_for
-from sc_app.rl.factory import make_trainer_backend
+from sc_app.rl.factory import make_trainer_backend, prepare_policy_check
 from sc_app.rl.fencing import EpochFence
 from sc_app.rl.weight_sync.base import WeightSender
 from sc_app.rl.weight_sync.factory import transport_for
@@ -44,7 +46,10 @@ log = logging.getLogger(__name__)
 KEPT_RECORDS = 64
 
 
-@ray.remote(concurrency_groups={"io": 1, "control": 1})
+CONCURRENCY = {"io": 1, "control": 1}
+
+
+@ray.remote(concurrency_groups=CONCURRENCY)
 class TrainerWorker:
     def __init__(self, cfg_json: str, rank: int, world_size: int) -> None:
         torch.set_num_threads(1)
@@ -262,3 +267,28 @@ class TrainerWorker:
     def kept_progress(self, after_step: int) -> list[Any]:
         """The kept step records past ``after_step`` (a dead controller's steps the driver never heard of)."""
         return [r for r in self._kept if r.step > after_step]
+
+
+@ray.remote(concurrency_groups=CONCURRENCY)
+class TrainerSpare(TrainerWorker.__ray_actor_class__):  # type: ignore[name-defined,misc]
+    """A trainer worker without a rank (``sc_app.attempt.spares``): ``warm_up`` pays its process's first-time costs
+    while the job trains; ``take_rank`` then makes it the dead rank's replacement, called as a new rank is
+    (``setup``, ``reset``, ``load``). Its process title stays ``ray::TrainerSpare``."""
+
+    def __init__(self, cfg_json: str, world_size: int) -> None:
+        super().__init__(cfg_json, -1, world_size)
+
+    def warm_up(self) -> int:
+        """Build what a rank builds first in a process, and drop it: the backend's imports, its model on the meta
+        device and its optimizer's structure (``prepare_policy_check``; a process's first optimizer imports
+        ``torch._dynamo``), and on a GPU the CUDA context. Returns this process's pid."""
+        prepare_policy_check(self.cfg)
+        torch.zeros(1, device=self.device)
+        return os.getpid()
+
+    def take_rank(self, rank: int) -> int:
+        """Become trainer rank ``rank`` (before its ``setup``); once only. Returns this process's pid."""
+        if self.rank != -1:
+            raise RuntimeError(f"this spare is trainer rank {self.rank} already")
+        self.rank = rank
+        return os.getpid()

@@ -4,11 +4,15 @@ the one before and trained on. The run must end at max_steps with exit 0 and nev
 
 * Each restore is warm (``run.in_job_restore: warm``): only what died starts again — checked by PID, before each
   kill and once the job trains again: the controller actor's death restarts it alone (the trainer, the engine and
-  TransferQueue keep their processes); a trainer rank's restarts that rank alone (the engine, the controller actor
-  and TransferQueue are reset in place); a storage unit's rebuilds the data plane alone. The last one's (the
+  TransferQueue keep their processes); a trainer rank's gives its place to the run's spare (``trainer.spare_ranks=1``:
+  a process started and warmed up before the kill, kept as the new rank) and starts a new spare, nothing else (the
+  engine, the controller actor and TransferQueue are reset in place); a storage unit's rebuilds the data plane
+  alone. A rank without a spare, started anew, is what test_hung_actor, test_node_loss and test_node_local_disks
+  restore. The last one's (the
   TransferQueue controller's) warm reset is made to fail once it has started a new TransferQueue
-  (``SC_APP_FAULT_AT=restore.warm.started``): the fallback, the full rebuild, runs, every process is new and none
-  of the failed reset's is left. Each ``fault`` event names its path and what it restarted and reset.
+  (``SC_APP_FAULT_AT=restore.warm.started``): the fallback, the full rebuild, runs, every process of the job is new
+  and none of the failed reset's is left; the spare not promoted outlives it. Each ``fault`` event names its path
+  and what it restarted and reset.
 
 * The generation worker is replaced in the job without a restore (no new trace ``start``): the dead call's prompts
   go back to the loader once (``give_back``) and are issued and trained again, none twice and none skipped; the new
@@ -44,9 +48,10 @@ from tests.support.restart import attempts_of, generation_restart_problems, kept
 
 pytestmark = pytest.mark.slow
 
-MAX_STEPS = 40  # five kills, each after 3 steps of its part; steps take ~0.07 s and a kill lands up to a poll
+MAX_STEPS = 120  # five kills, each after 3 steps of its part; steps take ~0.07 s and a kill lands up to a poll
 # (0.25 s, and reading the process tree) later, so each part may run ~8 steps: 24 ran out before the fifth kill once
-# the warm restores got faster
+# the warm restores got faster; the trainer rank's part also waits for the new spare's process (~2.5 s quiet: ~26
+# steps), and 64 ran out there
 GROUP_SIZE = 8
 GENERATION = ("GenerationWorker", "generation.worker")
 CONTROLLER = ("SingleControllerActor", "controller")
@@ -62,7 +67,15 @@ CHAOS_NAMES = {
     "storage": RESTORED[1],
     "tq-controller": RESTORED[2],
 }
-ACTORS = ["SingleControllerActor", "GenerationWorker", "TrainerWorker", "SimpleStorageUnit", "TransferQueueController"]
+SPARE = "TrainerSpare"
+ACTORS = [
+    "SingleControllerActor",
+    "GenerationWorker",
+    "TrainerWorker",
+    SPARE,
+    "SimpleStorageUnit",
+    "TransferQueueController",
+]
 DATA_PLANE = {"SimpleStorageUnit", "TransferQueueController"}
 
 
@@ -106,7 +119,7 @@ def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
     restores = ["--set", f"run.max_in_job_restores={1 + len(RESTORED)}"]  # the controller actor's and RESTORED's
     # every bundle kept: a controller killed between a publish and its trace line leaves the bundle as the only
     # record that it was the newest, which the trace check reads at the end
-    restores += ["--set", f"checkpoint.keep={MAX_STEPS}"]
+    restores += ["--set", f"checkpoint.keep={MAX_STEPS}", "--set", "trainer.spare_ranks=1"]
     # the last restore's warm reset fails (injected) once it started a new TransferQueue: the fallback, the full
     # rebuild, runs for real and must remove those actors too
     fallback = {"SC_APP_FAULT_AT": "restore.warm.started", "SC_APP_FAULT_ACTION": "raise", "SC_APP_FAULT_AFTER": "3"}
@@ -114,6 +127,7 @@ def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
     pids: list[tuple[str, dict[str, list[int]], dict[str, list[int]]]] = []
     try:
         wait_for(lambda: trains_after(trace, 0) >= 3, 600, "3 train steps before killing the controller actor", proc)
+        wait_for(lambda: len(actor_pids(proc.pid, SPARE)) == 1, 600, "the spare trainer rank's process", proc)
         before = kill_one(proc, CONTROLLER[0])
         wait_for(lambda: trains_after(trace, 1) >= 3, 600, "3 steps after its restore", proc, log=log)
         pids.append((CONTROLLER[0], before, pids_of(proc)))
@@ -124,6 +138,8 @@ def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
         for n, (actor, _) in enumerate(RESTORED, start=2):
             before = kill_one(proc, actor)
             wait_for(lambda n=n: trains_after(trace, n) >= 3, 600, f"3 steps after killing {actor}", proc, log=log)
+            if actor == "TrainerWorker":  # the spare took its place; the new spare's process, before the next kill
+                wait_for(lambda: len(actor_pids(proc.pid, SPARE)) == 2, 600, "a new spare's process", proc, log=log)
             pids.append((actor, before, pids_of(proc)))
         run = finish(proc, 900, "the run with five kills")
     finally:
@@ -222,24 +238,35 @@ def test_only_what_died_started_again(four_kills: FourKills) -> None:
     warm reset was made to fail, so the full rebuild ran (every actor started again) — the fallback."""
     k = four_kills
     *warm, (last, before_full, after_full) = k.pids
+    restores = [f.data for f in k.faults if "restored_step" in f.data]
+    by_kind = {f["fault"]: f for f in restores}
     for killed, before, after in warm:
-        # TransferQueue cannot outlive its controller or a unit: the data plane alone is started again
-        restarted = DATA_PLANE if killed in DATA_PLANE else {killed}
+        # TransferQueue cannot outlive its controller or a unit: the data plane alone is started again; a dead
+        # trainer rank's place goes to the spare (no TrainerWorker left), and a new spare starts
+        restarted = DATA_PLANE if killed in DATA_PLANE else {killed, SPARE} if killed == "TrainerWorker" else {killed}
         for actor in ACTORS:
             changed = before[actor] != after[actor]
             assert changed == (actor in restarted), (
                 f"after {killed} was killed, {actor} {'restarted' if changed else 'kept'}: {before} -> {after}"
             )
+    (spare,) = next(before[SPARE] for killed, before, _ in warm if killed == "TrainerWorker")
+    after = next(after for killed, _, after in warm if killed == "TrainerWorker")
+    assert after["TrainerWorker"] == [] and spare in after[SPARE] and len(after[SPARE]) == 2, after
+    took = f"trainer rank 0 (spare pid {spare} took its place)"
+    assert by_kind["trainer.worker"]["restarted"] == [took], "the spare's process is the rank now"
     assert last == RESTORED[-1][0]
-    assert all(before_full[a] != after_full[a] for a in ACTORS), f"full rebuild: {before_full} -> {after_full}"
-    # nothing the failed warm reset had started is left: one process per actor, as before
-    assert {a: len(p) for a, p in after_full.items()} == {a: len(p) for a, p in before_full.items()}, after_full
-    restores = [f.data for f in k.faults if "restored_step" in f.data]
+    # the full rebuild: every actor of the job started again, the promoted spare (the rank) with them; the spare
+    # that was not promoted lives on (the pool outlives a rebuild), and nothing the failed warm reset started is left
+    job = [a for a in ACTORS if a != SPARE]
+    assert all(before_full[a] != after_full[a] for a in job), f"full rebuild: {before_full} -> {after_full}"
+    (kept,) = set(before_full[SPARE]) - {spare}
+    assert after_full[SPARE] == [kept] and len(after_full["TrainerWorker"]) == 1, (spare, after_full)
+    assert {a: len(p) for a, p in after_full.items() if a in job and a != "TrainerWorker"} == {
+        a: len(p) for a, p in before_full.items() if a in job and a != "TrainerWorker"
+    }, after_full
     assert [f["path"] for f in restores[:-1]] == ["warm"] * (len(restores) - 1)
     assert restores[-1]["path"].startswith("full (warm reset failed: InjectedFault"), restores[-1]["path"]
     assert restores[-1]["outcome"] == "recovered"
-    by_kind = {f["fault"]: f for f in restores}
-    assert by_kind["trainer.worker"]["restarted"] == ["trainer rank 0"]
     assert {"generation worker 0", "the controller actor"} <= set(by_kind["trainer.worker"]["reset"])
     assert by_kind["controller"]["restarted"] == ["the controller actor"]
     assert {"trainer rank 0", "generation worker 0"} <= set(by_kind["controller"]["reset"])

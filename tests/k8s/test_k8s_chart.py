@@ -507,6 +507,11 @@ BAD_VALUES = [
         id="fractional-gpus-over",
     ),
     pytest.param(
+        {"config": {"trainer": {"spare_ranks": 1}}},
+        r"config asks 3 GPUs \(\(trainer num_workers \+ spare_ranks\) x num_gpus .* provide 2",
+        id="spare-gpus-over",
+    ),
+    pytest.param(
         {"workerGroups": [{**_GPU_GROUP, "replicas": 2, "resources": {"limits": _ONE_GPU},
                            "rayStartParams": {"num-gpus": "0"}}]},
         r"config\.trainer\.num_gpus=1 but no pod offers more than 0 GPUs",

@@ -119,8 +119,13 @@ def _group(of: str, **over: Any) -> dict[str, Any]:
 BAD = [
     pytest.param({"workerGroups": [_group("trainer", replicas=1), _group("generation", replicas=3),
                                    _group("data-plane")]},
-                 r"config\.trainer: 16 workers x num_gpus=1 fit only 8 times on the groups with role trainer "
-                 r"\(trainer: replicas x GPUs per pod\); its actors can land nowhere else", id="role-gpus-short"),
+                 r"config\.trainer: 16 workers \(spare ranks included\) x num_gpus=1 fit only 8 times on the groups "
+                 r"with role trainer \(trainer: replicas x GPUs per pod\); its actors can land nowhere else",
+                 id="role-gpus-short"),
+    pytest.param({"config": {"trainer": {"spare_ranks": 1}},  # 33 GPUs asked of 40: only the trainer role is short
+                  "workerGroups": [_group("trainer"), _group("generation", replicas=3), _group("data-plane")]},
+                 r"config\.trainer: 17 workers \(spare ranks included\) x num_gpus=1 fit only 16 times",
+                 id="role-gpus-short-of-a-spare"),
     pytest.param({"workerGroups": [*MULTINODE["workerGroups"], _group("data-plane", name="spare", replicas=0,
                                                                        roles=["data_plane", "trainer"])]},
                  r"workerGroups\[3\] \(spare\) hosts roles \[data_plane trainer\] with replicas=0",

@@ -173,7 +173,7 @@ read-only model claim. */}}
 {{- $asked := 0.0 -}}
 {{- range $role := list "trainer" "generation" -}}
 {{- $a := default (dict) (get $cfg $role) -}}
-{{- $n := default 1 $a.num_workers | int -}}
+{{- $n := add (default 1 $a.num_workers | int) (default 0 $a.spare_ranks | int) -}}
 {{- $each := default 0 $a.num_gpus | float64 -}}
 {{- $asked = addf $asked (mulf $n $each) -}}
 {{- if gt $each $perPod -}}
@@ -181,7 +181,7 @@ read-only model claim. */}}
 {{- end -}}
 {{- end -}}
 {{- if gt $asked $offered -}}
-{{- fail (printf "config asks %v GPUs (trainer num_workers x num_gpus + generation num_workers x num_gpus) but the worker groups provide %v (replicas x GPUs per pod): the actors would wait forever; add replicas/GPUs or lower config" $asked $offered) -}}
+{{- fail (printf "config asks %v GPUs ((trainer num_workers + spare_ranks) x num_gpus + generation num_workers x num_gpus) but the worker groups provide %v (replicas x GPUs per pod): the actors would wait forever; add replicas/GPUs or lower config" $asked $offered) -}}
 {{- end -}}
 {{- end -}}
 

@@ -29,7 +29,7 @@ pods must exist and offer the GPUs the role's actors ask for.
 {{- range $role := list "trainer" "generation" -}}
 {{- if hasKey $roles $role -}}
 {{- $a := default (dict) (get $cfg $role) -}}
-{{- $n := default 1 $a.num_workers | int -}}
+{{- $n := add (default 1 $a.num_workers | int) (default 0 $a.spare_ranks | int) -}}
 {{- $each := default 0 $a.num_gpus | float64 -}}
 {{- $slots := 0 -}}
 {{- $names := list -}}
@@ -43,7 +43,7 @@ pods must exist and offer the GPUs the role's actors ask for.
 {{- end -}}
 {{- end -}}
 {{- if and (gt $each 0.0) (lt $slots $n) -}}
-{{- fail (printf "config.%s: %d workers x num_gpus=%v fit only %d times on the groups with role %s (%s: replicas x GPUs per pod); its actors can land nowhere else: add GPUs or replicas there, or lower config.%s" $role $n $each $slots $role (join ", " $names) $role) -}}
+{{- fail (printf "config.%s: %d workers (spare ranks included) x num_gpus=%v fit only %d times on the groups with role %s (%s: replicas x GPUs per pod); its actors can land nowhere else: add GPUs or replicas there, or lower config.%s" $role $n $each $slots $role (join ", " $names) $role) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sc_app.attempt.cluster_fit import Demand, held_cpus, job_demands, missing, unfit_line
 from sc_app.config.app import AppConfig
+from sc_app.config.embedded import cpus_required
 
 
 def cfg(**sections: dict) -> AppConfig:
@@ -30,7 +31,20 @@ def test_the_demands_are_every_actor_the_setup_places() -> None:
     assert by["trainer rank 1"] == {"CPU": 1.0, "GPU": 1.0, "trainer_node": 1}
     assert by["generation worker 0"] == {"CPU": 2.0}, "zero-valued resources are not asked for"
     assert "tq_node" in by["storage unit 0"], "a storage unit needs a node with the storage resource"
-    assert sum(d.resources.get("CPU", 0) for d in job_demands(c)) == c.cpus_required()
+    assert sum(d.resources.get("CPU", 0) for d in job_demands(c)) == cpus_required(c)
+
+
+def test_spare_ranks_are_held_where_units_go_but_never_required_to_fit() -> None:
+    c = cfg(trainer={"num_workers": 1, "spare_ranks": 1, "num_gpus": 1}, generation={"num_workers": 1})
+    assert [d.name for d in job_demands(c)][-1] == "generation worker 0", "the fit check leaves spares out"
+    with_spares = job_demands(c, spares=True)
+    assert with_spares[-1].name == "spare trainer rank 0" and with_spares[-1].resources == {"CPU": 1.0, "GPU": 1.0}
+    assert sum(d.resources.get("CPU", 0) for d in with_spares) == cpus_required(c)
+    # one 6-CPU GPU node: the spare holds a CPU there too, so a unit is not counted on it
+    node = {"NodeID": "gpu", "Alive": True, "Resources": {"CPU": 6.0, "GPU": 2.0}}
+    none = cfg(trainer={"num_workers": 1, "num_gpus": 1}, generation={"num_workers": 1})
+    assert held_cpus(none, [node]) == {"gpu": 4.0}  # TQ controller, controller actor, trainer, generation
+    assert held_cpus(c, [node]) == {"gpu": 5.0}, "and the spare"
 
 
 def test_a_job_that_fits_leaves_nothing_missing() -> None:

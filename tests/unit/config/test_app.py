@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from sc_app.config.app import AppConfig, ConfigError, dump_config, load_config, parse_override
+from sc_app.config.embedded import cpus_required
 
 
 def refused(*overrides: str, path: Path | None = None) -> str:
@@ -30,7 +31,7 @@ def test_embedded_default_needs_no_file() -> None:
     assert cfg.ray.address is None, "the default must be embedded (local Ray)"
     assert cfg.checkpoint.on_corrupt == "fallback"
     # the default must be schedulable on its own embedded Ray (TransferQueue hangs silently otherwise)
-    assert cfg.cpus_required() <= cfg.ray.num_cpus
+    assert cpus_required(cfg) <= cfg.ray.num_cpus
     assert cfg.task.prompt_len + cfg.task.response_len <= cfg.model.max_seq_len
     assert cfg.model.d_model % cfg.model.n_heads == 0
 
@@ -152,10 +153,14 @@ def test_storage_units_that_cannot_be_scheduled() -> None:
     assert "data_plane.storage_units" in msg and "ray.num_cpus" in msg, msg
     # the same combination is fine once the embedded Ray is big enough
     cfg = load_config(None, ["data_plane.storage_units=20", "ray.num_cpus=32"])
-    assert cfg.cpus_required() <= 32
+    assert cpus_required(cfg) <= 32
     # workers count too: they compete for the same logical CPUs
     msg = refused("trainer.num_workers=4", "generation.num_workers=3")
     assert "ray.num_cpus" in msg
+    # and spare trainer ranks, each a trainer rank's CPUs: 8 of them do not fit the default 8
+    msg = refused("trainer.spare_ranks=8")
+    assert "trainer.spare_ranks=8: 8" in msg and "ray.num_cpus=8" in msg, msg
+    assert cpus_required(load_config(None, ["trainer.spare_ranks=1"])) == cpus_required(load_config()) + 1
 
 
 def test_metrics_export_port_is_for_the_embedded_ray_only() -> None:
