@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import math
 
-from bench.restore_figures import Budget, budget_verdicts, first_rollout_after, first_rollouts, ratio_verdict
+from bench.restore_figures import (
+    Budget,
+    budget_verdicts,
+    first_rollout_after,
+    first_rollouts,
+    kind_line,
+    kind_verdicts,
+    ratio_verdict,
+)
 
 
 def test_the_budget_is_one_and_a_half_times_an_actor_start_plus_the_raw_read() -> None:
@@ -15,6 +23,17 @@ def test_the_budget_is_one_and_a_half_times_an_actor_start_plus_the_raw_read() -
     verdicts = budget_verdicts({"trainer.worker": {"median": 3.7}, "controller": {"median": 3.8}}, budget)
     assert [(v.kind, v.met) for v in verdicts] == [("controller", False), ("trainer.worker", True)]
     assert verdicts[0].line().endswith("MISSED") and verdicts[1].line().endswith("met")
+
+
+def test_each_kind_is_held_to_the_start_of_its_own_actor_plus_the_raw_read() -> None:
+    budget = Budget(1.0, 2**20, 0.5, {"trainer.worker": 2.5, "controller": 1.5})
+    assert budget.of_kind("trainer.worker") == 4.5 and budget.of_kind("controller") == 3.0
+    assert budget.of_kind("data_plane.storage") is None and budget.seconds == 2.25, "the bare actor's is kept"
+    restores = {"trainer.worker": {"median": 4.4}, "controller": {"median": 3.1}, "data_plane.storage": {"median": 1}}
+    verdicts = kind_verdicts(restores, budget)
+    assert [(v.kind, v.limit_s, v.met) for v in verdicts] == [("controller", 3.0, False), ("trainer.worker", 4.5, True)]
+    assert [v.met for v in budget_verdicts(restores, budget)] == [False, True, False], "the bare budget: 2.25 s"
+    assert kind_line(budget).startswith("start of one actor of the kind that died (median): controller 1.5 s, ")
 
 
 def test_resume_to_first_token_counts_from_each_restores_start_to_the_next_rollout() -> None:
