@@ -202,7 +202,10 @@ def main() -> int:
     in_job.add_argument("--no-baseline", action="store_true", help="skip the fault-free run")
     in_job.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
     in_job.add_argument(
-        "--restore", default="", help="e.g. warm,full: the same runs once per run.in_job_restore path, side by side"
+        "--restore",
+        default="",
+        help="e.g. warm,warm+spare,full: the same runs once per run.in_job_restore path (+spare: with one spare "
+        "trainer rank), side by side",
     )
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="sc-app-chaos-"))
@@ -214,9 +217,14 @@ def main() -> int:
         kinds = [k.replace("_", "-") for k in args.kinds.split(",") if k]  # tq_controller or tq-controller
         shape = Shape(args.max_steps, args.faults, kinds, args.set, each=args.each)
         if args.restore:
-            from bench.chaos_compare import compare_restores
+            from bench.chaos_compare import compare_restores, path_sets
 
             paths = [p for p in args.restore.split(",") if p]
+            try:
+                [path_sets(p) for p in paths]
+            except ValueError as exc:
+                print(f"chaos.py: {exc}", file=sys.stderr)
+                return 2
             return compare_restores(args.iterations, args.seed, work, shape, paths, baseline=not args.no_baseline)
         return in_job_main(args.iterations, args.seed, work, shape, baseline=not args.no_baseline)
     root = work / "ckpt"

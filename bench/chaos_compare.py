@@ -2,7 +2,8 @@
 ``run.in_job_restore`` path, side by side in one bench run, and the restore table: recovery median/max per fault
 kind and the warm/full ratio, engine starts in restores of faults that were not an engine's, goodput, the machine's
 load — and, when ``warm`` ran, the budget "restore ≤ one actor's start + the bundle read at raw disk speed + 50%"
-measured after the runs in the same bench run (``bench/restore_budget.py``) with its verdict per kind.
+measured after the runs in the same bench run (``bench/restore_budget.py``) with its verdict per kind: against the
+start of one actor of the kind that died, and against a bare actor's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from bench.chaos_in_job import Shape, one_run, pct
 from bench.kill_stress import steps
-from bench.restore_figures import Budget, budget_line, budget_verdicts
+from bench.restore_figures import Budget, budget_line, budget_verdicts, kind_line, kind_verdicts
 
 
 def restores_by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -46,6 +47,17 @@ def engine_starts(faults: list[dict[str, Any]], engines: int) -> int:
     return starts
 
 
+SPARE = "+spare"  # a path's suffix: the same path with one spare trainer rank (trainer.spare_ranks=1)
+
+
+def path_sets(path: str) -> list[str]:
+    """The ``--set`` of a compared path: ``warm``, ``full`` (``run.in_job_restore``), or either + ``SPARE``."""
+    mode = path.removesuffix(SPARE)
+    if mode not in ("warm", "full"):
+        raise ValueError(f"--restore takes warm, full, warm{SPARE} or full{SPARE}, not {path!r}")
+    return [f"run.in_job_restore={mode}", *(["trainer.spare_ranks=1"] if path.endswith(SPARE) else [])]
+
+
 def compare_restores(iterations: int, seed: int, work: Path, shape: Shape, paths: list[str], baseline: bool) -> int:
     """The same runs (same seed: the same kills at the same steps) once per ``run.in_job_restore`` path, side by
     side: recovery median/max per kind, engine starts, goodput, the machine's load while they ran, the budget."""
@@ -53,7 +65,7 @@ def compare_restores(iterations: int, seed: int, work: Path, shape: Shape, paths
     failed = 0
     for path in paths:
         rng = random.Random(seed)
-        sets = [*shape.sets, f"run.in_job_restore={path}"]
+        sets = [*shape.sets, *path_sets(path)]
         runs = []
         for i in range(iterations):
             o = one_run(i, rng, work / path, replace(shape, sets=sets))
@@ -73,37 +85,43 @@ def compare_restores(iterations: int, seed: int, work: Path, shape: Shape, paths
     if baseline:
         free = one_run(0, random.Random(seed), work / "fault-free", Shape(shape.max_steps, 0, [], shape.sets))
         results["fault-free"] = {"goodput": [free.goodput], "wall_s": [round(free.wall_s, 1)]}
-    budget = measure_budget(work / "warm" / "run0" / "ckpt") if "warm" in paths else None
+    warm = next((p for p in paths if p.startswith("warm")), None)
+    budget = measure_budget(work / warm / "run0" / "ckpt", shape.sets) if warm else None
     if budget is not None:
         results["budget"] = {**budget.__dict__, "seconds": round(budget.seconds, 2)}
     results["load_average_end"] = [round(x, 1) for x in os.getloadavg()]
     print(json.dumps(results))
     print_restore_table(results, paths)
-    if budget is not None:
-        print_budget(results["warm"]["restores"], budget)
+    for p in (p for p in paths if p.startswith("warm") and budget is not None):
+        print(f"{p}:")
+        print_budget(results[p]["restores"], budget)
     return 1 if failed else 0
 
 
-def measure_budget(root: Path) -> Budget | None:
-    """The budget's halves, measured now (the runs are over) on the warm run's newest bundle; None without one."""
+def measure_budget(root: Path, sets: list[str]) -> Budget | None:
+    """The budget's halves, measured now (the runs are over) on the warm run's newest bundle, with the runs' config
+    (``sets``); None without a bundle."""
     from bench.restore_budget import measure
 
     found = steps(root) if root.is_dir() else []
-    return measure(root / f"step_{found[-1]}") if found else None
+    return measure(root / f"step_{found[-1]}", sets) if found else None
 
 
 def print_restore_table(results: dict[str, Any], paths: list[str]) -> None:
     kinds = sorted({k for p in paths for k in results[p]["restores"]})
-    print("| fault | " + " | ".join(f"{p}: median / max s (n)" for p in paths) + " | warm / full (median) |")
+    print("| fault | " + " | ".join(f"{p}: median / max s (n)" for p in paths) + " | / full (median) |")
     print("|---" * (len(paths) + 2) + "|")
     for kind in kinds:
         cells = []
         for p in paths:
             r = results[p]["restores"].get(kind)
             cells.append("-" if r is None else f"{r['median']} / {r['max']} ({r['n']})")
-        warm, full = (results.get(p, {}).get("restores", {}).get(kind) for p in ("warm", "full"))
-        ratio = f"{warm['median'] / full['median']:.2f}x" if warm and full else "-"
-        print(f"| {kind} | " + " | ".join(cells) + f" | {ratio} |")
+        full = results.get("full", {}).get("restores", {}).get(kind)
+        ratios = []
+        for p in (p for p in paths if p.startswith("warm")):
+            warm = results[p]["restores"].get(kind)
+            ratios.append(f"{p}: {warm['median'] / full['median']:.2f}x" if warm and full else "-")
+        print(f"| {kind} | " + " | ".join(cells) + f" | {'; '.join(ratios) or '-'} |")
     for p in paths:
         r = results[p]
         print(f"{p}: engine starts in restores of other faults {r['engine_starts']}, goodput {r['goodput']}")
@@ -111,6 +129,10 @@ def print_restore_table(results: dict[str, Any], paths: list[str]) -> None:
 
 def print_budget(restores: dict[str, dict[str, float]], budget: Budget) -> None:
     """The verdict per kind: the warm median restore against one actor's start + the bundle's raw read + 50%."""
-    print(f"warm restore <= actor start + bundle at raw disk speed + 50%: {budget_line(budget)}")
+    print(f"warm restore <= the start of one actor of the kind that died + bundle at raw disk speed + 50%: "
+          f"{kind_line(budget)}")  # fmt: skip
+    for v in kind_verdicts(restores, budget):
+        print(f"  {v.line()}")
+    print(f"warm restore <= a bare actor's start + bundle at raw disk speed + 50%: {budget_line(budget)}")
     for v in budget_verdicts(restores, budget):
         print(f"  {v.line()}")
