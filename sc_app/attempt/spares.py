@@ -5,13 +5,14 @@ torch and the backend, the first model and optimizer build (``torch._dynamo``), 
 before the fault, at the price of a trainer rank's resources held idle.
 
 Invariants:
-* a spare is handed out once a node holds it (the GCS names its process), warmed up or still warming up: either
-  way it is ahead of a process started now, which would do the same work from the start; its warm-up is awaited
-  with the rank's other calls (its failure fails the reset like any rank's). A spare not placed yet (waiting for
-  resources) is never handed out, and one the GCS lists dead is dropped;
+* a spare is handed out only once its warm-up has finished and the GCS does not list it dead; one still warming up
+  (or not placed yet) is never waited for — a new rank is started instead — so a spare starved of CPU can cost a
+  restore nothing; one whose warm-up failed is killed and dropped;
 * a spare is no part of the job: nothing watches it, its death ends nothing, it holds no rank until ``take_rank``;
-* before the job's actors are started again — a warm reset, a full rebuild — every spare not placed yet is killed:
-  pending, it would compete with them for the resources the death freed;
+  its warm-up runs at the lowest priority (nice 19, below Ray's workers), so it slows neither training nor a
+  restore much while it lasts;
+* before the job's actors are started again — a warm reset, a full rebuild — every spare not placed on a node yet is
+  killed: pending, it would compete with them for the resources the death freed;
 * after each set-up and each warm reset the pool is filled again (its new spares start while the job trains on),
   so the next death finds one too; the pool outlives a full rebuild's teardown and is killed with the attempt.
 """
@@ -37,11 +38,10 @@ class Spare:
 
 @dataclass
 class Taken:
-    """A spare handed out: its handle, its process (as the GCS names it) and its warm-up's ref."""
+    """A spare handed out: its handle and its process (as the GCS names it)."""
 
     handle: Any
     pid: int
-    ready: Any
 
 
 class Spares:
@@ -67,15 +67,23 @@ class Spares:
         log.info("starting %d spare trainer rank(s)", want)
 
     def take(self) -> Taken | None:
-        """A placed spare out of the pool (the module docstring); None when none is placed. Dead ones are dropped."""
+        """A warmed-up spare out of the pool (the module docstring); None when none is. Dead ones are dropped."""
         for spare in list(self.pool):
             state, pid = gcs_state(spare.handle)
             if state == "DEAD":
                 self.pool.remove(spare)
                 log.info("a spare trainer rank died (its node gone?); dropped")
-            elif pid:
-                self.pool.remove(spare)
-                return Taken(spare.handle, pid, spare.ready)
+                continue
+            if not ray.wait([spare.ready], timeout=0)[0]:
+                continue  # still warming up, or not placed: never waited for
+            self.pool.remove(spare)
+            try:
+                ray.get(spare.ready, timeout=5)
+            except Exception as exc:
+                log.warning("a spare trainer rank failed its warm-up (%s); dropped", str(exc).splitlines()[0][:200])
+                _kill(spare.handle)
+                continue
+            return Taken(spare.handle, pid)
         return None
 
     def drop_unplaced(self) -> None:

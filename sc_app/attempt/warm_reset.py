@@ -7,9 +7,9 @@ epoch on, the dead job's unfinished save quarantined by the re-plan), but the pr
   again like one, never waited on;
 * the controller actor, when alive, was halted (``SingleControllerActor.halt``) before the re-plan; here it is
   ``reset`` from the bundle's arguments in place (a dead one is started again);
-* a dead trainer rank's place goes to a spare (``trainer.spare_ranks``, ``sc_app.attempt.spares``: its process started
-  and warmed up before the death) or, without one, to a new process; spares not placed on a node yet are killed
-  first;
+* a dead trainer rank's place goes to a warmed-up spare (``trainer.spare_ranks``, ``sc_app.attempt.spares``: its
+  process started and warmed up before the death) or, without one, to a new process; spares not placed on a node yet
+  are killed first;
 * every live trainer rank is ``reset`` to the new epoch and reads the bundle into its existing model (``load``);
   when a rank died (or there is no bundle: a fresh start) every live rank ``rejoin``\\ s instead — the process group
   is formed again with the replacement and the backend rebuilt on it in the same process — then loads;
@@ -243,12 +243,12 @@ class WarmReset:
         cfg_json, world = self.cfg.model_dump_json(), self.cfg.trainer.num_workers
         tcfg = self.cfg.trainer
         dead = self._dead(policy.trainers)
-        taken: list[Any] = []  # spares' warm-ups and take_rank calls, first in their queues
+        taken: list[Any] = []  # spares' take_rank calls, first in their queues
         for rank in sorted(dead):
             spare = self.spares.take() if self.spares is not None else None
             if spare is not None:
                 policy.trainers[rank] = spare.handle
-                taken += [spare.ready, spare.handle.take_rank.remote(rank)]
+                taken.append(spare.handle.take_rank.remote(rank))
                 self.report.restarted.append(f"trainer rank {rank} (spare pid {spare.pid} took its place)")
                 continue
             policy.trainers[rank] = TrainerWorker.options(

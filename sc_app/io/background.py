@@ -35,18 +35,6 @@ def lower_current_thread_priority(nice: int = BACKGROUND_NICE) -> None:
         log.debug("could not lower thread priority: %s", exc)
 
 
-def idle_current_thread() -> None:
-    """Let the calling thread (only) run when nothing else on the machine wants a CPU: ``SCHED_IDLE``, or the
-    lowest nice value where that is refused. No-op off Linux or when neither is allowed."""
-    if sys.platform != "linux":
-        return
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-    except (OSError, AttributeError) as exc:
-        log.debug("SCHED_IDLE refused (%s): nice 19 instead", exc)
-        lower_current_thread_priority(19)
-
-
 def background_executor(name: str, workers: int = 1) -> ThreadPoolExecutor:
     """A thread pool whose threads run at ``BACKGROUND_NICE``."""
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=lower_current_thread_priority)

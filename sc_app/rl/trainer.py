@@ -35,7 +35,7 @@ from sc_app.checkpoint.remote.parts import PartTarget, RemoteLink, upload_part
 from sc_app.checkpoint.remote.store import Store
 from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
-from sc_app.io.background import idle_current_thread, lower_current_thread_priority
+from sc_app.io.background import lower_current_thread_priority
 from sc_app.rl.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, WorkerReset, device_for
 from sc_app.rl.factory import make_trainer_backend, prepare_policy_check
 from sc_app.rl.fencing import EpochFence
@@ -48,6 +48,7 @@ KEPT_RECORDS = 64
 
 
 CONCURRENCY = {"io": 1, "control": 1}
+SPARE_NICE = 19  # a spare's warm-up: the lowest priority (Ray starts its workers at nice 15)
 
 
 @ray.remote(concurrency_groups=CONCURRENCY)
@@ -282,12 +283,11 @@ class TrainerSpare(TrainerWorker.__ray_actor_class__):  # type: ignore[name-defi
     def warm_up(self) -> int:
         """Build what a rank builds first in a process, and drop it: the backend's imports, its model on the meta
         device and its optimizer's structure (``prepare_policy_check``; a process's first optimizer imports
-        ``torch._dynamo``), and on a GPU the CUDA context — on a thread that runs only on CPU time nothing else on
-        the node wants (``idle_current_thread``: a spare never slows the job it stands by for). Returns this
-        process's pid."""
+        ``torch._dynamo``), and on a GPU the CUDA context — on a thread at the lowest priority (nice 19, below
+        Ray's workers: a spare slows the job it stands by for little). Returns this process's pid."""
 
         def build() -> None:
-            idle_current_thread()
+            lower_current_thread_priority(SPARE_NICE)
             prepare_policy_check(self.cfg)
             torch.zeros(1, device=self.device)
 

@@ -2,17 +2,16 @@
 rank, a TransferQueue storage unit and the TransferQueue controller, in turn, each once the run has recovered from
 the one before and trained on. The run must end at max_steps with exit 0 and never exit in between.
 
-* Each restore is warm (``run.in_job_restore: warm``): only what died starts again — checked by PID, before each
-  kill and once the job trains again: the controller actor's death restarts it alone (the trainer, the engine and
+* Each restore is warm (``run.in_job_restore: warm``): only what died starts again — checked by PID, before each kill
+  and once the job trains again: the controller actor's death restarts it alone (the trainer, the engine and
   TransferQueue keep their processes); a trainer rank's gives its place to the run's spare (``trainer.spare_ranks=1``:
-  a process started and warmed up before the kill, kept as the new rank) and starts a new spare, nothing else (the
-  engine, the controller actor and TransferQueue are reset in place); a storage unit's rebuilds the data plane
-  alone. A rank without a spare, started anew, is what test_hung_actor, test_node_loss and test_node_local_disks
-  restore. The last one's (the
-  TransferQueue controller's) warm reset is made to fail once it has started a new TransferQueue
-  (``SC_APP_FAULT_AT=restore.warm.started``): the fallback, the full rebuild, runs, every process of the job is new
-  and none of the failed reset's is left; the spare not promoted outlives it. Each ``fault`` event names its path
-  and what it restarted and reset.
+  a process started and warmed up before the kill — the test waits for its warm-up —, kept as the new rank) and starts
+  a new spare, nothing else (the engine, the controller actor and TransferQueue are reset in place); a storage unit's
+  rebuilds the data plane alone. A rank without a spare, started anew, is what test_hung_actor, test_node_loss and
+  test_node_local_disks restore. The last one's (the TransferQueue controller's) warm reset is made to fail once it
+  has started a new TransferQueue (``SC_APP_FAULT_AT=restore.warm.started``): the fallback, the full rebuild, runs,
+  every process of the job is new and none of the failed reset's is left; the spare not promoted outlives it. Each
+  ``fault`` event names its path and what it restarted and reset.
 
 * The generation worker is replaced in the job without a restore (no new trace ``start``): the dead call's prompts
   go back to the loader once (``give_back``) and are issued and trained again, none twice and none skipped; the new
@@ -32,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +104,22 @@ def pids_of(proc: Any) -> dict[str, list[int]]:
     return {actor: sorted(actor_pids(proc.pid, actor)) for actor in ACTORS}
 
 
+def spare_warmed_up(proc: Any) -> bool:
+    """The run's one spare has finished its warm-up: its process title is the idle ``ray::TrainerSpare`` (not
+    ``...__init__`` or ``...warm_up``), twice 0.5 s apart (Ray's title between the two calls is idle for an instant)."""
+
+    def idle() -> bool:
+        pids = actor_pids(proc.pid, SPARE)
+        return (
+            len(pids) == 1 and Path(f"/proc/{pids[0]}/cmdline").read_bytes().rstrip(b"\0") == f"ray::{SPARE}".encode()
+        )
+
+    if not idle():
+        return False
+    time.sleep(0.5)
+    return idle()
+
+
 def kill_one(proc: Any, actor: str) -> dict[str, list[int]]:
     """SIGKILL the one process of ``actor``; returns the job's PIDs just before."""
     before = pids_of(proc)
@@ -136,6 +152,8 @@ def four_kills(tmp_path_factory: pytest.TempPathFactory) -> FourKills:
         wait_for(lambda: trains_after(trace, 1, "generation_restart") >= 2, 600, after, proc, log=log)
         pids.append((GENERATION[0], before, pids_of(proc)))
         for n, (actor, _) in enumerate(RESTORED, start=2):
+            if actor == "TrainerWorker":  # a spare is handed out once warmed up: until then a new rank would start
+                wait_for(lambda: spare_warmed_up(proc), 600, "the spare's warm-up", proc, log=log)
             before = kill_one(proc, actor)
             wait_for(lambda n=n: trains_after(trace, n) >= 3, 600, f"3 steps after killing {actor}", proc, log=log)
             if actor == "TrainerWorker":  # the spare took its place; the new spare's process, before the next kill

@@ -1,7 +1,7 @@
 """Spare trainer ranks on a real local Ray (``sc_app.attempt.spares``, ``TrainerSpare``): a spare is handed out once
-a node holds it and becomes a rank in its own process; one no node can hold is never handed out and is killed before
-the job's actors start again; a dead one is dropped. The warm reset that gives a spare a dead rank's place, with
-real SIGKILLs, is ``tests/e2e/test_in_job_restore.py``."""
+warmed up and becomes a rank in its own process, at its normal priority; one no node can hold is never handed out
+and is killed before the job's actors start again; a dead one is dropped. The warm reset that gives a spare a dead
+rank's place, with real SIGKILLs, is ``tests/e2e/test_in_job_restore.py``."""
 
 from __future__ import annotations
 
@@ -14,29 +14,39 @@ ray = pytest.importorskip("ray")
 
 from sc_app.attempt.spares import Spares, gcs_state  # noqa: E402
 from sc_app.config.app import AppConfig, load_config  # noqa: E402
+from sc_app.rl.trainer import SPARE_NICE  # noqa: E402
 from tests.support.proc import wait_for  # noqa: E402
+
+
+def thread_nices(pid: int) -> set[int]:
+    """The nice value of every thread of ``pid`` (``/proc/<pid>/task/<tid>/stat``, field 19)."""
+    stats = (t.read_text() for t in Path(f"/proc/{pid}/task").glob("*/stat"))
+    return {int(st.rsplit(")", 1)[1].split()[16]) for st in stats}
 
 
 def config(*sets: str) -> AppConfig:
     return load_config(None, ["trainer.spare_ranks=1", *sets])
 
 
-def test_a_placed_spare_becomes_a_rank_in_its_own_process(local_ray: Any) -> None:
+def test_a_warmed_up_spare_becomes_a_rank_in_its_own_process(local_ray: Any) -> None:
     spares = Spares(config())
     try:
         spares.fill()
         spares.fill()  # already full: no second spare
         assert len(spares.pool) == 1
-        wait_for(lambda: gcs_state(spares.pool[0].handle)[1] > 0, 120, "a node holding the spare")
+        (spare,) = spares.pool
+        if not ray.wait([spare.ready], timeout=0)[0]:
+            assert spares.take() is None and spares.pool == [spare], "warming up: never handed out"
+        assert ray.get(spare.ready, timeout=600) == gcs_state(spare.handle)[1], "it warmed up in the GCS's process"
         taken = spares.take()
         assert taken is not None and not spares.pool and spares.take() is None, "handed out once"
-        assert ray.get(taken.ready, timeout=120) == taken.pid, "its warm-up ran in the process the GCS named"
         title = Path(f"/proc/{taken.pid}/cmdline").read_bytes()
         assert title.startswith(b"ray::TrainerSpare"), title[:60]
         rank = taken.handle
         assert ray.get(rank.take_rank.remote(0), timeout=60) == taken.pid
         assert ray.get(rank.setup.remote("", 0), timeout=120) == "none", "one rank: no group to form"
         assert ray.get(rank.pid.remote(), timeout=60) == taken.pid, "the rank is the spare's process"
+        assert SPARE_NICE not in thread_nices(taken.pid), "only the warm-up's own thread ran at nice 19"
         with pytest.raises(ray.exceptions.RayTaskError, match="trainer rank 0 already"):
             ray.get(rank.take_rank.remote(1), timeout=60)
         ray.kill(rank)
@@ -62,7 +72,7 @@ def test_a_dead_spare_is_dropped_and_a_placed_one_kept_before_actors_start(local
     try:
         spares.fill()
         (spare,) = spares.pool
-        wait_for(lambda: gcs_state(spare.handle)[1] > 0, 120, "a node holding the spare")
+        ray.get(spare.ready, timeout=600)
         spares.drop_unplaced()
         assert spares.pool == [spare], "a placed spare holds its resources already: kept"
         ray.kill(spare.handle)

@@ -8,12 +8,7 @@ import threading
 
 import pytest
 
-from sc_app.io.background import (
-    BACKGROUND_NICE,
-    background_executor,
-    idle_current_thread,
-    lower_current_thread_priority,
-)
+from sc_app.io.background import BACKGROUND_NICE, background_executor, lower_current_thread_priority
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread priorities are a Linux feature")
 
@@ -44,18 +39,3 @@ def test_lowering_is_idempotent_and_never_raises_a_priority() -> None:
     t.start()
     t.join(10)
     assert seen == [max(BACKGROUND_NICE + 2, os.getpriority(os.PRIO_PROCESS, 0))]
-
-
-def test_an_idle_thread_runs_under_sched_idle_and_the_caller_keeps_its_policy() -> None:
-    seen: list[int] = []
-
-    def body() -> None:
-        idle_current_thread()
-        seen.append(os.sched_getscheduler(threading.get_native_id()))
-
-    before = os.sched_getscheduler(threading.get_native_id())
-    t = threading.Thread(target=body)
-    t.start()
-    t.join(10)
-    assert seen == [os.SCHED_IDLE], "an unprivileged thread may always move itself to SCHED_IDLE on Linux"
-    assert os.sched_getscheduler(threading.get_native_id()) == before
