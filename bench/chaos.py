@@ -221,7 +221,8 @@ def main() -> int:
 
             paths = [p for p in args.restore.split(",") if p]
             try:
-                [path_sets(p) for p in paths]
+                for p in paths:
+                    path_sets(p)  # an unknown path: one line, before any run
             except ValueError as exc:
                 print(f"chaos.py: {exc}", file=sys.stderr)
                 return 2

@@ -122,21 +122,13 @@ def _trainer_starts(cfg: Any, reps: int) -> list[float]:
 
 
 def _data_plane_starts(cfg: Any, reps: int) -> list[float]:
-    import ray
-
     from sc_app.attempt.data_plane_start import bootstrap_data_plane
+    from sc_app.attempt.warm_reset import _wait_gone
     from sc_app.data_plane.transferqueue import shutdown_transferqueue
 
     def stop(_: Any) -> None:
         shutdown_transferqueue()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # ray.kill is asynchronous: the next start needs the name free
-            try:
-                ray.get_actor("TransferQueueController", namespace="transfer_queue")
-            except ValueError:
-                return
-            time.sleep(0.1)
-        raise RuntimeError("TransferQueue's controller did not go within 30 s")
+        _wait_gone("TransferQueueController", "transfer_queue", 30)  # the next start needs the name free
 
     return _timed(reps, lambda: bootstrap_data_plane(cfg), stop)
 

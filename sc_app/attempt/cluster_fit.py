@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sc_app.config.app import CONTROLLER_ACTOR_CPUS, TQ_CONTROLLER_CPUS, TQ_STORAGE_UNIT_CPUS
+from sc_app.config.embedded import CONTROLLER_ACTOR_CPUS, TQ_CONTROLLER_CPUS, TQ_STORAGE_UNIT_CPUS
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,12 @@ def job_demands(cfg: Any, units: bool = True, spares: bool = False) -> list[Dema
         unit_needs[cfg.data_plane.storage_node_resource] = 0.001  # the node must have it; Ray checks presence
     out += [Demand(f"storage unit {k}", dict(unit_needs)) for k in range(cfg.data_plane.storage_units if units else 0)]
     out.append(Demand("controller actor", {"CPU": CONTROLLER_ACTOR_CPUS}))
-    for group, label in ((cfg.trainer, "trainer rank"), (cfg.generation, "generation worker")):
+    groups = [(cfg.trainer, "trainer rank", cfg.trainer.num_workers)]
+    groups += [(cfg.generation, "generation worker", cfg.generation.num_workers)]
+    groups += [(cfg.trainer, "spare trainer rank", cfg.trainer.spare_ranks)] if spares else []
+    for group, label, count in groups:
         needs = {"CPU": group.num_cpus, "GPU": group.num_gpus, **group.resources}
-        out += [Demand(f"{label} {i}", {k: v for k, v in needs.items() if v > 0}) for i in range(group.num_workers)]
-    if spares:
-        t = cfg.trainer
-        needs = {k: v for k, v in {"CPU": t.num_cpus, "GPU": t.num_gpus, **t.resources}.items() if v > 0}
-        out += [Demand(f"spare trainer rank {i}", dict(needs)) for i in range(t.spare_ranks)]
+        out += [Demand(f"{label} {i}", {k: v for k, v in needs.items() if v > 0}) for i in range(count)]
     return out
 
 

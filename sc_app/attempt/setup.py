@@ -37,7 +37,8 @@ from sc_app.checkpoint.dataset import DatasetRecord
 from sc_app.checkpoint.lease import CheckpointDirNotShared, Lease
 from sc_app.checkpoint.node_parts import NodeCopyFailed
 from sc_app.checkpoint.remote.parts import RemoteLink
-from sc_app.config.app import CONTROLLER_ACTOR_CPUS, AppConfig
+from sc_app.config.app import AppConfig
+from sc_app.config.embedded import CONTROLLER_ACTOR_CPUS
 from sc_app.controller.actor import SingleControllerActor, SingleControllerActorArgs
 from sc_app.data_plane.guard import GUARD_NAME
 from sc_app.data_plane.transferqueue import TransferQueueDataPlane, shutdown_transferqueue
@@ -169,9 +170,7 @@ class TQPolicy:
             worker_results(self._generators_setup)
             self._generators_setup = []
 
-    def load_trainer_state(
-        self, policy_dir: Path, expected: dict[str, str], get: Get = worker_results
-    ) -> list[Any]:
+    def load_trainer_state(self, policy_dir: Path, expected: dict[str, str], get: Get = worker_results) -> list[Any]:
         """Start every trainer loading ``policy_dir`` (``expected``: its files' digests from the verified manifest);
         ``trainer_state_loaded`` waits for them. With ``checkpoint.volume=local`` each node that does not see the
         directory is sent its ``policy/`` first, through the node's lowest rank, which checks the copy before any

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sc_app.config.embedded import CONTROLLER_ACTOR_CPUS, TQ_CONTROLLER_CPUS, TQ_STORAGE_UNIT_CPUS, check_embedded_cpus
+from sc_app.config.embedded import check_embedded_cpus
 from sc_app.config.engine import OLD_LOGPROBS_HELP, EngineSettings, check_engine
 from sc_app.config.input import MAX_SECONDS, check_section
 from sc_app.config.remote import RemoteConfig, check_volume
@@ -32,7 +32,6 @@ from sc_app.config.tree import (
 )
 
 __all__ = ["AppConfig", "ConfigError", "Override", "dump_config", "load_config", "read_file"]
-__all__ += ["CONTROLLER_ACTOR_CPUS", "TQ_CONTROLLER_CPUS", "TQ_STORAGE_UNIT_CPUS"]  # sc_app.config.embedded's
 
 REWARD_PATTERN = r"exact_match|numeric_match|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*"
 

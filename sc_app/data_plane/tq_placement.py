@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from sc_app.config.app import TQ_STORAGE_UNIT_CPUS
+from sc_app.config.embedded import TQ_STORAGE_UNIT_CPUS
 
 PLACEMENT_FN = "get_node_round_robin_scheduling_strategies"  # the name transfer_queue's SimpleStorage start calls
 

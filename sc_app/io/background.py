@@ -35,9 +35,11 @@ def lower_current_thread_priority(nice: int = BACKGROUND_NICE) -> None:
         log.debug("could not lower thread priority: %s", exc)
 
 
-def background_executor(name: str, workers: int = 1) -> ThreadPoolExecutor:
-    """A thread pool whose threads run at ``BACKGROUND_NICE``."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=lower_current_thread_priority)
+def background_executor(name: str, workers: int = 1, nice: int = BACKGROUND_NICE) -> ThreadPoolExecutor:
+    """A thread pool whose threads run at nice ``nice`` at least (``BACKGROUND_NICE`` by default)."""
+    return ThreadPoolExecutor(
+        max_workers=workers, thread_name_prefix=name, initializer=lower_current_thread_priority, initargs=(nice,)
+    )
 
 
 async def run_blocking(executor: Executor | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

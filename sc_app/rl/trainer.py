@@ -20,7 +20,6 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from sc_app.checkpoint.remote.parts import PartTarget, RemoteLink, upload_part
 from sc_app.checkpoint.remote.store import Store
 from sc_app.config.app import AppConfig
 from sc_app.faults import fault_point
-from sc_app.io.background import lower_current_thread_priority
+from sc_app.io.background import background_executor, lower_current_thread_priority
 from sc_app.rl.backend import PolicyFingerprint, TrainerBackend, TrainStepResult, WorkerReset, device_for
 from sc_app.rl.factory import make_trainer_backend, prepare_policy_check
 from sc_app.rl.fencing import EpochFence
@@ -287,11 +286,10 @@ class TrainerSpare(TrainerWorker.__ray_actor_class__):  # type: ignore[name-defi
         Ray's workers: a spare slows the job it stands by for little). Returns this process's pid."""
 
         def build() -> None:
-            lower_current_thread_priority(SPARE_NICE)
             prepare_policy_check(self.cfg)
             torch.zeros(1, device=self.device)
 
-        with ThreadPoolExecutor(1, thread_name_prefix="warm-up") as pool:
+        with background_executor("warm-up", nice=SPARE_NICE) as pool:
             pool.submit(build).result()
         return os.getpid()
 
